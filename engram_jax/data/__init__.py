@@ -1,0 +1,1 @@
+"""Dataset loaders: plain Python/NumPy, validating, reporting every normalisation."""

@@ -1,0 +1,67 @@
+"""Locating the data root and reading dataset files with clear errors."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+ENV_VAR = 'ENGRAM_DATA_ROOT'
+
+# Where each dataset comes from, for the error raised when a file is missing.
+HOW_TO_GET = {
+    'locomo': 'LoCoMo: download data/locomo10.json from github.com/snap-research/locomo into <data_root>/locomo/',
+    'longmemeval': ('LongMemEval: download longmemeval_s_cleaned.json (and longmemeval_oracle.json) from the '
+                    'Hugging Face dataset xiaowu0162/longmemeval-cleaned into <data_root>/longmemeval/ '
+                    '(gzip is accepted)'),
+    'memoryagentbench': ('MemoryAgentBench FactConsolidation: export the Conflict_Resolution split of the Hugging '
+                         'Face dataset ai-hyz/MemoryAgentBench to <data_root>/memoryagentbench/ '
+                         '(see that folder\'s SOURCE.md for the JSON layout)'),
+}
+
+
+def default_data_root() -> Path:
+  """The ``shared/data`` folder beside the checkout (``<repo>/../shared/data``)."""
+  return Path(__file__).resolve().parents[3] / 'shared' / 'data'
+
+
+def resolve_data_root(root: str | os.PathLike | None = None) -> Path:
+  """Resolve the data root: explicit argument, else ``$ENGRAM_DATA_ROOT``, else :func:`default_data_root`.
+
+  Raises:
+    FileNotFoundError: naming where data is expected and how to get it.
+  """
+  if root in (None, ''):
+    root = os.environ.get(ENV_VAR) or default_data_root()
+  path = Path(root).expanduser().resolve()
+  if not path.is_dir():
+    raise FileNotFoundError(
+        f'Data root {path} does not exist. Set it with the Hydra option paths.data_root=/path/to/data '
+        f'or the environment variable {ENV_VAR}. Expected layout and sources:\n  '
+        + '\n  '.join(HOW_TO_GET.values()))
+  return path
+
+
+def dataset_file(root: str | os.PathLike | None, dataset: str, name: str) -> Path:
+  """``<root>/<dataset>/<name>``, or a FileNotFoundError saying how to obtain it."""
+  path = resolve_data_root(root) / dataset / name
+  if not path.is_file():
+    raise FileNotFoundError(f'{path} not found. {HOW_TO_GET.get(dataset, "")}')
+  return path
+
+
+def read_json(path: str | os.PathLike) -> Any:
+  """Read a JSON (or gzipped JSON) file; a malformed file raises ValueError naming file, line and column."""
+  path = Path(path)
+  opener = gzip.open if path.suffix == '.gz' else open
+  try:
+    with opener(path, 'rt', encoding='utf-8') as f:
+      text = f.read()
+  except (OSError, EOFError, UnicodeDecodeError) as e:
+    raise ValueError(f'{path}: cannot read ({e})') from e
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f'{path}: malformed JSON at line {e.lineno} column {e.colno} (char {e.pos}): {e.msg}') from e
