@@ -63,6 +63,25 @@ def sentence_transformer_encoder(model_id: str = DEFAULT_MODEL, *, path: str | N
   return encode
 
 
+def hashing_encoder(dim: int = 256, seed: int = 0) -> Encoder:
+  """A deterministic bag-of-words hashing encoder (signed feature hashing of lower-cased ``\\w+`` tokens).
+
+  No model, no downloads: a cheap lexical baseline and the encoder the tests use. Texts without
+  tokens map to a fixed unit vector so that every output is unit-norm.
+  """
+  def encode(texts: list[str]) -> np.ndarray:
+    out = np.zeros((len(texts), dim), np.float32)
+    for i, t in enumerate(texts):
+      for tok in re.findall(r'\w+', t.lower()):
+        h = int.from_bytes(hashlib.blake2b(f'{seed}:{tok}'.encode(), digest_size=8).digest(), 'little')
+        out[i, h % dim] += 1.0 if (h >> 63) & 1 else -1.0
+      if not out[i].any():
+        out[i, 0] = 1.0
+    return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+  return encode
+
+
 class EmbeddingCache:
   """Shard folder for one model. ``lookup`` reads all valid shards; ``write`` adds one shard."""
 

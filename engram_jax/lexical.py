@@ -8,6 +8,9 @@ rank_bm25 computes, for a tokenised corpus of ``n`` documents,
 * ``score(q, d) = sum over query tokens t (with repetition) of
   idf[t] * tf[t,d] (k1 + 1) / (tf[t,d] + k1 (1 - b + b |d| / avgdl))``; tokens absent from the corpus add 0.
 
+One deliberate difference: for an empty document with ``b == 1`` rank_bm25 computes 0/0 and returns
+NaN; here a term absent from a document always contributes 0.
+
 Here documents and queries are term-count vectors over the episode's vocabulary, so the sum over
 query tokens with repetition is a matrix product with the query's term counts. The tokeniser is
 ours (lower-case, ``\\w+`` runs): rank_bm25 takes pre-tokenised text and so it is part of the config.

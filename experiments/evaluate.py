@@ -30,10 +30,11 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   log.info('%s', load_report.summary())
   pipes = build_pipelines(cfg)
   e = cfg.embedder
+  encoder = instantiate(e.encoder)  # lazy: a warm cache never loads the model
 
   def embed_fn(texts):
-    return embed.embed_texts(texts, cache_dir=cfg.paths.cache_dir, model_id=e.model_id, path=e.path,
-                             batch_size=e.batch_size, progress=cfg.eval.progress)
+    return embed.embed_texts(texts, cache_dir=cfg.paths.cache_dir, model_id=e.model_id, encoder=encoder,
+                             progress=cfg.eval.progress)
 
   embeddings = evaluation.embed_episodes(episodes, embed_fn)
   result = evaluation.evaluate(episodes, embeddings, pipes, k=cfg.eval.k, metrics=list(cfg.eval.metrics),

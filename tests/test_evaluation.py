@@ -1,0 +1,79 @@
+"""Pipelines on synthetic episodes: equal k, bad input, tie rule end to end."""
+
+import numpy as np
+import pytest
+
+from engram_jax import evaluation, pipeline
+from engram_jax.types import Episode, Item, Question
+
+
+def _episode(n=12, nq=3, eid='e'):
+  items = tuple(Item(id=f'i{j}', text=f'item {j} word{j % 3}', parent=f'p{j // 4}', position=j) for j in range(n))
+  qs = tuple(Question(id=f'{eid}/q{j}', text=f'word{j % 3}', gold=(f'i{j}',), gold_parents=(f'p{j // 4}',),
+                      category=1 + j % 2) for j in range(nq))
+  return Episode(id=eid, items=items, questions=qs)
+
+
+def _emb(ep, seed=0, d=8):
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(ep.n_items + len(ep.questions), d)).astype(np.float32)
+  x /= np.linalg.norm(x, axis=1, keepdims=True)
+  return x[:ep.n_items], x[ep.n_items:]
+
+
+def _pipes():
+  cos = pipeline.LegSpec(score=pipeline.cosine_leg, depth=10)
+  bm = pipeline.LegSpec(score=pipeline.bm25_leg, depth=10)
+  return {'cosine': pipeline.make_pipeline(legs=[cos]),
+          'rrf': pipeline.make_pipeline(legs=[cos, bm], fusion='rrf')}
+
+
+def test_equal_k_and_metrics_in_range():
+  eps = [_episode(12, 3, 'a'), _episode(20, 5, 'b')]
+  res = evaluation.evaluate(eps, [_emb(e) for e in eps], _pipes(), k=5, metrics=['ndcg@5', 'recall@5'], seed=0,
+                            progress=False)
+  assert len(res.question_ids) == 8
+  for name in res.retrieved:
+    assert all(len(r) == 5 and len(set(r)) == 5 for r in res.retrieved[name])
+    assert np.all((res.scores[name]['ndcg@5'] >= 0) & (res.scores[name]['ndcg@5'] <= 1))
+
+
+def test_k_larger_than_episode_is_a_clear_error():
+  ep = _episode(4, 2)
+  with pytest.raises(ValueError, match='k=10 is larger than episode e'):
+    evaluation.evaluate([ep], [_emb(ep)], _pipes(), k=10, metrics=['ndcg@10'], seed=0, progress=False)
+  with pytest.raises(ValueError, match='needs 10 results'):
+    evaluation.evaluate([ep], [_emb(ep)], _pipes(), k=3, metrics=['ndcg@10'], seed=0, progress=False)
+  with pytest.raises(ValueError, match='Unknown metric'):
+    evaluation.evaluate([ep], [_emb(ep)], _pipes(), k=3, metrics=['map@3'], seed=0, progress=False)
+
+
+def test_nan_embeddings_are_a_clear_error():
+  ep = _episode()
+  docs, qs = _emb(ep)
+  docs[3, 0] = np.nan
+  with pytest.raises(ValueError, match='1 item embeddings contain NaN'):
+    pipeline.episode_arrays(ep, docs, qs)
+
+
+def test_tie_rule_end_to_end_prefers_recent_items():
+  ep = _episode(12, 1)
+  docs = np.tile(np.eye(8, dtype=np.float32)[0], (12, 1))  # every item identical: all ties
+  qs = np.eye(8, dtype=np.float32)[:1]
+  res = evaluation.evaluate([ep], [(docs, qs)], {'cosine': _pipes()['cosine']}, k=3, metrics=['recall@3'],
+                            seed=0, progress=False)
+  assert res.retrieved['cosine'][0] == ['i11', 'i10', 'i9']
+
+
+def test_bad_pipeline_specs():
+  with pytest.raises(ValueError, match='unknown fusion'):
+    pipeline.make_pipeline(legs=[pipeline.LegSpec(score=pipeline.cosine_leg)], fusion='max')
+  with pytest.raises(ValueError, match='exactly one leg'):
+    pipeline.make_pipeline(legs=[pipeline.LegSpec(score=pipeline.cosine_leg)] * 2)
+
+
+def test_episode_validation():
+  with pytest.raises(ValueError, match='duplicate item ids'):
+    Episode(id='x', items=(Item('a', 't', 'p', 0), Item('a', 't', 'p', 1)), questions=())
+  with pytest.raises(ValueError, match='unknown gold'):
+    Episode(id='x', items=(Item('a', 't', 'p', 0),), questions=(Question('q', 't', ('b',), (), 1),))

@@ -1,0 +1,88 @@
+"""Every config composes and instantiates; the entry point runs end to end on one conversation."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+from engram_jax import pipeline
+from engram_jax.data import io
+from experiments import evaluate
+
+CONF = str(Path(__file__).resolve().parents[1] / 'conf')
+PIPELINES = sorted(p.stem for p in Path(CONF, 'pipeline').glob('*.yaml'))
+EXPERIMENTS = sorted(p.stem for p in Path(CONF, 'experiment').glob('*.yaml'))
+try:
+  HAVE = (io.resolve_data_root() / 'locomo' / 'locomo10.json').is_file()
+except FileNotFoundError:
+  HAVE = False
+real = pytest.mark.skipif(not HAVE, reason='LoCoMo not found under the data root')
+
+
+def _compose(overrides=()):
+  with initialize_config_dir(config_dir=CONF, version_base='1.3'):
+    return compose(config_name='config', overrides=list(overrides))
+
+
+def test_default_config_composes_three_pipelines():
+  cfg = _compose()
+  assert list(cfg.pipeline) == ['cosine', 'bm25', 'rrf_cos_bm25']
+  assert cfg.eval.k == 10 and cfg.dataset.name == 'locomo'
+
+
+@pytest.mark.parametrize('name', PIPELINES)
+def test_every_pipeline_instantiates(name):
+  cfg = _compose([f'pipeline=[{name}]'])
+  pipes = evaluate.build_pipelines(cfg)
+  assert isinstance(pipes[name], pipeline.Pipeline)
+
+
+@pytest.mark.parametrize('name', EXPERIMENTS)
+def test_every_experiment_composes(name):
+  cfg = _compose([f'+experiment={name}'])
+  assert evaluate.build_pipelines(cfg)
+
+
+@pytest.mark.parametrize('group', ['embedder=hashing', 'embedder=minilm'])
+def test_embedders_instantiate(group):
+  cfg = _compose([group])
+  assert callable(instantiate(cfg.embedder.encoder))
+
+
+def test_unknown_pipeline_is_a_clear_error():
+  with pytest.raises(Exception, match="Could not load 'pipeline/nope'"):
+    _compose(['pipeline=[nope]'])
+
+
+@real
+def test_run_writes_results_json(tmp_path):
+  cfg = _compose(['embedder=hashing', 'dataset.loader.conversations=[conv-30]', 'eval.n_resamples=200',
+                  'eval.progress=false', f'paths.cache_dir={tmp_path}/cache'])
+  res = evaluate.run(cfg, tmp_path / 'out')
+  saved = json.loads((tmp_path / 'out' / 'results.json').read_text())
+  assert saved['dataset'] == 'locomo' and saved['n_questions'] == res['n_questions'] == 105
+  for name in ['cosine', 'bm25', 'rrf_cos_bm25']:
+    p = saved['pipelines'][name]
+    assert 0 <= p['ndcg@10'] <= 1 and 0 <= p['recall@10'] <= 1
+    assert p['ci95']['ndcg@10'][0] <= p['ndcg@10'] <= p['ci95']['ndcg@10'][1]
+    assert 'single-hop (4)' in p['by_category']
+  assert 'vs cosine' in saved['pipelines']['rrf_cos_bm25']['paired']
+  assert len(saved['per_question']) == 105 and len(saved['per_question'][0]['retrieved']['bm25']) == 10
+  assert (tmp_path / 'out' / 'results.md').read_text().startswith('### locomo')
+
+
+@real
+def test_multirun_one_run_per_pipeline(tmp_path):
+  cmd = [sys.executable, '-m', 'experiments.evaluate', '-m', 'pipeline=cosine,bm25', 'embedder=hashing',
+         'dataset.loader.conversations=[conv-30]', 'eval.n_resamples=100', 'eval.progress=false',
+         f'paths.cache_dir={tmp_path}/cache', f'hydra.sweep.dir={tmp_path}/multi']
+  subprocess.run(cmd, check=True, cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                 env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+  for i, name in enumerate(['cosine', 'bm25']):
+    saved = json.loads((tmp_path / 'multi' / str(i) / 'results.json').read_text())
+    assert list(saved['pipelines']) == [name]
