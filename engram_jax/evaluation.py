@@ -11,6 +11,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from engram_jax import metrics as metrics_lib
+from engram_jax import official
+from engram_jax.data import factconsolidation
+from engram_jax.data import splits
 from engram_jax.pipeline import EpisodeArrays, Pipeline, check_equal_k, episode_arrays, pipeline_topk
 from engram_jax.types import Episode
 
@@ -26,6 +29,26 @@ class EvalResult:
   scores: dict[str, dict[str, np.ndarray]]  # pipeline -> metric -> [Q_total]
   retrieved: dict[str, list[list[str]]]     # pipeline -> per question top-k item ids
   k: int
+
+
+def _answer_at(ep: Episode, q, ranked: list[int], k: int) -> float:
+  texts = [ep.items[i].text for i in ranked]
+  return float(official.answer_in_topk(texts, factconsolidation.answers_of(q), k=k))
+
+
+def _newest_first(ep: Episode, q, ranked: list[int], k: int) -> float:
+  """1 if the newest version of the asked fact outranks every superseded one in the top k; questions whose
+  asked fact has no older version (or none can be derived) score 1 if the newest version is in the top k."""
+  v = factconsolidation.asked_fact_versions(ep, q)
+  ids = [ep.items[i].id for i in ranked]
+  if v is None:
+    return 0.0
+  ok = official.newest_outranks_superseded(ids, newest=v.newest, superseded=v.superseded, k=k)
+  return float(v.newest in ids[:k]) if ok is None else float(ok)
+
+
+# Metrics that need the episode's items or answers, not only gold labels: name -> fn(ep, q, ranked, k).
+EPISODE_METRICS: dict[str, Callable[..., float]] = {'answer': _answer_at, 'newest_first': _newest_first}
 
 
 def embed_episodes(episodes: Sequence[Episode], embed: Callable[[list[str]], np.ndarray]
@@ -52,7 +75,7 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
   Raises:
     ValueError: if ``k`` exceeds an episode's number of items, or a metric's cutoff exceeds ``k``.
   """
-  parsed = [(m, *metrics_lib.parse_metric(m)) for m in metrics]
+  parsed = [(m, *metrics_lib.parse_metric(m, tuple(EPISODE_METRICS))) for m in metrics]
   for m, _, cut in parsed:
     if cut > k:
       raise ValueError(f'Metric {m} needs {cut} results but pipelines return k={k}')
@@ -78,10 +101,72 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
     check_equal_k(topk, nq, k=k, name=name, episode=ep.id)
     labels = np.asarray(arr.labels)
     for m, base, cut in parsed:
-      vals = np.asarray(metrics_lib.METRICS[base](topk, labels, k=cut))[:nq]
+      if base in EPISODE_METRICS:
+        vals = np.array([EPISODE_METRICS[base](ep, q, row, cut) for q, row in zip(ep.questions, topk.tolist())])
+      else:
+        vals = np.asarray(metrics_lib.METRICS[base](topk, labels, k=cut))[:nq]
       result.scores[name][m].append(vals)
     result.retrieved[name].extend([[ep.items[i].id for i in row] for row in topk[:nq].tolist()])
   for name in pipelines:
     for m in result.scores[name]:
       result.scores[name][m] = np.concatenate(result.scores[name][m]).astype(np.float64)
   return result
+
+
+def crossfit_choose(per_value: Sequence[np.ndarray], folds: Sequence[str], question_ids: Sequence[str]
+                    ) -> tuple[np.ndarray, dict[str, int]]:
+  """Leave-one-fold-out choice of a grid value: each fold is scored with the value that is best on the others.
+
+  Args:
+    per_value: G arrays ``[Q]``, the tuning metric of each grid value on every question.
+    folds: ``[Q]`` fold id of each question (LoCoMo: its conversation).
+    question_ids: ``[Q]`` ids, used to assert that no scored question is in its own training set.
+
+  Returns:
+    ``(choice [Q], {fold: grid index})``; ties between grid values go to the first.
+  """
+  vals = np.stack([np.asarray(v, np.float64) for v in per_value])  # [G, Q]
+  folds = np.asarray(folds)
+  ids = np.asarray(question_ids)
+  choice = np.zeros(len(folds), np.int64)
+  chosen: dict[str, int] = {}
+  for f in dict.fromkeys(folds.tolist()):
+    scored, train = folds == f, folds != f
+    if not train.any():
+      raise ValueError('cross-fitting needs at least two folds')
+    splits.assert_disjoint(ids[train].tolist(), ids[scored].tolist())
+    g = int(np.argmax(vals[:, train].mean(axis=1)))
+    choice[scored] = g
+    chosen[str(f)] = g
+  return choice, chosen
+
+
+def merge_tuned(result: EvalResult, name: str, variants: Sequence[str], *, metric: str) -> dict[str, object]:
+  """Replace grid ``variants`` in ``result`` by one cross-fitted pipeline ``name`` (folds = episodes).
+
+  Every question is scored by the variant chosen on the other episodes only. Returns what was chosen.
+  """
+  choice, chosen = crossfit_choose([result.scores[v][metric] for v in variants], result.episode_ids,
+                                   result.question_ids)
+  result.scores[name] = {m: np.stack([result.scores[v][m] for v in variants])[choice, np.arange(len(choice))]
+                         for m in result.scores[variants[0]]}
+  result.retrieved[name] = [result.retrieved[variants[c]][i] for i, c in enumerate(choice)]
+  for v in variants:
+    del result.scores[v], result.retrieved[v]
+  return {'metric': metric, 'chosen_by_fold': {f: variants[g] for f, g in chosen.items()}}
+
+
+def merge_replicates(result: EvalResult, name: str, variants: Sequence[str]) -> dict[str, object]:
+  """Replace seed ``variants`` of a stochastic pipeline by their per-question mean, named ``name``.
+
+  The per-question mean over seeds is the method's expected score on that question, so paired tests
+  against other pipelines stay paired. Returns each seed's overall mean and their range per metric.
+  """
+  metrics = list(result.scores[variants[0]])
+  per_seed = {m: [float(result.scores[v][m].mean()) for v in variants] for m in metrics}
+  result.scores[name] = {m: np.mean([result.scores[v][m] for v in variants], axis=0) for m in metrics}
+  result.retrieved[name] = result.retrieved[variants[0]]
+  for v in variants:
+    del result.scores[v], result.retrieved[v]
+  return {'variants': list(variants), 'retrieved_shown': variants[0],
+          'per_seed_mean': per_seed, 'range': {m: [min(x), max(x)] for m, x in per_seed.items()}}

@@ -33,15 +33,21 @@ def rrf_fuse(leg_scores: Array, *, weights: ArrayLike, depths: Sequence[int], wh
     ``[..., N]`` fused scores (0 for real items no leg ranked within its depth).
   """
   leg_scores = jnp.asarray(leg_scores)
-  n_legs = leg_scores.shape[0]
+  n_legs, n = leg_scores.shape[0], leg_scores.shape[-1]
   if len(depths) != n_legs:
     raise ValueError(f'Shape mismatch: {n_legs} legs but {len(depths)} depths')
   weights = jnp.broadcast_to(jnp.asarray(weights, leg_scores.dtype), (n_legs,))
+  batch = leg_scores.shape[1:-1]
   real = jnp.ones(leg_scores.shape[1:], bool) if where is None else jnp.broadcast_to(where, leg_scores.shape[1:])
-  fused = jnp.zeros(leg_scores.shape[1:], leg_scores.dtype)
+  real2 = real.reshape(-1, n)
+  rows = jnp.arange(real2.shape[0])[:, None]
+  fused = jnp.zeros(real2.shape, leg_scores.dtype)
   for l in range(n_legs):
-    ranked = real & jnp.isfinite(leg_scores[l])
-    r = ranking.ranks(leg_scores[l], where=ranked)
-    contrib = jnp.where(ranked & (r <= depths[l]), weights[l] / (k0 + r), 0.0)
-    fused = fused + contrib
+    # Only the top-D of a leg contributes, so a top-k (same tie rule as ranking.ranks) replaces a full sort.
+    d = min(int(depths[l]), n)
+    s = leg_scores[l].reshape(-1, n)
+    idx, vals = ranking.top_k(s, k=d, where=real2 & jnp.isfinite(s))
+    contrib = jnp.where(jnp.isfinite(vals), weights[l] / (k0 + jnp.arange(1, d + 1, dtype=leg_scores.dtype)), 0.0)
+    fused = fused.at[rows, idx].add(contrib)
+  fused = fused.reshape(batch + (n,))
   return jnp.where(real, fused, -jnp.inf)

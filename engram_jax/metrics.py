@@ -53,6 +53,26 @@ def recall_all_at_k(topk: Array, labels: Array, *, k: int) -> Array:
   return ((n_gold > 0) & (hits == n_gold)).astype(jnp.float32)
 
 
+def ndcg_any_at_k(topk: Array, labels: Array, *, k: int) -> Array:
+  r"""LongMemEval's ``ndcg_any`` (``src/retrieval/eval_utils.py``): its DCG does not discount rank 2.
+
+  Definition (0-based position i):
+    .. math:: \mathrm{DCG} = g_0 + \sum_{i \ge 1} g_i / \log_2(i + 1)
+
+  and the ideal DCG is the same sum over ``min(|gold|, k)`` gold items first. Cross-checked against
+  :func:`engram_jax.official.ndcg_any` in the tests.
+  """
+  g = _gains(topk, labels, k)
+  pos = jnp.arange(g.shape[-1], dtype=jnp.float32)
+  disc = jnp.where(pos == 0, 1.0, 1.0 / jnp.log2(jnp.maximum(pos, 1.0) + 1.0))
+  dcg = jnp.sum(g * disc, axis=-1)
+  n_gold = jnp.sum(jnp.asarray(labels), axis=-1)
+  ipos = jnp.arange(k, dtype=jnp.float32)
+  idisc = jnp.where(ipos == 0, 1.0, 1.0 / jnp.log2(jnp.maximum(ipos, 1.0) + 1.0))
+  idcg = jnp.sum(jnp.where(jnp.arange(k) < n_gold[..., None], idisc, 0.0), axis=-1)
+  return jnp.where(idcg > 0, dcg / jnp.where(idcg > 0, idcg, 1.0), 0.0)
+
+
 def mrr_at_k(topk: Array, labels: Array, *, k: int) -> Array:
   """Reciprocal rank of the first gold item within the top ``k`` (0 if none)."""
   g = _gains(topk, labels, k)
@@ -61,12 +81,12 @@ def mrr_at_k(topk: Array, labels: Array, *, k: int) -> Array:
 
 
 METRICS = {'ndcg': ndcg_at_k, 'recall': recall_at_k, 'hit': hit_at_k, 'recall_all': recall_all_at_k,
-           'mrr': mrr_at_k}
+           'mrr': mrr_at_k, 'recall_any': hit_at_k, 'ndcg_any': ndcg_any_at_k}
 
 
-def parse_metric(name: str) -> tuple[str, int]:
-  """``'ndcg@10'`` -> ``('ndcg', 10)``; raises ValueError on unknown names."""
+def parse_metric(name: str, extra: tuple[str, ...] = ()) -> tuple[str, int]:
+  """``'ndcg@10'`` -> ``('ndcg', 10)``; ``extra`` names further accepted bases; ValueError on unknown names."""
   base, _, k = name.partition('@')
-  if base not in METRICS or not k.isdigit():
-    raise ValueError(f'Unknown metric {name!r}; expected one of {sorted(METRICS)} followed by @k')
+  if (base not in METRICS and base not in extra) or not k.isdigit():
+    raise ValueError(f'Unknown metric {name!r}; expected one of {sorted(METRICS) + sorted(extra)} followed by @k')
   return base, int(k)

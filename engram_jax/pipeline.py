@@ -19,7 +19,7 @@ import numpy as np
 from flax import struct
 from jax import Array
 
-from engram_jax import fusion, lexical, ranking, similarity
+from engram_jax import controls, diversity, fusion, lexical, ranking, recency, reconstruction, similarity
 from engram_jax.types import Episode
 
 
@@ -34,6 +34,7 @@ class EpisodeArrays:
   queries: Array      # [Q, D] unit-norm question embeddings
   query_tf: Array     # [Q, V]
   query_where: Array  # [Q] True for real questions
+  query_len: Array    # [Q] number of query tokens (in or out of the vocabulary)
   labels: Array       # [Q, N] True for gold items
 
 
@@ -72,6 +73,9 @@ def episode_arrays(episode: Episode, doc_emb: np.ndarray, query_emb: np.ndarray,
   queries = np.zeros((qb, doc_emb.shape[1]), np.float32)
   queries[:q] = query_emb
   index = episode.index_of()
+  q_toks = [lexical.tokenize(x.text) for x in episode.questions]
+  query_len = np.zeros(qb, np.int32)
+  query_len[:q] = [len(t) for t in q_toks]
   labels = np.zeros((qb, nb), bool)
   for i, question in enumerate(episode.questions):
     labels[i, [index[g] for g in question.gold]] = True
@@ -79,9 +83,8 @@ def episode_arrays(episode: Episode, doc_emb: np.ndarray, query_emb: np.ndarray,
       docs=docs, where=np.arange(nb) < n, positions=np.arange(nb, dtype=np.int32),
       doc_tf=lexical.term_counts(doc_toks, vocab, n_rows=nb, n_cols=vb),
       queries=queries,
-      query_tf=lexical.term_counts([lexical.tokenize(x.text) for x in episode.questions], vocab, n_rows=qb,
-                                   n_cols=vb),
-      query_where=np.arange(qb) < q, labels=labels)
+      query_tf=lexical.term_counts(q_toks, vocab, n_rows=qb, n_cols=vb),
+      query_where=np.arange(qb) < q, query_len=query_len, labels=labels)
 
 
 # ---- legs -------------------------------------------------------------------------------------------
@@ -96,6 +99,71 @@ def bm25_leg(ep: EpisodeArrays, key: Array, *, k1: float = 1.5, b: float = 0.75,
   """BM25Okapi scores ``[Q, N]``."""
   del key
   return lexical.bm25_scores(ep.query_tf, ep.doc_tf, where=ep.where, k1=k1, b=b, epsilon=epsilon)
+
+
+def _cos(ep: EpisodeArrays) -> Array:
+  return similarity.cosine_scores(ep.queries, ep.docs, where=ep.where)
+
+
+def _gram(ep: EpisodeArrays) -> Array:
+  """The episode Gram ``[N, N]``, computed once per leg call and gathered into pool blocks by the ops."""
+  return ep.docs @ ep.docs.T
+
+
+def mmr_leg(ep: EpisodeArrays, key: Array, *, k: int = 10, lam: float = 0.5, pool: int | None = None) -> Array:
+  """MMR picks as leg scores ``[Q, N]`` (picked items ranked in pick order, others ``-inf``)."""
+  del key
+  sel = diversity.mmr_select(ep.queries, ep.docs, k=k, lam=lam, where=ep.where, pool=pool, gram=_gram(ep))
+  return diversity.selection_scores(sel, n=ep.docs.shape[0])
+
+
+def cfs_leg(ep: EpisodeArrays, key: Array, *, k: int = 10, beta: float = 0.20, sigma: float = 0.40,
+            floor: float = 1e-6, pool: int | None = None) -> Array:
+  """CFS picks as leg scores ``[Q, N]``."""
+  del key
+  sel = diversity.cfs_select(ep.queries, ep.docs, k=k, beta=beta, sigma=sigma, where=ep.where, floor=floor,
+                             pool=pool, gram=_gram(ep))
+  return diversity.selection_scores(sel, n=ep.docs.shape[0])
+
+
+def cfsr_leg(ep: EpisodeArrays, key: Array, *, pool: int = 150, iterations: int = 80, lam: float = 0.005,
+             w: float = 0.90, batch_size: int | None = 16) -> Array:
+  """CFS-R scores ``[Q, N]`` (``-inf`` outside the cosine pool); queries solved in chunks of ``batch_size``
+  (about 3x faster than one vmap over all queries on CPU; ``None`` = all at once, likely better on GPU)."""
+  del key
+  return reconstruction.cfsr_scores(ep.queries, ep.docs, where=ep.where, gram=_gram(ep), pool=pool,
+                                    iterations=iterations, lam=lam, w=w, batch_size=batch_size)
+
+
+def tide_leg(ep: EpisodeArrays, key: Array, *, weight: float = 0.15, depth: int = 10, base: str = 'cosine',
+             k1: float = 1.5, b: float = 0.75, epsilon: float = 0.25) -> Array:
+  """Tide: the base leg's (``cosine`` or ``bm25``) top-``depth`` re-scored with a recency bonus."""
+  if base == 'cosine':
+    s = _cos(ep)
+  elif base == 'bm25':
+    s = bm25_leg(ep, key, k1=k1, b=b, epsilon=epsilon)
+  else:
+    raise ValueError(f'tide_leg: unknown base {base!r} (cosine or bm25)')
+  return recency.tide_scores(s, ep.positions, weight=weight, depth=depth, where=ep.where)
+
+
+def cos2_leg(ep: EpisodeArrays, key: Array, *, eps: float = 0.30, seed: int = 0) -> Array:
+  """Perturbed cosine ("cos2"): cosine plus ``eps`` Gaussian noise; ``seed`` selects the noise draw."""
+  return controls.perturbed_cosine(ep.queries, ep.docs, key=jax.random.fold_in(key, seed), eps=eps,
+                                   where=ep.where)
+
+
+def mem0_leg(ep: EpisodeArrays, key: Array, *, threshold: float = 0.1, pool: int = 60) -> Array:
+  """mem0-style additive fusion of cosine and sigmoid-normalised BM25 (one score, use with fusion none).
+
+  mem0 may return fewer than k candidates (semantic gate, pool); for equal k the remaining real items
+  follow every candidate in cosine order (a backfill that mem0 itself does not do).
+  """
+  cos = _cos(ep)
+  fused = controls.additive_fuse(cos, bm25_leg(ep, key), jnp.maximum(ep.query_len, 1), where=ep.where,
+                                 threshold=threshold, pool=pool)
+  backfill = -10.0 + cos  # below any fused score (>= -1 for candidates, since cosine >= -1)
+  return jnp.where(jnp.isneginf(fused) & ep.where, backfill, fused)
 
 
 Leg = Callable[[EpisodeArrays, Array], Array]

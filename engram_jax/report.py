@@ -11,6 +11,27 @@ from engram_jax import stats
 from engram_jax.evaluation import EvalResult
 
 
+BINARY = ('hit', 'recall_any', 'recall_all', 'answer', 'newest_first')
+
+
+def is_binary(metric: str) -> bool:
+  """0/1 metrics get Wilson intervals and McNemar tests."""
+  return metric.partition('@')[0] in BINARY
+
+
+def interval(v: np.ndarray, metric: str, *, seed: int, n_resamples: int) -> stats.Interval:
+  if is_binary(metric):
+    return stats.wilson_ci(v)
+  return stats.bootstrap_ci(v, seed=seed, n_resamples=n_resamples)
+
+
+def paired(a: np.ndarray, b: np.ndarray, metric: str, *, seed: int, n_resamples: int) -> dict[str, float]:
+  out = stats.paired_test(a, b, seed=seed, n_resamples=n_resamples).to_dict()
+  if is_binary(metric):
+    out['mcnemar_p'] = stats.mcnemar_test(a, b)
+  return out
+
+
 def category_label(cat: int | str, names: Mapping[Any, str]) -> str:
   name = names.get(cat, names.get(str(cat)))
   return f'{name} ({cat})' if name else str(cat)
@@ -18,7 +39,8 @@ def category_label(cat: int | str, names: Mapping[Any, str]) -> str:
 
 def summarize(result: EvalResult, *, category_names: Mapping[Any, str], seed: int, n_resamples: int = 10_000,
               baselines: Sequence[str] = ()) -> dict[str, Any]:
-  """Means with 95% bootstrap intervals, overall and per category, and paired tests against ``baselines``.
+  """Means with 95% intervals (bootstrap; Wilson for 0/1 metrics), overall and per category, and paired tests
+  against ``baselines`` (bootstrap CI of the difference, sign-flip p; McNemar p too for 0/1 metrics).
 
   Returns a JSON-ready dict ``{NAME: {metric: mean, 'ci95': {metric: [lo, hi]}, 'by_category': {...},
   'paired': {'vs <baseline>': {metric: {delta, lo, hi, p, n}}}}}``.
@@ -29,14 +51,14 @@ def summarize(result: EvalResult, *, category_names: Mapping[Any, str], seed: in
   for name, per_metric in result.scores.items():
     entry: dict[str, Any] = {'ci95': {}, 'by_category': {}, 'paired': {}}
     for m, v in per_metric.items():
-      ci = stats.bootstrap_ci(v, seed=seed, n_resamples=n_resamples)
+      ci = interval(v, m, seed=seed, n_resamples=n_resamples)
       entry[m] = ci.mean
       entry['ci95'][m] = [ci.lo, ci.hi]
     for c in order:
       sel = cats == str(c)
       block: dict[str, Any] = {'n': int(sel.sum()), 'ci95': {}}
       for m, v in per_metric.items():
-        ci = stats.bootstrap_ci(v[sel], seed=seed, n_resamples=n_resamples)
+        ci = interval(v[sel], m, seed=seed, n_resamples=n_resamples)
         block[m] = ci.mean
         block['ci95'][m] = [ci.lo, ci.hi]
       entry['by_category'][category_label(c, category_names)] = block
@@ -44,7 +66,7 @@ def summarize(result: EvalResult, *, category_names: Mapping[Any, str], seed: in
       if base == name or base not in result.scores:
         continue
       entry['paired'][f'vs {base}'] = {
-          m: stats.paired_test(v, result.scores[base][m], seed=seed, n_resamples=n_resamples).to_dict()
+          m: paired(v, result.scores[base][m], m, seed=seed, n_resamples=n_resamples)
           for m, v in per_metric.items()}
     out[name] = entry
   return out
@@ -88,12 +110,45 @@ def markdown_table(summary: Mapping[str, Any], *, metrics: Sequence[str], title:
     lines += ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
     for name, e in summary.items():
       lines.append('| ' + ' | '.join([name] + [f'{e["by_category"][c][m]:.4f}' for c in cats]) + ' |')
-  paired = [(name, vs, m, r) for name, e in summary.items() for vs, ms in e['paired'].items()
+  tests = [(name, vs, m, r) for name, e in summary.items() for vs, ms in e['paired'].items()
             for m, r in ms.items()]
-  if paired:
-    lines += ['', 'Paired differences (row minus baseline; bootstrap 95% CI; sign-flip permutation p)', '',
-              '| pipeline | baseline | metric | delta | 95% CI | p |', '|---|---|---|---|---|---|']
-    for name, vs, m, r in paired:
+  if tests:
+    lines += ['', 'Paired differences (row minus baseline; bootstrap 95% CI; sign-flip permutation p; '
+              'McNemar p for 0/1 metrics)', '',
+              '| pipeline | baseline | metric | delta | 95% CI | p | McNemar p |', '|---|---|---|---|---|---|---|']
+    for name, vs, m, r in tests:
+      mc = f'{r["mcnemar_p"]:.4f}' if 'mcnemar_p' in r else ''
       lines.append(f'| {name} | {vs[3:]} | {m} | {r["delta"]:+.4f} | [{r["lo"]:+.4f}, {r["hi"]:+.4f}] '
-                   f'| {r["p"]:.4f} |')
+                   f'| {r["p"]:.4f} | {mc} |')
+  return '\n'.join(lines) + '\n'
+
+
+def combined_table(per_dataset: Mapping[str, Mapping[str, Any]], *, order: Sequence[str],
+                   reference: Mapping[str, Mapping[str, Any]] | None = None,
+                   reference_label: str = 'published') -> str:
+  """One row per pipeline, one column per (dataset, metric): mean [95% CI]; 'n/a' where a pipeline was not run.
+
+  ``reference`` (``{row: {column: value}}``, columns named ``<dataset> <metric>``) adds labelled reference rows.
+  """
+  cols = [(d, m) for d, r in per_dataset.items() for m in r['metrics']]
+  head = ['pipeline'] + [f'{d} {m} (n={per_dataset[d]["n_questions"]})' for d, m in cols]
+  lines = ['### all datasets: mean [95% CI]', '', '| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+  for name in order:
+    row = [name]
+    for d, m in cols:
+      e = per_dataset[d]['pipelines'].get(name)
+      row.append(_fmt(e[m], e['ci95'][m]) if e else 'n/a')
+    lines.append('| ' + ' | '.join(row) + ' |')
+  for name, ref in (reference or {}).items():
+    row = [f'{name} ({reference_label})'] + [str(ref.get(f'{d} {m}', 'n/a')) for d, m in cols]
+    lines.append('| ' + ' | '.join(row) + ' |')
+  return '\n'.join(lines) + '\n'
+
+
+def fits_markdown(fits: Mapping[str, Mapping[str, Any]]) -> str:
+  lines = ['', 'Parameters fit on training questions (disjoint from every scored set, asserted):', '']
+  for name, f in fits.items():
+    grid = ', '.join(f'{v.split("[")[-1].rstrip("]")}: {m:.4f}' for v, m in f['grid'].items())
+    lines.append(f'- {name}: chose {f["chosen"]} on {f["train_sets"]} ({f["n_train_questions"]} questions); '
+                 f'grid {grid}')
   return '\n'.join(lines) + '\n'

@@ -11,51 +11,170 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from engram_jax import embed, evaluation, pipeline, report
+from engram_jax import analysis, embed, evaluation, pipeline, report
+from engram_jax.data import splits
 
 log = logging.getLogger(__name__)
 
 
-def build_pipelines(cfg: DictConfig) -> dict[str, pipeline.Pipeline]:
-  """Instantiate every selected pipeline config into a library Pipeline."""
-  return {name: pipeline.make_pipeline(name=name, **instantiate(node)) for name, node in cfg.pipeline.items()}
+def build_pipelines(cfg: DictConfig) -> tuple[dict[str, pipeline.Pipeline], dict[str, tuple[list[str], str]]]:
+  """Instantiate every selected pipeline config into a library Pipeline.
+
+  A pipeline node may expand into variants, one per value of one parameter (named
+  ``name[param=value]``), merged after evaluation:
+  ``tune: {param, grid, metric}`` is cross-fitted by episode (``evaluation.merge_tuned``);
+  ``replicate: {param, values}`` (seeds of a stochastic leg) is averaged (``evaluation.merge_replicates``).
+
+  Returns:
+    ``(pipelines, expanded)`` with ``expanded[name] = (kind, variant names, tuning metric)``.
+  """
+  pipes: dict[str, pipeline.Pipeline] = {}
+  expanded: dict[str, tuple[str, list[str], str]] = {}
+  for name, node in cfg.pipeline.items():
+    node = OmegaConf.to_container(node)
+    node.pop('skip_datasets', None)
+    tune, rep = node.pop('tune', None), node.pop('replicate', None)
+    if tune is None and rep is None:
+      pipes[name] = pipeline.make_pipeline(name=name, **instantiate(node))
+      continue
+    if tune is not None and rep is not None:
+      raise ValueError(f'pipeline {name}: tune and replicate cannot be combined')
+    kind, spec = ('tune', tune) if tune is not None else ('replicate', rep)
+    values = spec['grid'] if kind == 'tune' else spec['values']
+    variants = []
+    for value in values:
+      variant = OmegaConf.create(node)
+      OmegaConf.update(variant, spec['param'], value)
+      vname = f'{name}[{spec["param"].rsplit(".", 1)[-1]}={value}]'
+      pipes[vname] = pipeline.make_pipeline(name=vname, **instantiate(variant))
+      variants.append(vname)
+    expanded[name] = (kind, variants, spec.get('metric', cfg.eval.metrics[0]))
+  return pipes, expanded
 
 
-def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
-  episodes, load_report = instantiate(cfg.dataset.loader, root=cfg.paths.data_root)
-  log.info('%s', load_report.summary())
-  pipes = build_pipelines(cfg)
+def _embedder(cfg: DictConfig):
   e = cfg.embedder
   encoder = instantiate(e.encoder)  # lazy: a warm cache never loads the model
 
   def embed_fn(texts):
     return embed.embed_texts(texts, cache_dir=cfg.paths.cache_dir, model_id=e.model_id, encoder=encoder,
                              progress=cfg.eval.progress)
+  return embed_fn
 
+
+def _load(cfg: DictConfig, ds: DictConfig):
+  episodes, load_report = instantiate(ds.loader, root=cfg.paths.data_root)
+  log.info('%s', load_report.summary())
+  return episodes, load_report
+
+
+def fit_on_train(cfg: DictConfig, pipes: dict, expanded: dict, embed_fn, scored: dict[str, list]) -> dict:
+  """Resolve ``tune`` specs that name training sets (``tune.train``): choose the grid value with the best pooled
+  metric on those training questions, asserted disjoint from every scored dataset's questions. Mutates
+  ``pipes``/``expanded`` (the variants collapse to the chosen pipeline) and returns what was fitted."""
+  fits = {}
+  train_cache: dict[str, tuple[list, list]] = {}
+  for name, (kind, variants, _) in list(expanded.items()):
+    node = cfg.pipeline[name]
+    if kind != 'tune' or not node.tune.get('train'):
+      continue
+    per_value = [[] for _ in variants]
+    for tname in node.tune.train:
+      tcfg = cfg.train_sets[tname]
+      if tname not in train_cache:
+        eps, _ = _load(cfg, tcfg)
+        train_cache[tname] = (eps, evaluation.embed_episodes(eps, embed_fn))
+      eps, embs = train_cache[tname]
+      for ds_name, ds_eps in scored.items():
+        if ds_name not in node.get('skip_datasets', []):
+          splits.assert_disjoint_questions(eps, ds_eps)
+      res = evaluation.evaluate(eps, embs, {v: pipes[v] for v in variants}, k=cfg.eval.k,
+                                metrics=[tcfg.metric], seed=cfg.seed, progress=False)
+      for g, v in enumerate(variants):
+        per_value[g].append(res.scores[v][tcfg.metric])
+    means = [float(np.concatenate(v).mean()) for v in per_value]
+    best = int(np.argmax(means))
+    fits[name] = {'train_sets': list(node.tune.train), 'grid': {v: m for v, m in zip(variants, means)},
+                  'chosen': variants[best], 'n_train_questions': int(sum(len(x) for x in per_value[0]))}
+    log.info('fitted %s on %s: %s', name, list(node.tune.train), variants[best])
+    pipes[name] = pipes[variants[best]]
+    for v in variants:
+      del pipes[v]
+    del expanded[name]
+  return fits
+
+
+def run_dataset(cfg: DictConfig, ds: DictConfig, episodes, load_report, pipes: dict, expanded: dict, embed_fn,
+                ) -> tuple[dict[str, Any], str]:
+  """Evaluate the pipelines on one dataset; returns (results dict, Markdown table)."""
+  metrics = list(ds.get('metrics') or cfg.eval.metrics)
+  skip = {n for n in cfg.pipeline if ds.name in cfg.pipeline[n].get('skip_datasets', [])}
+  pipes = {n: p for n, p in pipes.items() if n.split('[')[0] not in skip}
   embeddings = evaluation.embed_episodes(episodes, embed_fn)
-  result = evaluation.evaluate(episodes, embeddings, pipes, k=cfg.eval.k, metrics=list(cfg.eval.metrics),
-                               seed=cfg.seed, progress=cfg.eval.progress)
-  categories = OmegaConf.to_container(cfg.dataset.categories) if cfg.dataset.get('categories') else {}
+  result = evaluation.evaluate(episodes, embeddings, pipes, k=cfg.eval.k, metrics=metrics, seed=cfg.seed,
+                               progress=cfg.eval.progress)
+  merged = {name: (evaluation.merge_tuned(result, name, variants, metric=metric) if kind == 'tune'
+                   else evaluation.merge_replicates(result, name, variants))
+            for name, (kind, variants, metric) in expanded.items() if name not in skip}
+  order = [n for n in cfg.pipeline if n not in skip]
+  result.scores = {n: result.scores[n] for n in order}
+  result.retrieved = {n: result.retrieved[n] for n in order}
+  categories = OmegaConf.to_container(ds.categories) if ds.get('categories') else {}
   summary = report.summarize(result, category_names=categories, seed=cfg.seed, n_resamples=cfg.eval.n_resamples,
                              baselines=list(cfg.eval.baselines))
   reference = OmegaConf.to_container(cfg.reference) if cfg.get('reference') else None
   table = report.markdown_table(
-      summary, metrics=list(cfg.eval.metrics), reference=reference,
+      summary, metrics=metrics, reference=reference if not cfg.get('datasets') else None,
       reference_label=cfg.get('reference_label', 'published'),
-      title=f'{cfg.dataset.name}: {len(result.question_ids)} questions, k={cfg.eval.k}, '
-            f'embedder {e.model_id}')
-  results = {'dataset': cfg.dataset.name, 'n_questions': len(result.question_ids), 'k': cfg.eval.k,
-             'seed': cfg.seed, 'load_report': load_report.to_dict(), 'pipelines': summary,
-             'reference': reference, 'per_question': report.per_question(result)}
+      title=f'{ds.name}: {len(result.question_ids)} questions, k={cfg.eval.k}, embedder {cfg.embedder.model_id}')
+  if skip:
+    table += f'\nNot run here (their parameters were fit on questions of this dataset): {sorted(skip)}\n'
+  pileup = None
+  if cfg.eval.get('pileup'):
+    pileup = analysis.pileup_report(episodes, embeddings, result, categories=[4, 1],
+                                    baselines=list(cfg.eval.baselines), seed=cfg.seed,
+                                    n_resamples=cfg.eval.n_resamples)
+    table += analysis.pileup_markdown(pileup, categories)
+  results = {'dataset': ds.name, 'n_questions': len(result.question_ids), 'k': cfg.eval.k,
+             'seed': cfg.seed, 'metrics': metrics, 'load_report': load_report.to_dict(), 'pipelines': summary,
+             'reference': reference, 'expanded': merged, 'pileup': pileup, 'not_run': sorted(skip),
+             'per_question': report.per_question(result)}
+  return results, table
+
+
+def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+  """Evaluate ``cfg.pipeline`` on ``cfg.dataset`` (or on every entry of ``cfg.datasets``) and write the results."""
+  datasets = dict(cfg.datasets) if cfg.get('datasets') else {cfg.dataset.name: cfg.dataset}
+  pipes, expanded = build_pipelines(cfg)
+  embed_fn = _embedder(cfg)
+  loaded = {name: _load(cfg, ds) for name, ds in datasets.items()}
+  fits = fit_on_train(cfg, pipes, expanded, embed_fn, {n: eps for n, (eps, _) in loaded.items()})
+  per_ds, tables = {}, []
+  for name, ds in datasets.items():
+    per_ds[name], table = run_dataset(cfg, ds, *loaded[name], pipes, expanded, embed_fn)
+    tables.append(table)
+  if len(datasets) == 1:
+    results = next(iter(per_ds.values()))
+    results['fitted'] = fits
+  else:
+    reference = OmegaConf.to_container(cfg.reference) if cfg.get('reference') else None
+    combined = report.combined_table(per_ds, order=list(cfg.pipeline), reference=reference,
+                                     reference_label=cfg.get('reference_label', 'published'))
+    tables.insert(0, combined)
+    results = {'datasets': per_ds, 'fitted': fits, 'reference': reference}
+  if fits:
+    tables.append(report.fits_markdown(fits))
+  text = '\n'.join(tables)
   out_dir.mkdir(parents=True, exist_ok=True)
   (out_dir / 'results.json').write_text(json.dumps(results, indent=1))
-  (out_dir / 'results.md').write_text(table)
+  (out_dir / 'results.md').write_text(text)
   (out_dir / 'config_resolved.yaml').write_text(OmegaConf.to_yaml(cfg, resolve=True))
-  print(table)
+  print(text)
   log.info('wrote %s', out_dir / 'results.json')
   return results
 
@@ -63,8 +182,9 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
 @hydra.main(version_base='1.3', config_path='../conf', config_name='config')
 def main(cfg: DictConfig) -> float:
   results = run(cfg, Path(HydraConfig.get().runtime.output_dir))
-  first = next(iter(results['pipelines'].values()))
-  return float(first[cfg.eval.metrics[0]])
+  one = results if 'pipelines' in results else next(iter(results['datasets'].values()))
+  first = next(iter(one['pipelines'].values()))
+  return float(first[one['metrics'][0]])
 
 
 if __name__ == '__main__':

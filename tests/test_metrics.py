@@ -57,3 +57,17 @@ def test_against_ir_measures_and_reference(n, k, data):
     assert math.isclose(got_rc[i], expected[(rc, str(i))], abs_tol=1e-5)
     assert math.isclose(got_nd[i], reference.ndcg(topk[i].tolist(), gold, k), abs_tol=1e-5)
     assert math.isclose(got_rc[i], reference.recall(topk[i].tolist(), gold, k), abs_tol=1e-5)
+
+
+@given(st.integers(1, 20), st.integers(1, 12), st.data())
+def test_ndcg_any_matches_the_official_transcription(n, k, data):
+  from engram_jax import official
+  rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1)))
+  labels = rng.random((1, n)) < 0.3
+  labels[0, rng.integers(n)] = True
+  ranking = rng.permutation(n)
+  ids = [f'answer_{i}' if labels[0, i] else f'x_{i}' for i in range(n)]
+  gold = [ids[i] for i in np.flatnonzero(labels[0])]
+  expected = official.ndcg_any(ranking.tolist(), gold, ids, k=k)
+  got = float(metrics.ndcg_any_at_k(ranking[None, :min(k, n)], labels, k=k)[0])
+  assert math.isclose(got, expected, abs_tol=1e-6)

@@ -15,12 +15,14 @@ regenerating gives the committed lists.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from engram_jax.data.io import dataset_file, read_json
+from engram_jax.types import Episode, LoadReport, Question
 
 PILOT_SEED = 20261008
 PILOT_DIR = Path(__file__).resolve().parent / 'pilot'
@@ -105,6 +107,86 @@ def disjoint_split(ids: Iterable[str], *, scored: Iterable[str], seed: int, n_tr
   train = draw_ids(pool, n=n_train, seed=seed)
   assert_disjoint(train, scored)
   return train
+
+
+def select_questions(episodes: Sequence[Episode], keep: Callable[[Episode, Question], str | None],
+                     report: LoadReport) -> list[Episode]:
+  """Keep the questions for which ``keep`` returns None; count every other one under the reason it returns.
+
+  Episodes left without questions are dropped (counted as ``episodes_without_questions``).
+  """
+  out = []
+  for ep in episodes:
+    kept = []
+    for q in ep.questions:
+      reason = keep(ep, q)
+      if reason is None:
+        kept.append(q)
+      else:
+        report.add(reason, q.id)
+    if kept:
+      out.append(dataclasses.replace(ep, questions=tuple(kept)))
+    else:
+      report.add('episodes_without_questions', ep.id)
+  return out
+
+
+def normalised_text(text: str) -> str:
+  return ' '.join(text.lower().split())
+
+
+def assert_disjoint_questions(train: Sequence[Episode], scored: Sequence[Episode]) -> None:
+  """Raise ValueError if any training question shares an id or a (normalised) text with a scored question."""
+  assert_disjoint([q.id for e in train for q in e.questions], [q.id for e in scored for q in e.questions])
+  assert_disjoint([normalised_text(q.text) for e in train for q in e.questions],
+                  [normalised_text(q.text) for e in scored for q in e.questions])
+
+
+def load_part(root: str | os.PathLike | None = None, *, load: Callable[..., tuple[list[Episode], LoadReport]],
+              part: str = 'all', pilot: str | None = None, n_train: int | None = None, seed: int = PILOT_SEED,
+              official_skips: bool = False, exclude: Sequence[Callable[..., tuple[list[Episode], LoadReport]]] = ()
+              ) -> tuple[list[Episode], LoadReport]:
+  """Load a dataset and keep one part of its questions, counting everything left out.
+
+  Args:
+    root: data root.
+    load: the loader, ``load(root) -> (episodes, report)``.
+    part: ``'all'``; ``'pilot'`` (the committed pilot set ``pilot``); or ``'train'``: ``n_train`` questions drawn
+      with ``seed`` from those outside the pilot set (all of them when ``n_train`` is None), asserted disjoint.
+    official_skips: apply LongMemEval's official skip rules (abstention; no user-side evidence) first.
+    exclude: further loaders whose questions must not appear in this part (by id or normalised text), e.g.
+      the 6K pilot when training on 32K FactConsolidation questions that repeat some 6K question texts.
+  """
+  episodes, report = load(root)
+  if official_skips:
+    from engram_jax import official  # pylint: disable=import-outside-toplevel
+    episodes = select_questions(
+        episodes, lambda ep, q: official.official_skip_reason(q.id, [it.id for it in ep.items]), report)
+  banned_ids: set[str] = set()
+  banned_texts: set[str] = set()
+  for other in exclude:
+    eps, _ = other(root)
+    banned_ids |= {q.id for e in eps for q in e.questions}
+    banned_texts |= {normalised_text(q.text) for e in eps for q in e.questions}
+  if banned_ids:
+    episodes = select_questions(
+        episodes, lambda ep, q: ('excluded_overlaps_scored' if q.id in banned_ids
+                                 or normalised_text(q.text) in banned_texts else None), report)
+  if part == 'all':
+    chosen = None
+  elif part == 'pilot':
+    chosen = set(pilot_ids(pilot))
+  elif part == 'train':
+    ids = [q.id for e in episodes for q in e.questions]
+    scored = set(pilot_ids(pilot)) if pilot else set()
+    chosen = set(disjoint_split(ids, scored=scored, seed=seed, n_train=n_train if n_train is not None
+                                else len(set(ids) - scored)))
+  else:
+    raise ValueError(f'Unknown part {part!r} (all, pilot or train)')
+  if chosen is not None:
+    episodes = select_questions(episodes, lambda ep, q: None if q.id in chosen else f'not_in_{part}', report)
+  report.add(f'questions_in_{part}', n=sum(len(e.questions) for e in episodes))
+  return episodes, report
 
 
 def main() -> None:

@@ -1,0 +1,134 @@
+"""CFS-R: JAX equals the loop reference, the solver is a real NNLS solver, degenerate pools, grads."""
+
+
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.optimize
+from hypothesis import given
+
+import reference_ops as ref
+from engram_jax import reconstruction
+
+N_PAD, D_PAD, Q = 40, 16, 3
+POOLS = (5, 150)  # a real prefilter, and P > N (the pool is every real item)
+
+cfsr_jit = jax.jit(reconstruction.cfsr_scores,
+                   static_argnames=('pool', 'iterations', 'power_iterations', 'batch_size'))
+
+
+@st.composite
+def episodes(draw):
+  """Random unit-norm docs/queries; N real in 1..40 (padded to 40, junk or NaN rows), D in 2..16."""
+  seed = draw(st.integers(0, 2**32 - 1))
+  n = draw(st.integers(1, N_PAD))
+  d = draw(st.integers(2, D_PAD))
+  scatter = draw(st.booleans())
+  nan_pad = draw(st.booleans())
+  rng = np.random.default_rng(seed)
+  docs = ref.pad(ref.unit_vectors(rng, N_PAD, d), N_PAD, D_PAD)
+  where = np.zeros(N_PAD, bool)
+  where[rng.choice(N_PAD, n, replace=False) if scatter else np.arange(n)] = True
+  if nan_pad:
+    docs[~where] = np.nan
+  queries = ref.pad(ref.unit_vectors(rng, Q, d), Q, D_PAD)
+  return docs, queries, where
+
+
+@given(episodes(), st.sampled_from(POOLS), st.floats(0.0, 0.1), st.floats(0.0, 1.0))
+def test_cfsr_matches_reference(ep, pool, lam, w):
+  docs, queries, where = ep
+  got = np.asarray(cfsr_jit(queries, docs, where=where, pool=pool, lam=lam, w=w))
+  assert not np.isnan(got).any()
+  for qi, q in enumerate(queries):
+    want = ref.cfsr_scores_ref(q, docs, where=where, pool=pool, lam=lam, w=w)
+    np.testing.assert_array_equal(np.isneginf(got[qi]), np.isneginf(want))
+    np.testing.assert_allclose(got[qi], want, rtol=1e-7, atol=1e-9)
+  n_real = int(where.sum())
+  assert (np.isfinite(got).sum(-1) == min(pool, n_real)).all()
+  # The precomputed episode Gram gives the same scores.
+  clean = np.where(where[:, None], docs, 0.0)
+  a = cfsr_jit(queries, clean, where=where, pool=pool, lam=lam, w=w)
+  b = cfsr_jit(queries, clean, where=where, pool=pool, lam=lam, w=w, gram=clean @ clean.T)
+  np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_solver_reaches_the_nnls_optimum():
+  rng = np.random.default_rng(3)
+  c = ref.unit_vectors(rng, 12, 6)
+  z = ref.unit_vectors(rng, 1, 6)[0]
+  lam = 0.05
+  a = np.asarray(reconstruction.nnls_ridge_pg(c @ c.T, c @ z, lam=lam, iterations=5000))
+  # scipy: min ||[C^T; sqrt(lam) I] a - [z; 0]||, a >= 0 -- the same problem.
+  want, _ = scipy.optimize.nnls(np.vstack([c.T, np.sqrt(lam) * np.eye(12)]), np.concatenate([z, np.zeros(12)]))
+  np.testing.assert_allclose(a, want, atol=1e-6)
+  grad = 2 * (c @ (c.T @ a - z) + lam * a)  # KKT: grad >= 0 at 0, grad = 0 where a > 0
+  assert (a >= 0).all() and (grad > -1e-6).all() and np.abs(grad[a > 1e-9]).max() < 1e-6
+
+
+def _run(query, docs, where=None, **kw):
+  """cfsr_jit at the hypothesis shapes (cached compilations); returns the first query's [n] scores."""
+  n, d = docs.shape
+  wh = np.zeros(N_PAD, bool)
+  wh[:n] = True if where is None else where
+  qs = ref.pad(np.repeat(np.atleast_2d(query), Q, 0), Q, D_PAD)
+  kw = {'lam': 0.005, 'w': 0.9, **kw}  # given explicitly, as in the hypothesis test: shared jit cache
+  return np.asarray(cfsr_jit(qs, ref.pad(docs, N_PAD, D_PAD), where=wh, **kw))[0, :n]
+
+
+@pytest.mark.parametrize('pool', POOLS)
+def test_degenerate_pools(pool):
+  rng = np.random.default_rng(4)
+  docs = ref.unit_vectors(rng, 6, 4)
+  q = ref.unit_vectors(rng, 1, 4)[0]
+  none = _run(q, docs, where=np.zeros(6, bool), pool=pool)
+  assert np.isneginf(none).all()
+  one = _run(q, docs, where=np.eye(6, dtype=bool)[3], pool=pool)  # a one-item pool: min-max is 0
+  assert one[3] == 0.0 and np.isneginf(np.delete(one, 3)).all()
+  two = _run(q, docs[:2], pool=pool)
+  np.testing.assert_allclose(two, ref.cfsr_scores_ref(q, docs[:2], pool=pool), atol=1e-12)
+  assert np.isfinite(two).all()
+
+
+def test_pool_boundary_tie_later_item_wins():
+  # Items 0 and 5 are identical and tie for the last of 5 pool slots; the later one (5) enters.
+  q = np.array([1.0, 0, 0])
+  e = lambda x, y: np.array([x, y, np.sqrt(1 - x * x - y * y)])
+  docs = np.stack([e(0.5, 0.1), e(0.9, 0.0), e(0.8, 0.2), e(0.7, -0.3), e(0.6, 0.3), e(0.5, 0.1), e(0.1, 0.1)])
+  s = _run(q, docs, pool=5)
+  assert np.isneginf(s[[0, 6]]).all() and np.isfinite(s[1:6]).all()
+  np.testing.assert_allclose(s, ref.cfsr_scores_ref(q, docs, pool=5), atol=1e-12)
+
+
+def test_jit_eager_vmap_loop_and_grads():
+  rng = np.random.default_rng(5)
+  docs = ref.pad(ref.unit_vectors(rng, N_PAD, 10), N_PAD, D_PAD)
+  qs = ref.pad(ref.unit_vectors(rng, Q, 10), Q, D_PAD)
+  where = rng.random(N_PAD) < 0.9
+  kw = dict(pool=5, lam=0.005, w=0.9)
+  jitted = cfsr_jit(qs, docs, where=where, **kw)
+  eager = reconstruction.cfsr_scores(qs, docs, where=where, **kw)
+  np.testing.assert_allclose(eager, jitted, rtol=1e-12)
+  vmapped = jax.vmap(lambda q: cfsr_jit(q, docs, where=where, **kw))(qs)
+  loop = np.stack([cfsr_jit(q, docs, where=where, **kw) for q in qs])
+  np.testing.assert_allclose(vmapped, loop, rtol=1e-12)
+  np.testing.assert_allclose(vmapped, jitted, rtol=1e-12)
+  chunked = cfsr_jit(qs, docs, where=where, batch_size=2, **kw)  # lax.map over chunks of 2 (+ remainder)
+  np.testing.assert_allclose(chunked, jitted, rtol=1e-12)
+  batched = cfsr_jit(np.stack([qs, qs]), np.stack([docs, docs[::-1]])[:, None],
+                     where=np.stack([where, where[::-1]])[:, None], **kw)
+  np.testing.assert_allclose(batched[0], jitted, rtol=1e-12)
+  np.testing.assert_allclose(batched[1], cfsr_jit(qs, docs[::-1], where=where[::-1], **kw), rtol=1e-12)
+
+  # lam and w are traced: gradients exist, are finite, and changing them does not recompile.
+  def loss(lam, w):
+    s = reconstruction.cfsr_scores(qs, docs, where=where, pool=5, lam=lam, w=w, iterations=20)
+    return jnp.sum(jnp.where(jnp.isfinite(s), s * jnp.arange(N_PAD), 0.0))
+
+  g_lam, g_w = jax.jit(jax.grad(loss, argnums=(0, 1)))(0.005, 0.9)
+  assert np.isfinite(g_lam) and np.isfinite(g_w) and g_w != 0.0 and g_lam != 0.0
+  before = cfsr_jit._cache_size()
+  cfsr_jit(qs, docs, where=where, pool=5, lam=0.01, w=0.5)
+  assert cfsr_jit._cache_size() == before
