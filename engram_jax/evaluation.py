@@ -69,8 +69,12 @@ def embed_episodes(episodes: Sequence[Episode], embed: Callable[[list[str]], np.
 
 def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray, np.ndarray]],
              pipelines: Mapping[str, Pipeline], *, k: int, metrics: Sequence[str], seed: int,
-             progress: bool = True, arrays: Sequence[EpisodeArrays] | None = None) -> EvalResult:
+             progress: bool = True, arrays: Sequence[EpisodeArrays] | None = None,
+             only: Mapping[str, set[str]] | None = None) -> EvalResult:
   """Run each pipeline on each episode, assert equal ``k``, and score every question.
+
+  ``only[name]`` restricts pipeline ``name`` to those episode ids (its other questions get NaN scores and
+  no retrieved ids; used for per-episode fitted variants, see :func:`merge_by_episode`).
 
   Raises:
     ValueError: if ``k`` exceeds an episode's number of items, or a metric's cutoff exceeds ``k``.
@@ -97,6 +101,11 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
   for name, e in tqdm(steps, desc='pipelines x episodes', disable=not progress):
     ep, arr = episodes[e], arrays[e]
     nq = len(ep.questions)
+    if only is not None and name in only and ep.id not in only[name]:
+      for m, _, _ in parsed:
+        result.scores[name][m].append(np.full(nq, np.nan))
+      result.retrieved[name].extend([[] for _ in range(nq)])
+      continue
     topk = np.asarray(fns[name](arr, jax.random.fold_in(base_key, e)))
     check_equal_k(topk, nq, k=k, name=name, episode=ep.id)
     labels = np.asarray(arr.labels)
@@ -170,3 +179,22 @@ def merge_replicates(result: EvalResult, name: str, variants: Sequence[str]) -> 
     del result.scores[v], result.retrieved[v]
   return {'variants': list(variants), 'retrieved_shown': variants[0],
           'per_seed_mean': per_seed, 'range': {m: [min(x), max(x)] for m, x in per_seed.items()}}
+
+
+def merge_by_episode(result: EvalResult, name: str, variant_of: Mapping[str, str]) -> dict[str, object]:
+  """Replace per-episode variants by one pipeline ``name``: each question takes the variant of its episode.
+
+  Raises:
+    ValueError: if an episode has no variant.
+  """
+  missing = sorted(set(result.episode_ids) - set(variant_of))
+  if missing:
+    raise ValueError(f'{name}: no fitted parameters for episodes {missing}')
+  variants = list(dict.fromkeys(variant_of.values()))
+  pick = [variant_of[e] for e in result.episode_ids]
+  result.scores[name] = {m: np.array([result.scores[v][m][i] for i, v in enumerate(pick)])
+                         for m in result.scores[variants[0]]}
+  result.retrieved[name] = [result.retrieved[v][i] for i, v in enumerate(pick)]
+  for v in variants:
+    del result.scores[v], result.retrieved[v]
+  return {'variant_of_episode': dict(variant_of)}

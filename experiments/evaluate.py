@@ -35,9 +35,26 @@ def build_pipelines(cfg: DictConfig) -> tuple[dict[str, pipeline.Pipeline], dict
   """
   pipes: dict[str, pipeline.Pipeline] = {}
   expanded: dict[str, tuple[str, list[str], str]] = {}
+  fitted = json.loads(Path(cfg.fitted).read_text()) if cfg.get('fitted') else None
+  if fitted is not None and fitted['pipeline'] not in cfg.pipeline:
+    raise ValueError(f'fitted parameters are for pipeline {fitted["pipeline"]!r}, which is not selected')
   for name, node in cfg.pipeline.items():
     node = OmegaConf.to_container(node)
     node.pop('skip_datasets', None)
+    if fitted is not None and name == fitted['pipeline']:
+      node.pop('tune', None)
+      variant_of = {}
+      for episode, params in fitted['folds'].items():
+        variant = OmegaConf.create(node)
+        for path, value in params.items():
+          if OmegaConf.select(variant, path) is None:
+            raise ValueError(f'fitted parameter {path!r} does not exist in pipeline {name}')
+          OmegaConf.update(variant, path, value)
+        vname = f'{name}[fold={episode}]'
+        pipes[vname] = pipeline.make_pipeline(name=vname, **instantiate(variant))
+        variant_of[episode] = vname
+      expanded[name] = ('fitted', list(variant_of.values()), variant_of)
+      continue
     tune, rep = node.pop('tune', None), node.pop('replicate', None)
     if tune is None and rep is None:
       pipes[name] = pipeline.make_pipeline(name=name, **instantiate(node))
@@ -116,11 +133,20 @@ def run_dataset(cfg: DictConfig, ds: DictConfig, episodes, load_report, pipes: d
   skip = {n for n in cfg.pipeline if ds.name in cfg.pipeline[n].get('skip_datasets', [])}
   pipes = {n: p for n, p in pipes.items() if n.split('[')[0] not in skip}
   embeddings = evaluation.embed_episodes(episodes, embed_fn)
+  only = {v: {ep for ep, vv in extra.items() if vv == v}
+          for kind, variants, extra in expanded.values() if kind == 'fitted' for v in variants}
   result = evaluation.evaluate(episodes, embeddings, pipes, k=cfg.eval.k, metrics=metrics, seed=cfg.seed,
-                               progress=cfg.eval.progress)
-  merged = {name: (evaluation.merge_tuned(result, name, variants, metric=metric) if kind == 'tune'
-                   else evaluation.merge_replicates(result, name, variants))
-            for name, (kind, variants, metric) in expanded.items() if name not in skip}
+                               progress=cfg.eval.progress, only=only)
+  merged = {}
+  for name, (kind, variants, extra) in expanded.items():
+    if name in skip:
+      continue
+    if kind == 'tune':
+      merged[name] = evaluation.merge_tuned(result, name, variants, metric=extra)
+    elif kind == 'replicate':
+      merged[name] = evaluation.merge_replicates(result, name, variants)
+    else:
+      merged[name] = evaluation.merge_by_episode(result, name, extra)
   order = [n for n in cfg.pipeline if n not in skip]
   result.scores = {n: result.scores[n] for n in order}
   result.retrieved = {n: result.retrieved[n] for n in order}

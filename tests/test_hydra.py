@@ -87,3 +87,23 @@ def test_multirun_one_run_per_pipeline(tmp_path):
   for i, name in enumerate(['cosine', 'bm25']):
     saved = json.loads((tmp_path / 'multi' / str(i) / 'results.json').read_text())
     assert list(saved['pipelines']) == [name]
+
+
+@real
+def test_fitted_parameters_are_applied_per_episode(tmp_path):
+  fitted = tmp_path / 'fitted.json'
+  fitted.write_text(json.dumps({'pipeline': 'rrf_cos_bm25', 'folds': {
+      'conv-30': {'legs.0.weight': 0.0, 'legs.1.weight': 1.0}, 'conv-26': {'legs.0.weight': 1.0}}}))
+  cfg = _compose(['embedder=hashing', 'dataset.loader.conversations=[conv-30,conv-26]', 'eval.n_resamples=100',
+                  'eval.progress=false', f'paths.cache_dir={tmp_path}/cache', 'pipeline=[bm25,rrf_cos_bm25]',
+                  f'fitted={fitted}'])
+  res = evaluate.run(cfg, tmp_path / 'out')
+  rows = res['per_question']
+  conv30 = [r for r in rows if r['episode'] == 'conv-30']
+  # with the cosine leg weighted 0, RRF over BM25 alone gives BM25's top-10 on conv-30
+  assert all(r['retrieved']['rrf_cos_bm25'] == r['retrieved']['bm25'] for r in conv30)
+  assert res['expanded']['rrf_cos_bm25']['variant_of_episode']['conv-26'] == 'rrf_cos_bm25[fold=conv-26]'
+  bad = tmp_path / 'bad.json'
+  bad.write_text(json.dumps({'pipeline': 'rrf_cos_bm25', 'folds': {'conv-30': {'legs.7.weight': 1.0}}}))
+  with pytest.raises(ValueError, match='does not exist'):
+    evaluate.build_pipelines(_compose(['pipeline=[rrf_cos_bm25]', f'fitted={bad}']))

@@ -90,7 +90,7 @@ def _turns(conv: Mapping[str, Any], sample_id: str, template: str, report: LoadR
   return items
 
 
-def load_locomo(root: str | None = None, *, template: str = 'speaker', filename: str = 'locomo10.json',
+def load_locomo(root: str | None = None, *, template: str = 'dated', filename: str = 'locomo10.json',
                 conversations: list[str] | None = None) -> tuple[list[Episode], LoadReport]:
   """Load LoCoMo as one :class:`Episode` per conversation.
 
