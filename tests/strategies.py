@@ -34,3 +34,24 @@ def corpora(draw, n_min=1, n_max=25):
 
 def masks(n):
   return hnp.arrays(bool, n)
+
+
+@st.composite
+def padded_episodes(draw, *, n_pad, d_pad, q):
+  """(docs [n_pad, d_pad], queries [q, d_pad], where [n_pad]): random unit-norm rows, N real in 1..n_pad,
+  D in 2..d_pad (zero-padded). Continuous random data from a drawn seed, so there are no near-ties;
+  masked rows hold junk unit vectors or NaN, scattered or trailing."""
+  import reference_ops as ref  # pylint: disable=import-outside-toplevel
+  seed = draw(st.integers(0, 2**32 - 1))
+  n = draw(st.integers(1, n_pad))
+  d = draw(st.integers(2, d_pad))
+  scatter = draw(st.booleans())
+  nan_pad = draw(st.booleans())
+  rng = np.random.default_rng(seed)
+  docs = ref.pad(ref.unit_vectors(rng, n_pad, d), n_pad, d_pad)
+  where = np.zeros(n_pad, bool)
+  where[rng.choice(n_pad, n, replace=False) if scatter else np.arange(n)] = True
+  if nan_pad:
+    docs[~where] = np.nan
+  queries = ref.pad(ref.unit_vectors(rng, q, d), q, d_pad)
+  return docs, queries, where

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from rank_bm25 import BM25Okapi
 
 from engram_jax import fusion, lexical, ranking, similarity
-from tests import reference, strategies
+import reference
+import strategies
 
 
 def _tf(query, docs, pad_rows=0, pad_cols=0):

@@ -1,6 +1,8 @@
 """MMR and CFS: JAX equals the loop reference, the tie rule, masks, batching, jit."""
 
 
+import functools
+
 import hypothesis.strategies as st
 import jax
 import numpy as np
@@ -8,6 +10,7 @@ import pytest
 from hypothesis import given
 
 import reference_ops as ref
+import strategies
 from engram_jax import diversity
 
 N_PAD, D_PAD, Q = 40, 16, 3  # fixed padded shapes: one compilation per static (k, pool)
@@ -23,26 +26,7 @@ def _hyper(fn, **kw):
   return {**defaults, **kw}
 
 
-@st.composite
-def episodes(draw):
-  """Random unit-norm docs/queries, N real items in 1..40 (padded to 40), D in 2..16 (padded to 16).
-
-  Continuous random data from a drawn seed, so there are no near-ties; masked rows hold junk unit
-  vectors or NaN, scattered or trailing.
-  """
-  seed = draw(st.integers(0, 2**32 - 1))
-  n = draw(st.integers(1, N_PAD))
-  d = draw(st.integers(2, D_PAD))
-  scatter = draw(st.booleans())
-  nan_pad = draw(st.booleans())
-  rng = np.random.default_rng(seed)
-  docs = ref.pad(ref.unit_vectors(rng, N_PAD, d), N_PAD, D_PAD)
-  where = np.zeros(N_PAD, bool)
-  where[rng.choice(N_PAD, n, replace=False) if scatter else np.arange(n)] = True
-  if nan_pad:
-    docs[~where] = np.nan
-  queries = ref.pad(ref.unit_vectors(rng, Q, d), Q, D_PAD)
-  return docs, queries, where
+episodes = functools.partial(strategies.padded_episodes, n_pad=N_PAD, d_pad=D_PAD, q=Q)
 
 
 def _check_selection(sel, refs):

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engram_jax import metrics
-from tests import reference
+import reference
 
 
 def test_hand_computed_ndcg_and_recall():

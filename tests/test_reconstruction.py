@@ -1,6 +1,8 @@
 """CFS-R: JAX equals the loop reference, the solver is a real NNLS solver, degenerate pools, grads."""
 
 
+import functools
+
 import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
@@ -10,6 +12,7 @@ import scipy.optimize
 from hypothesis import given
 
 import reference_ops as ref
+import strategies
 from engram_jax import reconstruction
 
 N_PAD, D_PAD, Q = 40, 16, 3
@@ -19,22 +22,7 @@ cfsr_jit = jax.jit(reconstruction.cfsr_scores,
                    static_argnames=('pool', 'iterations', 'power_iterations', 'batch_size'))
 
 
-@st.composite
-def episodes(draw):
-  """Random unit-norm docs/queries; N real in 1..40 (padded to 40, junk or NaN rows), D in 2..16."""
-  seed = draw(st.integers(0, 2**32 - 1))
-  n = draw(st.integers(1, N_PAD))
-  d = draw(st.integers(2, D_PAD))
-  scatter = draw(st.booleans())
-  nan_pad = draw(st.booleans())
-  rng = np.random.default_rng(seed)
-  docs = ref.pad(ref.unit_vectors(rng, N_PAD, d), N_PAD, D_PAD)
-  where = np.zeros(N_PAD, bool)
-  where[rng.choice(N_PAD, n, replace=False) if scatter else np.arange(n)] = True
-  if nan_pad:
-    docs[~where] = np.nan
-  queries = ref.pad(ref.unit_vectors(rng, Q, d), Q, D_PAD)
-  return docs, queries, where
+episodes = functools.partial(strategies.padded_episodes, n_pad=N_PAD, d_pad=D_PAD, q=Q)
 
 
 @given(episodes(), st.sampled_from(POOLS), st.floats(0.0, 0.1), st.floats(0.0, 1.0))
