@@ -18,7 +18,7 @@ def test_pairs_across_runs_by_question_id(tmp_path):
   b = _run(tmp_path / 'b.json', 'B', [0.1, 0.2, 0.3, 0.4, 0.1, 0.2] * 5)
   rows = compare.main([str(a), str(b), '--pairs', 'A:B', '--n-resamples', '200'])
   nd = next(r for r in rows if r['metric'] == 'ndcg@10')
-  assert nd['n'] == 30 and nd['delta'] == pytest.approx(0.5) and nd['lo'] > 0
+  assert nd['n'] == 30 and nd['delta'] == pytest.approx(17 / 30) and nd['lo'] > 0
   assert 'mcnemar_p' in next(r for r in rows if r['metric'] == 'hit@10')
 
 
