@@ -107,3 +107,10 @@ def test_fitted_parameters_are_applied_per_episode(tmp_path):
   bad.write_text(json.dumps({'pipeline': 'rrf_cos_bm25', 'folds': {'conv-30': {'legs.7.weight': 1.0}}}))
   with pytest.raises(ValueError, match='does not exist'):
     evaluate.build_pipelines(_compose(['pipeline=[rrf_cos_bm25]', f'fitted={bad}']))
+
+
+@pytest.mark.parametrize('name', ['cfs_table', 'cfsr_table', 'tide_table'])
+def test_experiment_files_set_their_reference_and_pipelines(name):
+  cfg = _compose([f'experiment={name}'])
+  assert cfg.reference and cfg.reference_label.startswith('published')
+  assert set(cfg.reference) <= set(cfg.pipeline)
