@@ -47,8 +47,17 @@ def _newest_first(ep: Episode, q, ranked: list[int], k: int) -> float:
   return float(v.newest in ids[:k]) if ok is None else float(ok)
 
 
+def _parent_recall(ep: Episode, q, ranked: list[int], k: int) -> float:
+  """Fraction of the question's gold parents (session / record; the gold items' parents when none are given)
+  that contain at least one of the top ``k`` items: recall at the parent boundary (``engram_jax.boundary``)."""
+  gold = set(q.gold_parents) or {ep.items[i].parent for i in (ep.index_of()[g] for g in q.gold)}
+  found = {ep.items[i].parent for i in ranked[:k] if i >= 0}
+  return len(gold & found) / len(gold)
+
+
 # Metrics that need the episode's items or answers, not only gold labels: name -> fn(ep, q, ranked, k).
-EPISODE_METRICS: dict[str, Callable[..., float]] = {'answer': _answer_at, 'newest_first': _newest_first}
+EPISODE_METRICS: dict[str, Callable[..., float]] = {'answer': _answer_at, 'newest_first': _newest_first,
+                                                    'parent_recall': _parent_recall}
 
 
 def embed_episodes(episodes: Sequence[Episode], embed: Callable[[list[str]], np.ndarray]
