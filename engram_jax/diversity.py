@@ -13,7 +13,8 @@ Batching: ``query`` may carry leading batch axes ``[..., D]``; ``docs`` is ``[N,
 queries) or ``[..., N, D]`` (one list per batch entry); ``where`` and ``gram`` likewise. Batch axes
 broadcast and are mapped with ``jax.vmap``.
 
-Not differentiable (argmax); the relaxed twins ``soft_mmr_select`` / ``soft_cfs_select`` are to come.
+Not differentiable (argmax); the relaxed twins ``soft_mmr_select`` / ``soft_cfs_select`` (below) are for
+fitting only.
 """
 
 from __future__ import annotations
@@ -295,3 +296,180 @@ def selection_scores(selection: Selection, *, n: int) -> Array:
   vals = (k - jnp.arange(k)).astype(jnp.result_type(float))
   hit = idx[..., :, None] == jnp.arange(n)  # [..., K, N]; -1 matches nothing
   return jnp.max(jnp.where(hit, vals[:, None], -jnp.inf), axis=-2)
+
+
+# ----------------------------------------------------------------------------------------------
+# Soft twins (for fitting only; the hard operators above are what is scored).
+
+
+class SoftSelection(NamedTuple):
+  """Relaxed greedy picks.
+
+  Attributes:
+    probs: ``[..., K, N]`` pick distributions: row t is the softmax-relaxed one-hot of pick t (sums to 1,
+      or to 0 where no real candidate was left).
+    scores: ``[..., K]`` the expected objective value at each pick.
+  """
+
+  probs: Array
+  scores: Array
+
+
+def _soft_greedy(rel: Array, valid: Array, *, k: int, temperature: Array, init: Array,
+                 objective: Callable[[Array, Array], Array],
+                 update: Callable[[Array, Array, Array], Array]) -> tuple[Array, Array]:
+  r"""Softmax-relaxed greedy loop over a pool of P candidates (the relaxed twin of :func:`_greedy`).
+
+  Step t: :math:`p_t = \mathrm{softmax}(o_t / T + \log(1 - m_t))` over the eligible candidates, where
+  :math:`o_t` is the objective under the relaxed state (relevance at t = 0), :math:`m_t = \sum_{u<t} p_u`
+  the mass already picked (clipped at 1e-6 under the log), and eligible excludes the hard picks so far
+  (the argmax of :math:`o_u`, shared tie rule), so that as :math:`T \to 0` every :math:`p_t` is the
+  hard one-hot pick and the state the hard state. The state update takes the pick distribution:
+  ``update(state, p, t)``.
+
+  Returns:
+    ``(probs [K, P], scores [K])``.
+  """
+  p_n = rel.shape[-1]
+  orig = jnp.arange(p_n)
+
+  def step(carry, t):
+    hard, mass, state = carry
+    eligible = valid & ~hard
+    obj = objective(state, t)
+    crit = jnp.where(t == 0, rel, obj)
+    logits = crit / temperature + jnp.log(jnp.clip(1.0 - mass, 1e-6, 1.0))
+    top = jnp.max(jnp.where(eligible, logits, -jnp.inf))
+    top = jax.lax.stop_gradient(jnp.where(jnp.isfinite(top), top, 0.0))
+    # ineligible entries are set to the max before exp (not to 0: exp(0 - max) can overflow, and an inf
+    # behind a where still poisons the gradient with inf * 0 = NaN)
+    e = jnp.where(eligible, jnp.exp(jnp.where(eligible, logits, top) - top), 0.0)
+    z = jnp.sum(e)
+    p = e / jnp.where(z > 0, z, 1.0)
+    pos, ok = _argmax_later(crit, eligible, orig)
+    hard = hard | (ok & (orig == pos))
+    score = jnp.where(ok, jnp.sum(jnp.where(eligible, p * obj, 0.0)), -jnp.inf)
+    state = jnp.where(ok, update(state, p, t), state)
+    return (hard, mass + p, state), (p, score)
+
+  carry = (jnp.zeros((p_n,), bool), jnp.zeros_like(rel), init)
+  _, (probs, scores) = jax.lax.scan(step, carry, jnp.arange(k))
+  return probs, scores
+
+
+def _soft_pool_inputs(q, docs, where, gram, pool):
+  rel_all = docs @ q
+  idx, valid = _pool(rel_all, where, pool)
+  if gram is not None:
+    g = gram[idx[:, None], idx[None, :]]
+  else:
+    c = docs[idx]
+    g = c @ c.T
+  return rel_all[idx], g, valid, idx
+
+
+def _scatter_probs(probs: Array, idx: Array, n: int) -> Array:
+  return jnp.zeros(probs.shape[:-1] + (n,), probs.dtype).at[..., idx].add(probs, unique_indices=True)
+
+
+def soft_mmr_select_gram(rel: Array, gram: Array, *, k: int, lam: ArrayLike = 0.5,
+                         temperature: ArrayLike = 0.01, where: Array | None = None) -> SoftSelection:
+  r"""Relaxed MMR from relevance ``rel [..., P]`` and item similarities ``gram [..., P, P]``.
+
+  The relaxed penalty after picks :math:`p_1..p_t` is :math:`\max_{u \le t} G p_u` (elementwise), the
+  hard :math:`\max_{s \in S} \cos(c, s)` when every :math:`p_u` is one-hot. See :func:`_soft_greedy`.
+  Differentiable in ``rel``, ``gram``, ``lam`` and ``temperature`` (objective units; scalar or ``[...]``).
+  """
+  rel = jnp.asarray(rel)
+  where = jnp.ones(rel.shape, bool) if where is None else jnp.broadcast_to(jnp.asarray(where, bool), rel.shape)
+  batch = rel.shape[:-1]
+  p = rel.shape[-1]
+  temperature = jnp.broadcast_to(jnp.asarray(temperature, rel.dtype), batch)
+
+  def one(r, g, wh, t):
+    lam_ = jnp.asarray(lam, r.dtype)
+    objective = lambda state, count: lam_ * r - (1 - lam_) * jnp.where(count > 0, state, 0.0)
+    update = lambda state, pk, count: jnp.where(count > 0, jnp.maximum(state, g @ pk), g @ pk)
+    probs, scores = _soft_greedy(r, wh, k=k, temperature=t, init=jnp.zeros_like(r), objective=objective,
+                                 update=update)
+    return SoftSelection(probs, scores)
+
+  g = jnp.broadcast_to(jnp.asarray(gram, rel.dtype), batch + (p, p))
+  flat = lambda x, core: x.reshape((-1,) + x.shape[len(batch):]) if batch else x[None]
+  out = jax.vmap(one)(flat(rel, 1), flat(g, 2), flat(where, 1), temperature.reshape(-1))
+  return jax.tree_util.tree_map(lambda y: y.reshape(batch + y.shape[1:]), out)
+
+
+def soft_cfs_select_gram(rel: Array, gram: Array, *, k: int, beta: ArrayLike = 0.20, sigma: ArrayLike = 0.40,
+                         temperature: ArrayLike = 0.1, where: Array | None = None,
+                         floor: float = 1e-6) -> SoftSelection:
+  r"""Relaxed CFS from relevance ``rel [..., P]`` and item inner products ``gram [..., P, P]``.
+
+  The relaxed field after picks :math:`p_1..p_t` is :math:`\sum_{u \le t} K p_u` with
+  :math:`K_{cj} = \exp(-\|c - j\|^2 / 2\sigma^2)`, the hard field when every :math:`p_u` is one-hot.
+  See :func:`_soft_greedy`. Differentiable in ``rel``, ``gram``, ``beta``, ``sigma`` and ``temperature``
+  (objective units, i.e. log-relevance; scalar or ``[...]``).
+  """
+  rel = jnp.asarray(rel)
+  where = jnp.ones(rel.shape, bool) if where is None else jnp.broadcast_to(jnp.asarray(where, bool), rel.shape)
+  batch = rel.shape[:-1]
+  p = rel.shape[-1]
+  temperature = jnp.broadcast_to(jnp.asarray(temperature, rel.dtype), batch)
+
+  def one(r, g, wh, t):
+    beta_ = jnp.asarray(beta, r.dtype)
+    sigma_ = jnp.asarray(sigma, r.dtype)
+    logf = jnp.log(jnp.maximum(r, jnp.asarray(floor, r.dtype)))
+    sq = jnp.diagonal(g)
+    kern = jnp.exp(-jnp.maximum(sq[:, None] + sq[None, :] - 2.0 * g, 0.0) / (2.0 * sigma_ ** 2))
+    kern = jnp.where(wh[None, :], kern, 0.0)
+    objective = lambda field, count: logf - beta_ * field
+    update = lambda field, pk, count: field + kern @ pk
+    probs, scores = _soft_greedy(r, wh, k=k, temperature=t, init=jnp.zeros_like(r), objective=objective,
+                                 update=update)
+    return SoftSelection(probs, scores)
+
+  g = jnp.broadcast_to(jnp.asarray(gram, rel.dtype), batch + (p, p))
+  flat = lambda x, core: x.reshape((-1,) + x.shape[len(batch):]) if batch else x[None]
+  out = jax.vmap(one)(flat(rel, 1), flat(g, 2), flat(where, 1), temperature.reshape(-1))
+  return jax.tree_util.tree_map(lambda y: y.reshape(batch + y.shape[1:]), out)
+
+
+def soft_mmr_select(query: Array, docs: Array, *, k: int, lam: ArrayLike = 0.5, temperature: ArrayLike = 0.01,
+                    where: Array | None = None, pool: int | None = None, gram: Array | None = None,
+                    batch_size: int | None = None) -> SoftSelection:
+  r"""Relaxed twin of :func:`mmr_select` (softmax-relaxed greedy steps, see :func:`soft_mmr_select_gram`).
+
+  Args: as :func:`mmr_select`, plus ``temperature`` (objective units, scalar; traced) and ``batch_size``.
+
+  Returns:
+    :class:`SoftSelection` with ``probs [..., K, N]``. As ``temperature -> 0`` (no ties), ``probs`` tends to
+    the one-hot of the hard picks and ``scores`` to the hard scores.
+  """
+  def one(q, d, wh, g):
+    rel, gp, valid, idx = _soft_pool_inputs(q, d, wh, g, pool)
+    sel = soft_mmr_select_gram(rel, gp, k=k, lam=lam, temperature=temperature, where=valid)
+    return SoftSelection(_scatter_probs(sel.probs, idx, d.shape[0]), sel.scores)
+
+  return _map_queries(one, query, docs, where, gram, batch_size=batch_size)
+
+
+def soft_cfs_select(query: Array, docs: Array, *, k: int, beta: ArrayLike = 0.20, sigma: ArrayLike = 0.40,
+                    temperature: ArrayLike = 0.1, where: Array | None = None, floor: float = 1e-6,
+                    pool: int | None = None, gram: Array | None = None,
+                    batch_size: int | None = None) -> SoftSelection:
+  r"""Relaxed twin of :func:`cfs_select` (softmax-relaxed greedy steps, see :func:`soft_cfs_select_gram`).
+
+  Args: as :func:`cfs_select`, plus ``temperature`` (in log-relevance units, scalar; traced) and
+    ``batch_size``.
+
+  Returns:
+    :class:`SoftSelection` with ``probs [..., K, N]``; tends to the hard picks as ``temperature -> 0``.
+  """
+  def one(q, d, wh, g):
+    rel, gp, valid, idx = _soft_pool_inputs(q, d, wh, g, pool)
+    sel = soft_cfs_select_gram(rel, gp, k=k, beta=beta, sigma=sigma, temperature=temperature, where=valid,
+                               floor=floor)
+    return SoftSelection(_scatter_probs(sel.probs, idx, d.shape[0]), sel.scores)
+
+  return _map_queries(one, query, docs, where, gram, batch_size=batch_size)

@@ -1,0 +1,189 @@
+"""Fit a pipeline's knobs by gradient (engram_jax.fit) and score the fitted pipeline out of fold, hard.
+
+Kept short on purpose: the logic lives in engram_jax.fit; loading, embedding and scoring are
+experiments.evaluate's and engram_jax.evaluation's.
+
+Writes to the Hydra run folder: fitted.json (``{"pipeline", "folds": {episode: {config path: value}}}``, the
+format ``experiments.evaluate fitted=...`` reads), loss_curve.json, split.json, results.json, results.md and
+the resolved config.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from engram_jax import evaluation, fit, pipeline, stats
+from engram_jax.data import splits
+from experiments import evaluate as ev
+
+log = logging.getLogger(__name__)
+CONF = Path(__file__).resolve().parents[1] / 'conf'
+
+
+def hand_set_pipeline(name: str, node: DictConfig | dict | None = None) -> pipeline.Pipeline:
+  """The hand-set pipeline of config node ``node`` (default: ``conf/pipeline/NAME.yaml``), ignoring any
+  ``tune`` / ``replicate`` / ``skip_datasets`` entries."""
+  if node is None:
+    node = OmegaConf.load(CONF / 'pipeline' / f'{name}.yaml')[name]
+  node = OmegaConf.to_container(node) if not isinstance(node, dict) else dict(node)
+  for key in ('tune', 'replicate', 'skip_datasets'):
+    node.pop(key, None)
+  return pipeline.make_pipeline(name=name, **instantiate(node))
+
+
+def _interval(values: np.ndarray, seed: int, n_resamples: int) -> dict[str, float]:
+  return stats.bootstrap_ci(values, seed=seed, n_resamples=n_resamples).to_dict()
+
+
+def prepare(cfg: DictConfig):
+  """Load, embed and pad the dataset once: ``(episodes, embeddings, arrays)``."""
+  episodes, _ = ev._load(cfg, cfg.dataset)
+  embeddings = evaluation.embed_episodes(episodes, ev._embedder(cfg))
+  arrays = [pipeline.episode_arrays(e, d, q) for e, (d, q) in zip(episodes, embeddings)]
+  return episodes, embeddings, arrays
+
+
+def make_folds(cfg: DictConfig, episode_ids: list[str]) -> list[list[str]]:
+  """Scored episode folds: cross-fitting folds, or one hold-out fold."""
+  if cfg.fit.split == 'crossfit':
+    return fit.episode_folds(episode_ids, n_folds=int(cfg.fit.folds), seed=int(cfg.fit.seed))
+  if cfg.fit.split == 'holdout':
+    return [fit.holdout_split(episode_ids, n_test=int(cfg.fit.n_test), seed=int(cfg.fit.seed))[1]]
+  raise ValueError(f'fit.split must be crossfit or holdout, got {cfg.fit.split!r}')
+
+
+def fit_folds(cfg: DictConfig, name: str, pipe: pipeline.Pipeline, episodes, arrays, folds):
+  """Fit ``pipe`` once per fold (on every episode outside it); returns ``(problem, every knob, fits)``."""
+  params = list(cfg.fit.params or cfg.fit.params_by_pipeline[name])
+  problem, knobs, every = fit.make_problem(
+      pipe, params, k=int(cfg.eval.k), temperatures=fit.Temperatures(**cfg.fit.temperatures),
+      greedy_pool=int(cfg.fit.greedy_pool), candidates=int(cfg.fit.candidates), solve_batch=cfg.fit.solve_batch)
+  rows = fit.build_rows(problem, pipe, episodes, arrays, seed=int(cfg.seed))
+  row_eps = [e.id for e in episodes for _ in e.questions]
+  qids = [q.id for e in episodes for q in e.questions]
+  fits = fit.crossfit(problem, knobs, every, rows, row_episodes=row_eps, question_ids=qids, folds=folds,
+                      optimizer=instantiate(cfg.fit.optimizer), steps=int(cfg.fit.steps),
+                      batch_size=int(cfg.fit.batch_size), seed=int(cfg.fit.seed), log=log.info)
+  return problem, every, fits
+
+
+def score_folds(cfg: DictConfig, name: str, pipe: pipeline.Pipeline, episodes, embeddings, arrays, folds, fits,
+                metrics: list[str]) -> dict[str, np.ndarray]:
+  """Hard per-question scores of the fitted pipeline, each fold's episodes with that fold's knobs, in the
+  order of the scored episodes (as they appear in ``episodes``)."""
+  by_ep: dict[str, dict[str, np.ndarray]] = {}
+  for fold, res in zip(folds, fits):
+    sel = [i for i, e in enumerate(episodes) if e.id in fold]
+    r = evaluation.evaluate([episodes[i] for i in sel], [embeddings[i] for i in sel],
+                            {name: fit.apply_values(pipe, res.values)}, k=int(cfg.eval.k), metrics=metrics,
+                            seed=int(cfg.seed), progress=False, arrays=[arrays[i] for i in sel])
+    eps = np.asarray(r.episode_ids)
+    for i in sel:
+      by_ep[episodes[i].id] = {m: r.scores[name][m][eps == episodes[i].id] for m in metrics}
+  order = [e.id for e in episodes if e.id in by_ep]
+  return {m: np.concatenate([by_ep[e][m] for e in order]) for m in metrics}
+
+
+def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+  """Fit ``cfg.pipeline`` (one pipeline) on ``cfg.dataset`` and score it out of fold; write the results."""
+  t0 = time.perf_counter()
+  names = list(cfg.pipeline)
+  if len(names) != 1:
+    raise ValueError(f'experiments.fit fits one pipeline per run, got {names} (use -m pipeline=a,b)')
+  name = names[0]
+  metrics = list(cfg.dataset.get('metrics') or cfg.eval.metrics)
+  pipe = hand_set_pipeline(name, cfg.pipeline[name])
+  episodes, embeddings, arrays = prepare(cfg)
+  t_load = time.perf_counter() - t0
+  folds = make_folds(cfg, [e.id for e in episodes])
+  scored_ids = {e for f in folds for e in f}
+  scored = [i for i, e in enumerate(episodes) if e.id in scored_ids]
+  problem, every, fits = fit_folds(cfg, name, pipe, episodes, arrays, folds)
+  t_fit = time.perf_counter() - t0 - t_load
+
+  after = score_folds(cfg, name, pipe, episodes, embeddings, arrays, folds, fits, metrics)
+  baselines = {b: hand_set_pipeline(b) for b in cfg.fit.baselines if b != name}
+  before = evaluation.evaluate([episodes[i] for i in scored], [embeddings[i] for i in scored],
+                               {name: pipe, **baselines}, k=int(cfg.eval.k), metrics=metrics, seed=int(cfg.seed),
+                               progress=False, arrays=[arrays[i] for i in scored])
+  wall = time.perf_counter() - t0
+  train_qids = {}
+  for fold in folds:  # the disjointness the fits asserted, asserted again on what is written
+    train_q = [q.id for e in episodes if e.id not in fold for q in e.questions]
+    test_q = [q.id for e in episodes if e.id in fold for q in e.questions]
+    splits.assert_disjoint(train_q, test_q)
+    train_qids[','.join(fold)] = len(train_q)
+
+  seed, nres = int(cfg.seed), int(cfg.eval.n_resamples)
+  rows = {f'{name} (hand-set)': before.scores[name], f'{name} (fitted, out of fold)': after}
+  rows.update({f'{b} (hand-set)': before.scores[b] for b in baselines})
+  summary = {r: {m: _interval(v[m], seed, nres) for m in metrics} for r, v in rows.items()}
+  paired = {f'fitted - {name} (hand-set)': {m: stats.paired_test(after[m], before.scores[name][m], seed=seed,
+                                                                  n_resamples=nres).to_dict() for m in metrics}}
+  for b in baselines:
+    paired[f'fitted - {b} (hand-set)'] = {m: stats.paired_test(after[m], before.scores[b][m], seed=seed,
+                                                                n_resamples=nres).to_dict() for m in metrics}
+  fitted = {'pipeline': name, 'folds': {ep: res.values for fold, res in zip(folds, fits) for ep in fold}}
+  split = {'kind': cfg.fit.split, 'seed': int(cfg.fit.seed), 'folds': [
+      {'scored_episodes': list(f), 'train_episodes': sorted({e.id for e in episodes} - set(f)),
+       'n_train_questions': train_qids[','.join(f)],
+       'scored_questions': [q.id for e in episodes if e.id in f for q in e.questions]} for f in folds]}
+  timing = {'wall_s': wall, 'load_embed_s': t_load, 'fit_s': t_fit, 'fit_per_fold_s': [r.wall_s for r in fits],
+            'score_s': wall - t_load - t_fit}
+  results = {'pipeline': name, 'params': [p for p, _ in problem.fitted], 'hand_set': every,
+             'n_questions': len(after[metrics[0]]), 'metrics': metrics, 'summary': summary, 'paired': paired,
+             'fitted': fitted['folds'], 'timing': timing, 'steps': int(cfg.fit.steps),
+             'batch_size': int(cfg.fit.batch_size),
+             'per_question': {'question_ids': before.question_ids, 'episode_ids': before.episode_ids,
+                              'fitted': {m: after[m].tolist() for m in metrics},
+                              'hand_set': {m: before.scores[name][m].tolist() for m in metrics}}}
+  lines = [f'### {cfg.dataset.name}: {name} fitted by gradient ({cfg.fit.split}, {len(folds)} folds, '
+           f'{results["n_questions"]} questions scored out of fold), k={cfg.eval.k}', '',
+           '| pipeline | ' + ' | '.join(f'{m} [95% CI]' for m in metrics) + ' |',
+           '|---|' + '---|' * len(metrics)]
+  for r, v in summary.items():
+    lines.append(f'| {r} | ' + ' | '.join(f'{v[m]["mean"]:.4f} [{v[m]["lo"]:.4f}, {v[m]["hi"]:.4f}]'
+                                          for m in metrics) + ' |')
+  lines += ['', '| paired difference | ' + ' | '.join(f'{m} delta [95% CI], p' for m in metrics) + ' |',
+            '|---|' + '---|' * len(metrics)]
+  for r, v in paired.items():
+    lines.append(f'| {r} | ' + ' | '.join(f'{v[m]["delta"]:+.4f} [{v[m]["lo"]:+.4f}, {v[m]["hi"]:+.4f}], '
+                                          f'{v[m]["p"]:.3g}' for m in metrics) + ' |')
+  lines += ['', f'Fitted knobs ({", ".join(p for p, _ in problem.fitted)}; hand-set: '
+                f'{ {p: every[p] for p, _ in problem.fitted} }):', '']
+  for fold, res in zip(folds, fits):
+    lines.append(f'- {",".join(fold)}: ' + ', '.join(f'{p}={v:.4g}' for p, v in res.values.items()))
+  lines += ['', f'Wall time {wall:.1f}s (load+embed {t_load:.1f}s, fit {t_fit:.1f}s, hard scoring '
+                f'{timing["score_s"]:.1f}s); {cfg.fit.steps} steps x {cfg.fit.batch_size} questions per fold.', '']
+  text = '\n'.join(lines)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  (out_dir / 'fitted.json').write_text(json.dumps(fitted, indent=1))
+  (out_dir / 'loss_curve.json').write_text(json.dumps({','.join(f): r.losses for f, r in zip(folds, fits)}))
+  (out_dir / 'split.json').write_text(json.dumps(split, indent=1))
+  (out_dir / 'results.json').write_text(json.dumps(results, indent=1))
+  (out_dir / 'results.md').write_text(text)
+  (out_dir / 'config_resolved.yaml').write_text(OmegaConf.to_yaml(cfg, resolve=True))
+  print(text)
+  log.info('wrote %s', out_dir / 'fitted.json')
+  return results
+
+
+@hydra.main(version_base='1.3', config_path='../conf', config_name='fit')
+def main(cfg: DictConfig) -> float:
+  results = run(cfg, Path(HydraConfig.get().runtime.output_dir))
+  key = next(k for k in results['summary'] if k.endswith('(fitted, out of fold)'))
+  return float(results['summary'][key][results['metrics'][0]]['mean'])
+
+
+if __name__ == '__main__':
+  main()  # pylint: disable=no-value-for-parameter

@@ -1,0 +1,221 @@
+"""Gradient fitting: planted knobs recovered, soft pipeline == hard when cold, one compilation, disjoint splits."""
+
+import functools
+import json
+import logging
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from hydra import compose, initialize_config_dir
+
+from engram_jax import evaluation, fit, lexical
+from engram_jax import pipeline as P
+from engram_jax.data import io
+from engram_jax.types import Episode, Item, Question
+
+WORDS = [f'w{i}' for i in range(40)]
+COLD = fit.Temperatures(rank=1e-7, depth=1e-7, greedy=1e-7, final=1e-7, cutoff=1e-7)
+CONF = str(Path(__file__).resolve().parents[1] / 'conf')
+try:
+  HAVE = (io.resolve_data_root() / 'locomo' / 'locomo10.json').is_file()
+except FileNotFoundError:
+  HAVE = False
+
+
+def _episodes(n_eps=2, n=60, q=48, d=16, seed=0, gold=None):
+  """Synthetic episodes (random unit embeddings, random word texts); ``gold(e) -> [q] item indices``."""
+  rng = np.random.default_rng(seed)
+  eps, embs = [], []
+  for e in range(n_eps):
+    items = tuple(Item(id=f'e{e}i{i}', text=' '.join(rng.choice(WORDS, 8)), parent='s', position=i)
+                  for i in range(n))
+    g = np.zeros(q, int) if gold is None else gold(e)
+    qs = tuple(Question(id=f'e{e}q{j}', text=' '.join(rng.choice(WORDS, 4)), gold=(f'e{e}i{g[j]}',),
+                        gold_parents=('s',), category=1) for j in range(q))
+    docs = rng.normal(size=(n, d))
+    queries = rng.normal(size=(q, d))
+    embs.append((docs / np.linalg.norm(docs, axis=1, keepdims=True),
+                 queries / np.linalg.norm(queries, axis=1, keepdims=True)))
+    eps.append(Episode(id=f'e{e}', items=items, questions=qs))
+  return eps, embs
+
+
+def _planted(pipe, **kw):
+  """Episodes whose gold item is the planted pipeline's hard top-1 (as a 1-element list)."""
+  eps, embs = _episodes(**kw)
+  top1 = [np.asarray(P.pipeline_topk(pipe, P.episode_arrays(e, *x), jax.random.key(0), k=1))[:, 0]
+          for e, x in zip(eps, embs)]
+  eps, embs = _episodes(gold=lambda e: top1[e], **kw)
+  return eps, embs, [P.episode_arrays(e, *x) for e, x in zip(eps, embs)]
+
+
+def _ndcg(pipe, eps, embs, arrays):
+  r = evaluation.evaluate(eps, embs, {'p': pipe}, k=10, metrics=['ndcg@10'], seed=0, progress=False, arrays=arrays)
+  return float(r.scores['p']['ndcg@10'].mean())
+
+
+def _tide(weight):
+  return P.make_pipeline(legs=[P.LegSpec(score=functools.partial(P.tide_leg, base='cosine', depth=30,
+                                                                  weight=weight))], name='tide')
+
+
+def _rrf(*legs, weights):
+  return P.make_pipeline(legs=[P.LegSpec(score=s, depth=d, weight=w) for (s, d), w in zip(legs, weights)],
+                         fusion='rrf', name='rrf')
+
+
+def test_fit_recovers_a_planted_tide_weight():
+  eps, embs, arrays = _planted(_tide(0.3), n_eps=2, n=60, q=48)
+  start = _tide(0.0)
+  problem, knobs, every = fit.make_problem(start, ['legs.0.score.weight'])
+  rows = fit.build_rows(problem, start, eps, arrays)
+  res = fit.fit(problem, knobs, every, rows, np.arange(96), optimizer=optax.adam(0.05), steps=60, batch_size=64)
+  assert 0.2 < res.values['legs.0.score.weight'] < 0.45, res.values
+  assert np.mean(res.losses[-10:]) < np.mean(res.losses[:5])
+  assert _ndcg(fit.apply_values(start, res.values), eps, embs, arrays) > _ndcg(start, eps, embs, arrays) + 0.2
+
+
+def test_fit_recovers_planted_rrf_weights():
+  legs = [(P.cosine_leg, 10), (P.bm25_leg, 10)]
+  eps, embs, arrays = _planted(_rrf(*legs, weights=[0.3, 1.7]), n_eps=2, n=60, q=48)
+  start = _rrf(*legs, weights=[1.0, 1.0])
+  problem, knobs, every = fit.make_problem(start, ['legs.0.weight', 'legs.1.weight'])
+  assert problem.normalise_weights
+  rows = fit.build_rows(problem, start, eps, arrays)
+  res = fit.fit(problem, knobs, every, rows, np.arange(96), optimizer=optax.adam(0.1), steps=25, batch_size=64)
+  w = res.values
+  assert w['legs.1.weight'] / w['legs.0.weight'] > 1.5, w  # planted 1.7 / 0.3; a range of ratios gives the same top-1
+  np.testing.assert_allclose(w['legs.0.weight'] + w['legs.1.weight'], 2.0, rtol=1e-5)  # mean kept at 1
+  assert _ndcg(fit.apply_values(start, w), eps, embs, arrays) > _ndcg(start, eps, embs, arrays)
+
+
+@pytest.mark.parametrize('case', ['cfsr', 'cfs', 'mmr', 'bm25', 'tide'])
+def test_soft_pipeline_is_the_hard_one_when_cold(case):
+  eps, embs = _episodes(n_eps=2, n=40, q=6, seed=3)
+  arrays = [P.episode_arrays(e, *x) for e, x in zip(eps, embs)]
+  cos, bm = (P.cosine_leg, 10), (P.bm25_leg, 10)
+  if case == 'cfsr':
+    pipe = _rrf(cos, bm, (functools.partial(P.cfsr_leg, pool=20, iterations=10), 15), weights=[1.0, 0.7, 2.0])
+    params = ['legs.2.score.lam', 'legs.2.score.w', 'legs.0.weight', 'k0']
+  elif case in ('cfs', 'mmr'):
+    leg = functools.partial(P.cfs_leg if case == 'cfs' else P.mmr_leg, k=6)
+    pipe = _rrf(cos, bm, (leg, 5), weights=[1.0, 0.7, 2.0])
+    params = ['legs.2.score.beta', 'legs.2.score.sigma'] if case == 'cfs' else ['legs.2.score.lam']
+  elif case == 'bm25':
+    pipe = P.make_pipeline(legs=[P.LegSpec(score=functools.partial(P.bm25_leg, k1=1.1, b=0.6))])
+    params = ['legs.0.score.k1', 'legs.0.score.b']
+  else:
+    pipe = _tide(0.2)
+    params = ['legs.0.score.weight']
+  problem, knobs, every = fit.make_problem(pipe, params, temperatures=COLD, greedy_pool=64, candidates=30)
+  rows = fit.build_rows(problem, pipe, eps, arrays)
+  vals = fit.effective_values(problem, knobs.raw, every)
+  soft = np.asarray(jax.jit(functools.partial(fit.soft_scores, problem))(vals, rows))
+  hard_fn = jax.jit(functools.partial(P.pipeline_scores, pipe))
+  hard = np.concatenate([np.asarray(hard_fn(a, jax.random.key(0)))[:6] for a in arrays])
+  np.testing.assert_array_equal(np.isfinite(soft), np.isfinite(hard))
+  np.testing.assert_allclose(soft[np.isfinite(soft)], hard[np.isfinite(hard)], rtol=1e-5, atol=1e-6)
+
+
+def test_bm25_term_statistics_equal_bm25_scores():
+  eps, embs = _episodes(n_eps=1, n=30, q=5, seed=4)
+  arr = P.episode_arrays(eps[0], *embs[0])
+  pipe = P.make_pipeline(legs=[P.LegSpec(score=P.bm25_leg)])
+  problem, _, _ = fit.make_problem(pipe, ['legs.0.score.k1', 'legs.0.score.b'])
+  rows = fit.build_rows(problem, pipe, eps, [arr])
+  for k1, b in ((1.5, 0.75), (0.4, 0.1), (2.5, 1.0)):
+    got = fit.bm25_from_stats(rows.bm_tf, rows.bm_w, rows.bm_dlr, k1=k1, b=b)[:, :30]
+    want = lexical.bm25_scores(arr.query_tf, arr.doc_tf, where=arr.where, k1=k1, b=b)[:5, :30]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_step_does_not_recompile(caplog):
+  eps, embs = _episodes(n_eps=1, n=40, q=8, seed=5)
+  arrays = [P.episode_arrays(e, *x) for e, x in zip(eps, embs)]
+  pipe = _rrf((P.cosine_leg, 10), (P.bm25_leg, 10), weights=[1.0, 1.0])
+  problem, knobs, every = fit.make_problem(pipe, ['legs.0.weight', 'legs.1.weight', 'k0'])
+  rows = fit.build_rows(problem, pipe, eps, arrays)
+  opt = optax.adam(0.1)
+  step = fit.make_step(problem, opt, max_gold=4)
+  fixed = {p: jnp.asarray(v, jnp.float32) for p, v in every.items()}
+  state = fit.TrainState(raw=dict(knobs.raw), opt_state=opt.init(dict(knobs.raw)), step=jnp.zeros((), jnp.int32))
+  state, _ = step(state, fixed, rows, jnp.arange(4), jnp.ones(4))
+  fixed['legs.1.score.k1'] = jnp.asarray(0.9, jnp.float32)  # another value of a traced knob
+  idx, weight = jnp.arange(4, 8), jnp.array([1.0, 1.0, 0.0, 1.0])  # another batch
+  with jax.log_compiles(True), caplog.at_level(logging.WARNING):
+    caplog.clear()
+    state, loss = step(state, fixed, rows, idx, weight)
+  assert step._cache_size() == 1
+  assert not [r for r in caplog.records if 'Compiling' in r.getMessage()], [r.getMessage() for r in caplog.records]
+  assert int(state.step) == 2 and np.isfinite(float(loss))
+
+
+def test_splits_are_seeded_and_disjoint_and_the_assertion_fires():
+  ids = [f'conv-{i}' for i in range(10)]
+  folds = fit.episode_folds(ids, n_folds=10, seed=20261008)
+  assert sorted(f[0] for f in folds) == sorted(ids) and all(len(f) == 1 for f in folds)
+  assert folds == fit.episode_folds(ids, n_folds=10, seed=20261008) != fit.episode_folds(ids, n_folds=10, seed=1)
+  five = fit.episode_folds(ids, n_folds=5)
+  assert sorted(sum(five, [])) == sorted(ids) and {len(f) for f in five} == {2}
+  train, test = fit.holdout_split(ids, n_test=3)
+  assert len(test) == 3 and not set(train) & set(test) and len(train) == 7
+  qids = ['a', 'b', 'c', 'd']
+  fit.check_disjoint(qids, np.array([0, 1]), np.array([2, 3]))
+  with pytest.raises(ValueError, match='overlap the scored ids: b'):
+    fit.check_disjoint(qids, np.array([0, 1]), np.array([1, 2]))
+  # a question id shared by two episodes: cross-fitting refuses to train on a scored question
+  eps, embs = _episodes(n_eps=2, n=30, q=4, seed=6)
+  arrays = [P.episode_arrays(e, *x) for e, x in zip(eps, embs)]
+  pipe = _tide(0.1)
+  problem, knobs, every = fit.make_problem(pipe, ['legs.0.score.weight'])
+  rows = fit.build_rows(problem, pipe, eps, arrays)
+  qids = [q.id for e in eps for q in e.questions]
+  qids[5] = qids[0]
+  with pytest.raises(ValueError, match='overlap the scored ids'):
+    fit.crossfit(problem, knobs, every, rows, row_episodes=['e0'] * 4 + ['e1'] * 4, question_ids=qids,
+                 folds=[['e0'], ['e1']], optimizer=optax.adam(0.1), steps=1, batch_size=4)
+
+
+def test_unknown_knobs_are_clear_errors():
+  pipe = _rrf((P.cosine_leg, 10), (P.bm25_leg, 10), weights=[1.0, 1.0])
+  with pytest.raises(ValueError, match='no knob'):
+    fit.make_problem(pipe, ['legs.5.weight'])
+  with pytest.raises(ValueError, match='cannot fit'):
+    fit.make_problem(pipe, ['legs.1.score.epsilon'])
+  with pytest.raises(ValueError, match='no fusion'):
+    fit.make_problem(_tide(0.1), ['k0'])
+
+
+@pytest.mark.skipif(not HAVE, reason='LoCoMo not found under the data root')
+def test_experiment_writes_fitted_json(tmp_path):
+  from experiments import fit as fit_exp  # pylint: disable=import-outside-toplevel
+  with initialize_config_dir(config_dir=CONF, version_base='1.3'):
+    cfg = compose(config_name='fit', overrides=[
+        'embedder=hashing', 'dataset.loader.conversations=[conv-30,conv-26]', 'pipeline=rrf_cos_bm25',
+        'fit.folds=2', 'fit.steps=2', 'fit.batch_size=16', 'eval.n_resamples=100', 'eval.progress=false',
+        'fit.baselines=[cosine]', f'paths.cache_dir={tmp_path}/cache'])
+  res = fit_exp.run(cfg, tmp_path / 'out')
+  fitted = json.loads((tmp_path / 'out' / 'fitted.json').read_text())
+  assert fitted['pipeline'] == 'rrf_cos_bm25' and sorted(fitted['folds']) == ['conv-26', 'conv-30']
+  assert set(fitted['folds']['conv-30']) == {'legs.0.weight', 'legs.1.weight', 'k0'}
+  split = json.loads((tmp_path / 'out' / 'split.json').read_text())
+  assert split['seed'] == 20261008 and len(split['folds']) == 2
+  for f in split['folds']:
+    assert not set(f['scored_episodes']) & set(f['train_episodes'])
+  assert res['n_questions'] == 105 + 197
+  assert len(json.loads((tmp_path / 'out' / 'loss_curve.json').read_text())['conv-30']) == 2
+
+
+def test_search_config_composes_and_flattens():
+  from experiments import search_compare  # pylint: disable=import-outside-toplevel
+  with initialize_config_dir(config_dir=CONF, version_base='1.3'):
+    cfg = compose(config_name='fit_search', overrides=['values.k0=30', '+values.legs.0.weight=0.5'])
+  assert cfg.fit.split == 'holdout' and list(cfg.pipeline) == ['rrf_cos_bm25']
+  assert search_compare.flat_values(cfg['values']) == {'legs.1.weight': 1.0, 'k0': 30.0, 'legs.0.weight': 0.5}
+  pipe = fit.apply_values(search_compare.fit_exp.hand_set_pipeline('rrf_cos_bm25'),
+                          search_compare.flat_values(cfg['values']))
+  assert pipe.k0 == 30.0 and pipe.legs[0].weight == 0.5
