@@ -372,6 +372,16 @@ def _scatter_probs(probs: Array, idx: Array, n: int) -> Array:
   return jnp.zeros(probs.shape[:-1] + (n,), probs.dtype).at[..., idx].add(probs, unique_indices=True)
 
 
+def _map_pool_batch(one: Callable[..., SoftSelection], rel: Array, gram: Array, where: Array,
+                    temperature: Array) -> SoftSelection:
+  """Apply ``one(rel [P], gram [P, P], where [P], temperature [])`` over the leading batch axes of ``rel``."""
+  batch, p = rel.shape[:-1], rel.shape[-1]
+  g = jnp.broadcast_to(jnp.asarray(gram, rel.dtype), batch + (p, p))
+  flat = lambda x: x.reshape((-1,) + x.shape[len(batch):]) if batch else x[None]
+  out = jax.vmap(one)(flat(rel), flat(g), flat(where), temperature.reshape(-1))
+  return jax.tree_util.tree_map(lambda y: y.reshape(batch + y.shape[1:]), out)
+
+
 def soft_mmr_select_gram(rel: Array, gram: Array, *, k: int, lam: ArrayLike = 0.5,
                          temperature: ArrayLike = 0.01, where: Array | None = None) -> SoftSelection:
   r"""Relaxed MMR from relevance ``rel [..., P]`` and item similarities ``gram [..., P, P]``.
@@ -394,10 +404,7 @@ def soft_mmr_select_gram(rel: Array, gram: Array, *, k: int, lam: ArrayLike = 0.
                                  update=update)
     return SoftSelection(probs, scores)
 
-  g = jnp.broadcast_to(jnp.asarray(gram, rel.dtype), batch + (p, p))
-  flat = lambda x, core: x.reshape((-1,) + x.shape[len(batch):]) if batch else x[None]
-  out = jax.vmap(one)(flat(rel, 1), flat(g, 2), flat(where, 1), temperature.reshape(-1))
-  return jax.tree_util.tree_map(lambda y: y.reshape(batch + y.shape[1:]), out)
+  return _map_pool_batch(one, rel, gram, where, temperature)
 
 
 def soft_cfs_select_gram(rel: Array, gram: Array, *, k: int, beta: ArrayLike = 0.20, sigma: ArrayLike = 0.40,
@@ -429,10 +436,7 @@ def soft_cfs_select_gram(rel: Array, gram: Array, *, k: int, beta: ArrayLike = 0
                                  update=update)
     return SoftSelection(probs, scores)
 
-  g = jnp.broadcast_to(jnp.asarray(gram, rel.dtype), batch + (p, p))
-  flat = lambda x, core: x.reshape((-1,) + x.shape[len(batch):]) if batch else x[None]
-  out = jax.vmap(one)(flat(rel, 1), flat(g, 2), flat(where, 1), temperature.reshape(-1))
-  return jax.tree_util.tree_map(lambda y: y.reshape(batch + y.shape[1:]), out)
+  return _map_pool_batch(one, rel, gram, where, temperature)
 
 
 def soft_mmr_select(query: Array, docs: Array, *, k: int, lam: ArrayLike = 0.5, temperature: ArrayLike = 0.01,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pathlib import Path
+
 import numpy as np
 
 from engram_jax import stats
@@ -30,6 +32,13 @@ def paired(a: np.ndarray, b: np.ndarray, metric: str, *, seed: int, n_resamples:
   if is_binary(metric):
     out['mcnemar_p'] = stats.mcnemar_test(a, b)
   return out
+
+
+def write_files(out_dir: Path, files: Mapping[str, str]) -> None:
+  """Write a run's files (name -> text) into ``out_dir`` (created)."""
+  out_dir.mkdir(parents=True, exist_ok=True)
+  for name, text in files.items():
+    (out_dir / name).write_text(text)
 
 
 def category_label(cat: int | str, names: Mapping[Any, str]) -> str:

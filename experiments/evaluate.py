@@ -196,10 +196,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   if fits:
     tables.append(report.fits_markdown(fits))
   text = '\n'.join(tables)
-  out_dir.mkdir(parents=True, exist_ok=True)
-  (out_dir / 'results.json').write_text(json.dumps(results, indent=1))
-  (out_dir / 'results.md').write_text(text)
-  (out_dir / 'config_resolved.yaml').write_text(OmegaConf.to_yaml(cfg, resolve=True))
+  report.write_files(out_dir, {'results.json': json.dumps(results, indent=1), 'results.md': text,
+                               'config_resolved.yaml': OmegaConf.to_yaml(cfg, resolve=True)})
   print(text)
   log.info('wrote %s', out_dir / 'results.json')
   return results

@@ -22,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from engram_jax import evaluation, fit, pipeline, stats
+from engram_jax import evaluation, fit, pipeline, report, stats
 from engram_jax.data import splits
 from experiments import evaluate as ev
 
@@ -166,13 +166,11 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   lines += ['', f'Wall time {wall:.1f}s (load+embed {t_load:.1f}s, fit {t_fit:.1f}s, hard scoring '
                 f'{timing["score_s"]:.1f}s); {cfg.fit.steps} steps x {cfg.fit.batch_size} questions per fold.', '']
   text = '\n'.join(lines)
-  out_dir.mkdir(parents=True, exist_ok=True)
-  (out_dir / 'fitted.json').write_text(json.dumps(fitted, indent=1))
-  (out_dir / 'loss_curve.json').write_text(json.dumps({','.join(f): r.losses for f, r in zip(folds, fits)}))
-  (out_dir / 'split.json').write_text(json.dumps(split, indent=1))
-  (out_dir / 'results.json').write_text(json.dumps(results, indent=1))
-  (out_dir / 'results.md').write_text(text)
-  (out_dir / 'config_resolved.yaml').write_text(OmegaConf.to_yaml(cfg, resolve=True))
+  report.write_files(out_dir, {
+      'fitted.json': json.dumps(fitted, indent=1),
+      'loss_curve.json': json.dumps({','.join(f): r.losses for f, r in zip(folds, fits)}),
+      'split.json': json.dumps(split, indent=1), 'results.json': json.dumps(results, indent=1),
+      'results.md': text, 'config_resolved.yaml': OmegaConf.to_yaml(cfg, resolve=True)})
   print(text)
   log.info('wrote %s', out_dir / 'fitted.json')
   return results
