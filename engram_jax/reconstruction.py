@@ -102,6 +102,27 @@ def nnls_ridge_pg(g: Array, b: Array, *, lam: ArrayLike, iterations: int, valid:
   return jax.vmap(one)(g, b, valid).reshape(batch + (p,))
 
 
+def cosine_pool(q: Array, d: Array, wh: Array, g: Array | None, *, pool: int
+                ) -> tuple[Array, Array, Array, Array]:
+  """One query's cosine top-``pool`` and its Gram block.
+
+  Args:
+    q: ``[D]`` query; d: ``[N, D]`` items; wh: ``[N]`` real items; g: optional precomputed ``[N, N]`` Gram.
+
+  Returns:
+    ``(cos [N], idx [P], valid [P], block [P, P])``, ``P = min(pool, N)``; the block is gathered from ``g``
+    when given, else computed from the pooled rows.
+  """
+  cos = d @ q
+  idx, _ = ranking.top_k(cos, k=min(pool, d.shape[0]), where=wh)
+  if g is not None:
+    gp = g[idx[:, None], idx[None, :]]
+  else:
+    c = d[idx]
+    gp = c @ c.T
+  return cos, idx, wh[idx], gp
+
+
 def cfsr_scores(query: Array, docs: Array, *, where: Array | None = None, gram: Array | None = None,
                 pool: int = 150, iterations: int = 80, lam: ArrayLike = 0.005, w: ArrayLike = 0.90,
                 power_iterations: int = 20, batch_size: int | None = None) -> Array:
@@ -144,15 +165,7 @@ def cfsr_scores(query: Array, docs: Array, *, where: Array | None = None, gram: 
   """
   def one(q, d, wh, g):
     n = d.shape[0]
-    cos = d @ q
-    p = min(pool, n)
-    idx, _ = ranking.top_k(cos, k=p, where=wh)
-    valid = wh[idx]
-    if g is not None:
-      gp = g[idx[:, None], idx[None, :]]
-    else:
-      c = d[idx]
-      gp = c @ c.T
+    cos, idx, valid, gp = cosine_pool(q, d, wh, g, pool=pool)
     b = cos[idx]
     a = nnls_ridge_pg(gp, b, lam=lam, iterations=iterations, valid=valid,
                       power_iterations=power_iterations)

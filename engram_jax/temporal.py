@@ -45,10 +45,9 @@ import jax.numpy as jnp
 from jax import Array
 from jax.typing import ArrayLike
 
-from engram_jax import ranking
 from engram_jax.diversity import _map_queries
 from engram_jax.pipeline import EpisodeArrays
-from engram_jax.reconstruction import _minmax, nnls_ridge_pg
+from engram_jax.reconstruction import _minmax, cosine_pool, nnls_ridge_pg
 
 
 def write_time(positions: Array, where: Array) -> Array:
@@ -72,15 +71,7 @@ class PoolSolve(NamedTuple):
 
 def _solve(q: Array, d: Array, wh: Array, g: Array | None, t_all: Array, *, pool: int, iterations: int,
            lam: ArrayLike, power_iterations: int, alpha: ArrayLike = 0.0, anchor: ArrayLike = 1.0) -> PoolSolve:
-  n = d.shape[0]
-  cos = d @ q
-  idx, _ = ranking.top_k(cos, k=min(pool, n), where=wh)
-  valid = wh[idx]
-  if g is not None:
-    gp = g[idx[:, None], idx[None, :]]
-  else:
-    c = d[idx]
-    gp = c @ c.T
+  cos, idx, valid, gp = cosine_pool(q, d, wh, g, pool=pool)
   both = valid[:, None] & valid[None, :]
   gp = jnp.where(both, gp, 0.0)  # padded rows may hold junk or NaN: keep them out of every product
   b, tp = jnp.where(valid, cos[idx], 0.0), jnp.where(valid, t_all[idx], 0.0)
