@@ -40,7 +40,7 @@ import optax
 from flax import struct
 from jax import Array
 
-from engram_jax import diversity, fusion, ranking, recency, reconstruction, relax
+from engram_jax import diversity, fusion, ranking, recency, reconstruction, relax, validation
 from engram_jax import pipeline as pipeline_lib
 from engram_jax.data import splits
 from engram_jax.pipeline import EpisodeArrays, Pipeline
@@ -117,6 +117,9 @@ class Temperatures:
   greedy: float = 0.5   # softmax of a relaxed greedy step
   final: float = 0.5    # soft ranks of the final list (the loss)
   cutoff: float = 0.5   # soft NDCG@k cutoff (rank units)
+
+  def __post_init__(self) -> None:
+    validation.check_positive(dataclasses.asdict(self), where='fit.temperatures')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -507,13 +510,21 @@ def episode_folds(episode_ids: Sequence[str], *, n_folds: int, seed: int = DEFAU
   """
   ids = sorted(set(episode_ids))
   if not 2 <= n_folds <= len(ids):
-    raise ValueError(f'need 2 <= n_folds <= {len(ids)} episodes, got {n_folds}')
+    raise ValueError(f'fit.folds must be between 2 and {len(ids)} (the number of episodes), got {n_folds}')
   random.Random(seed).shuffle(ids)
   return [sorted(ids[i::n_folds]) for i in range(n_folds)]
 
 
 def holdout_split(episode_ids: Sequence[str], *, n_test: int, seed: int = DEFAULT_SEED) -> tuple[list[str], list[str]]:
-  """``(train, test)`` episode ids: ``n_test`` test episodes drawn by ``random.Random(seed)``, the rest train."""
+  """``(train, test)`` episode ids: ``n_test`` test episodes drawn by ``random.Random(seed)``, the rest train.
+
+  Raises:
+    ValueError: unless ``1 <= n_test < number of distinct episodes`` (both sides must be non-empty).
+  """
+  n = len(set(episode_ids))
+  if not 1 <= n_test < n:
+    raise ValueError(f'fit.n_test must be between 1 and {n - 1} (the number of episodes minus one, so that '
+                     f'training and test are both non-empty), got {n_test}')
   test = splits.draw_ids(episode_ids, n=n_test, seed=seed)
   train = sorted(set(episode_ids) - set(test))
   splits.assert_disjoint(train, test)

@@ -19,7 +19,7 @@ import numpy as np
 from flax import struct
 from jax import Array
 
-from engram_jax import controls, diversity, fusion, lexical, ranking, recency, reconstruction, similarity
+from engram_jax import controls, diversity, fusion, lexical, ranking, recency, reconstruction, similarity, validation
 from engram_jax.types import Episode
 
 
@@ -195,6 +195,11 @@ class Pipeline:
       raise ValueError(f'Pipeline {self.name!r}: unknown fusion {self.fusion!r} (expected none or rrf)')
     if self.fusion == 'none' and len(self.legs) != 1:
       raise ValueError(f'Pipeline {self.name!r}: fusion none needs exactly one leg, got {len(self.legs)}')
+    if not self.k0 > 0:
+      raise ValueError(f'pipeline {self.name}: k0 must be > 0 (RRF rank offset), got {self.k0!r}')
+    for i, spec in enumerate(self.legs):
+      validation.check_leg(spec.score, depth=spec.depth, weight=spec.weight,
+                           where=f'pipeline {self.name}, leg {spec.name or i}')
 
 
 def make_pipeline(*, legs: Sequence[dict | LegSpec], fusion: str = 'none', k0: float = 60.0,

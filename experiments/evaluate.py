@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from engram_jax import analysis, embed, evaluation, pipeline, report
 from engram_jax.data import splits
+from experiments import checks
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ def fit_on_train(cfg: DictConfig, pipes: dict, expanded: dict, embed_fn, scored:
       eps, embs = train_cache[tname]
       for ds_name, ds_eps in scored.items():
         if ds_name not in node.get('skip_datasets', []):
-          splits.assert_disjoint_questions(eps, ds_eps)
+          splits.assert_disjoint_content(eps, ds_eps)
       res = evaluation.evaluate(eps, embs, {v: pipes[v] for v in variants}, k=cfg.eval.k,
                                 metrics=[tcfg.metric], seed=cfg.seed, progress=False)
       for g, v in enumerate(variants):
@@ -129,9 +130,12 @@ def fit_on_train(cfg: DictConfig, pipes: dict, expanded: dict, embed_fn, scored:
 def run_dataset(cfg: DictConfig, ds: DictConfig, episodes, load_report, pipes: dict, expanded: dict, embed_fn,
                 ) -> tuple[dict[str, Any], str]:
   """Evaluate the pipelines on one dataset; returns (results dict, Markdown table)."""
-  metrics = list(ds.get('metrics') or cfg.eval.metrics)
+  metrics = checks.metrics_for(cfg, ds)
+  baselines = checks.resolve_baselines(cfg)
   skip = {n for n in cfg.pipeline if ds.name in cfg.pipeline[n].get('skip_datasets', [])}
   pipes = {n: p for n, p in pipes.items() if n.split('[')[0] not in skip}
+  if any(kind == 'tune' for kind, _, _ in expanded.values()):
+    splits.assert_distinct_episodes(episodes)  # cross-fitting by episode: no content on both sides
   embeddings = evaluation.embed_episodes(episodes, embed_fn)
   only = {v: {ep for ep, vv in extra.items() if vv == v}
           for kind, variants, extra in expanded.values() if kind == 'fitted' for v in variants}
@@ -152,7 +156,7 @@ def run_dataset(cfg: DictConfig, ds: DictConfig, episodes, load_report, pipes: d
   result.retrieved = {n: result.retrieved[n] for n in order}
   categories = OmegaConf.to_container(ds.categories) if ds.get('categories') else {}
   summary = report.summarize(result, category_names=categories, seed=cfg.seed, n_resamples=cfg.eval.n_resamples,
-                             baselines=list(cfg.eval.baselines))
+                             baselines=baselines)
   reference = OmegaConf.to_container(cfg.reference) if cfg.get('reference') else None
   table = report.markdown_table(
       summary, metrics=metrics, reference=reference if not cfg.get('datasets') else None,
@@ -163,7 +167,7 @@ def run_dataset(cfg: DictConfig, ds: DictConfig, episodes, load_report, pipes: d
   pileup = None
   if cfg.eval.get('pileup'):
     pileup = analysis.pileup_report(episodes, embeddings, result, categories=[4, 1],
-                                    baselines=list(cfg.eval.baselines), seed=cfg.seed,
+                                    baselines=baselines, seed=cfg.seed,
                                     n_resamples=cfg.eval.n_resamples)
     table += analysis.pileup_markdown(pileup, categories)
   results = {'dataset': ds.name, 'n_questions': len(result.question_ids), 'k': cfg.eval.k,
@@ -175,7 +179,8 @@ def run_dataset(cfg: DictConfig, ds: DictConfig, episodes, load_report, pipes: d
 
 def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   """Evaluate ``cfg.pipeline`` on ``cfg.dataset`` (or on every entry of ``cfg.datasets``) and write the results."""
-  datasets = dict(cfg.datasets) if cfg.get('datasets') else {cfg.dataset.name: cfg.dataset}
+  checks.check_evaluate(cfg)
+  datasets = checks.datasets_of(cfg)
   pipes, expanded = build_pipelines(cfg)
   embed_fn = _embedder(cfg)
   loaded = {name: _load(cfg, ds) for name, ds in datasets.items()}

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from engram_jax import evaluation, fit, pipeline, report, stats
 from engram_jax.data import splits
+from experiments import checks
 from experiments import evaluate as ev
 
 log = logging.getLogger(__name__)
@@ -100,12 +101,15 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   names = list(cfg.pipeline)
   if len(names) != 1:
     raise ValueError(f'experiments.fit fits one pipeline per run, got {names} (use -m pipeline=a,b)')
+  checks.check_fit(cfg)
   name = names[0]
   metrics = list(cfg.dataset.get('metrics') or cfg.eval.metrics)
   pipe = hand_set_pipeline(name, cfg.pipeline[name])
   episodes, embeddings, arrays = prepare(cfg)
   t_load = time.perf_counter() - t0
   folds = make_folds(cfg, [e.id for e in episodes])
+  for fold in folds:  # content-level: a copied conversation must not train the fold that scores it
+    splits.assert_disjoint_content([e for e in episodes if e.id not in fold], [e for e in episodes if e.id in fold])
   scored_ids = {e for f in folds for e in f}
   scored = [i for i, e in enumerate(episodes) if e.id in scored_ids]
   problem, every, fits = fit_folds(cfg, name, pipe, episodes, arrays, folds)

@@ -16,6 +16,7 @@ regenerating gives the committed lists.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import random
 from collections.abc import Callable, Iterable, Sequence
@@ -140,6 +141,46 @@ def assert_disjoint_questions(train: Sequence[Episode], scored: Sequence[Episode
   assert_disjoint([q.id for e in train for q in e.questions], [q.id for e in scored for q in e.questions])
   assert_disjoint([normalised_text(q.text) for e in train for q in e.questions],
                   [normalised_text(q.text) for e in scored for q in e.questions])
+
+
+def corpus_fingerprint(episode: Episode) -> str:
+  """sha256 of the episode's item texts (sorted, so that write order does not matter): equal for a corpus copied
+  under another episode id."""
+  h = hashlib.sha256()
+  for text in sorted(it.text for it in episode.items):
+    h.update(text.encode('utf-8'))
+    h.update(b'\0')
+  return h.hexdigest()
+
+
+def assert_disjoint_content(train: Sequence[Episode], scored: Sequence[Episode]) -> None:
+  """Raise ValueError if a training question shares an id or a normalised text with a scored question, or a
+  training episode has the same corpus (:func:`corpus_fingerprint`) as a scored episode (a conversation copied
+  under a new id must not sit on both sides of a split)."""
+  assert_disjoint_questions(train, scored)
+  scored_fp = {corpus_fingerprint(e): e.id for e in scored}
+  same = [(e.id, scored_fp[fp]) for e in train if (fp := corpus_fingerprint(e)) in scored_fp]
+  if same:
+    raise ValueError(f'training episodes have the same corpus as scored episodes (train id, scored id): {same[:10]}')
+
+
+def assert_distinct_episodes(episodes: Sequence[Episode]) -> None:
+  """Raise ValueError unless no two episodes share a question id, a normalised question text or a corpus; then
+  every split by episode (cross-fitting folds, hold-out) is content-disjoint."""
+  seen_q: dict[str, str] = {}
+  seen_fp: dict[str, str] = {}
+  for e in episodes:
+    fp = corpus_fingerprint(e)
+    if fp in seen_fp:
+      raise ValueError(f'episodes {seen_fp[fp]} and {e.id} have the same corpus (a copied episode would sit on '
+                       'both sides of a split)')
+    seen_fp[fp] = e.id
+    for q in e.questions:
+      for key in (f'id:{q.id}', f'text:{normalised_text(q.text)}'):
+        if key in seen_q and seen_q[key] != e.id:
+          raise ValueError(f'episodes {seen_q[key]} and {e.id} share question {key[:80]!r} (it would sit on both '
+                           'sides of a split)')
+        seen_q[key] = e.id
 
 
 def load_part(root: str | os.PathLike | None = None, *, load: Callable[..., tuple[list[Episode], LoadReport]],

@@ -1,0 +1,134 @@
+"""Config validation for the entry points, run before any data is loaded or embedded.
+
+Each check raises ``ValueError`` with one line that names the option and the allowed values. Operator knob ranges
+are checked by the library when a pipeline is built (:mod:`engram_jax.validation`); this module checks what only
+the config knows: metrics per dataset, baselines, training sets, splits and fitting settings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from engram_jax import metrics as metrics_lib
+from engram_jax import validation
+from engram_jax.evaluation import EPISODE_METRICS
+
+AUTO = 'auto'
+DEFAULT_BASELINES = ('cosine', 'rrf_cos_bm25')
+PARTS = ('all', 'pilot', 'train')
+SPLITS = ('crossfit', 'holdout')
+
+
+def datasets_of(cfg: DictConfig) -> dict[str, DictConfig]:
+  """The scored datasets of a run: ``cfg.datasets`` when set, else ``{cfg.dataset.name: cfg.dataset}``."""
+  return dict(cfg.datasets) if cfg.get('datasets') else {cfg.dataset.name: cfg.dataset}
+
+
+def metrics_for(cfg: DictConfig, ds: DictConfig) -> list[str]:
+  """The metrics scored on dataset ``ds``: ``eval.metrics`` in a one-dataset run (it defaults to the dataset's
+  own list), the dataset's list in a multi-dataset run."""
+  if cfg.get('datasets'):
+    return list(ds.metrics)
+  return list(cfg.eval.metrics)
+
+
+def check_metrics(names: list[str], *, k: int, supported: list[str], where: str) -> None:
+  """Every metric parses, its cutoff is <= k, and a dataset-owned metric is one the dataset supports."""
+  if not names:
+    raise ValueError(f'{where}: no metrics given; expected names such as ndcg@10')
+  for m in names:
+    try:
+      base, cut = metrics_lib.parse_metric(m, tuple(EPISODE_METRICS))
+    except ValueError:
+      allowed = sorted(metrics_lib.METRICS) + sorted(supported)
+      raise ValueError(f'{where}: unknown metric {m!r}; allowed: {allowed} followed by @k') from None
+    if base in EPISODE_METRICS and base not in supported:
+      raise ValueError(f'{where}: metric {m!r} cannot be computed on this dataset; its dataset-owned metrics are '
+                       f'{sorted(supported)} (label metrics {sorted(metrics_lib.METRICS)} always can)')
+    if not 1 <= cut <= k:
+      raise ValueError(f'{where}: metric {m!r} needs cutoff {cut}, but eval.k={k}; allowed cutoffs 1..{k}')
+
+
+def resolve_baselines(cfg: DictConfig) -> list[str]:
+  """``eval.baselines``: ``auto`` (the default) = those of cosine and rrf_cos_bm25 that are in the run; an explicit
+  list must name pipelines of the run."""
+  chosen = cfg.eval.get('baselines', AUTO)
+  names = list(cfg.pipeline)
+  if chosen is None or chosen == AUTO:
+    return [b for b in DEFAULT_BASELINES if b in names]
+  chosen = list(chosen)
+  unknown = [b for b in chosen if b not in names]
+  if unknown:
+    raise ValueError(f'eval.baselines names {unknown}, which are not in this run; allowed: {names} (or auto)')
+  return chosen
+
+
+def _check_loader(loader: Any, where: str) -> None:
+  part = loader.get('part') if loader is not None else None
+  if part is None:
+    return
+  if part not in PARTS:
+    raise ValueError(f'{where}.loader.part must be one of {list(PARTS)}, got {part!r}')
+  n_train = loader.get('n_train')
+  if part == 'train' and n_train is not None and int(n_train) < 1:
+    raise ValueError(f'{where}.loader.n_train must be >= 1 (an empty training split), got {n_train}')
+
+
+def check_evaluate(cfg: DictConfig) -> None:
+  """Everything ``experiments.evaluate`` can check before loading data."""
+  k = int(cfg.eval.k)
+  if k < 1:
+    raise ValueError(f'eval.k must be an integer >= 1, got {cfg.eval.k}')
+  datasets = datasets_of(cfg)
+  if cfg.get('datasets') and 'dataset' in cfg:
+    explicit = OmegaConf.to_container(cfg.eval, resolve=True).get('metrics')
+    if explicit != list(cfg.dataset.metrics):
+      raise ValueError('eval.metrics applies to one-dataset runs; in a multi-dataset run set '
+                       f'datasets.<name>.metrics (datasets: {list(datasets)})')
+  for name, ds in datasets.items():
+    check_metrics(metrics_for(cfg, ds), k=k, supported=list(ds.get('metric_support') or []),
+                  where=f'dataset {name}')
+    _check_loader(ds.get('loader'), f'datasets.{name}' if cfg.get('datasets') else 'dataset')
+  resolve_baselines(cfg)
+  train_sets = cfg.get('train_sets') or {}
+  for name, node in cfg.pipeline.items():
+    tune = node.get('tune')
+    if tune is None:
+      continue
+    for t in tune.get('train') or []:
+      if t not in train_sets:
+        raise ValueError(f'pipeline {name}: tune.train names {t!r}; allowed: {sorted(train_sets)}')
+      tcfg = train_sets[t]
+      _check_loader(tcfg.get('loader'), f'train_sets.{t}')
+      check_metrics([tcfg.metric], k=k, supported=list(tcfg.get('metric_support') or []),
+                    where=f'train_sets.{t}.metric')
+    if not tune.get('grid'):
+      raise ValueError(f'pipeline {name}: tune.grid is empty; give at least one value')
+    if tune.get('metric') is not None:
+      ds0 = next(iter(datasets.values()))
+      check_metrics([tune.metric], k=k, supported=list(ds0.get('metric_support') or []),
+                    where=f'pipeline {name} tune.metric')
+
+
+def check_fit(cfg: DictConfig) -> None:
+  """Everything ``experiments.fit`` can check before loading data."""
+  f = cfg.fit
+  if f.split not in SPLITS:
+    raise ValueError(f'fit.split must be one of {list(SPLITS)}, got {f.split!r}')
+  if f.split == 'crossfit' and int(f.folds) < 2:
+    raise ValueError(f'fit.folds must be >= 2 for cross-fitting, got {f.folds}')
+  if f.split == 'holdout' and int(f.n_test) < 1:
+    raise ValueError(f'fit.n_test must be >= 1 (an empty test split scores nothing), got {f.n_test}')
+  for key in ('steps', 'batch_size', 'greedy_pool', 'candidates'):
+    if int(f[key]) < 1:
+      raise ValueError(f'fit.{key} must be an integer >= 1, got {f[key]}')
+  validation.check_positive(OmegaConf.to_container(f.temperatures), where='fit.temperatures')
+  check_metrics(list(cfg.dataset.get('metrics') or cfg.eval.metrics), k=int(cfg.eval.k),
+                supported=list(cfg.dataset.get('metric_support') or []), where=f'dataset {cfg.dataset.name}')
+  _check_loader(cfg.dataset.get('loader'), 'dataset')
+  names = list(cfg.pipeline)
+  if len(names) == 1 and not (f.params or (f.params_by_pipeline or {}).get(names[0])):
+    raise ValueError(f'nothing to fit: set fit.params or fit.params_by_pipeline.{names[0]}; pipelines with '
+                     f'entries: {sorted(f.params_by_pipeline or {})}')
