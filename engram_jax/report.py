@@ -46,38 +46,62 @@ def category_label(cat: int | str, names: Mapping[Any, str]) -> str:
   return f'{name} ({cat})' if name else str(cat)
 
 
+def _intervals(vectors: Sequence[tuple[str, np.ndarray]], *, seed: int, n_resamples: int
+               ) -> list[stats.Interval]:
+  """Intervals of ``(metric, values [Q])`` pairs of one question subset: Wilson for 0/1 metrics, one batched
+  bootstrap (:func:`engram_jax.stats.bootstrap_cis`) for the others."""
+  out: list[stats.Interval | None] = [None] * len(vectors)
+  boot = [i for i, (m, _) in enumerate(vectors) if not is_binary(m)]
+  for i, (m, v) in enumerate(vectors):
+    if is_binary(m):
+      out[i] = stats.wilson_ci(v)
+  if boot:
+    cis = stats.bootstrap_cis(np.stack([vectors[i][1] for i in boot]), seed=seed, n_resamples=n_resamples)
+    for i, ci in zip(boot, cis):
+      out[i] = ci
+  return out  # type: ignore[return-value]
+
+
 def summarize(result: EvalResult, *, category_names: Mapping[Any, str], seed: int, n_resamples: int = 10_000,
               baselines: Sequence[str] = ()) -> dict[str, Any]:
   """Means with 95% intervals (bootstrap; Wilson for 0/1 metrics), overall and per category, and paired tests
   against ``baselines`` (bootstrap CI of the difference, sign-flip p; McNemar p too for 0/1 metrics).
+
+  Batched: one bootstrap call per question subset (overall, each category) and one paired call for every
+  (pipeline, baseline, metric); each row's numbers equal those of a call on that row alone.
 
   Returns a JSON-ready dict ``{NAME: {metric: mean, 'ci95': {metric: [lo, hi]}, 'by_category': {...},
   'paired': {'vs <baseline>': {metric: {delta, lo, hi, p, n}}}}}``.
   """
   cats = np.asarray([str(c) for c in result.categories])
   order = sorted(set(result.categories), key=lambda c: (str(type(c)), c))
-  out: dict[str, Any] = {}
-  for name, per_metric in result.scores.items():
-    entry: dict[str, Any] = {'ci95': {}, 'by_category': {}, 'paired': {}}
-    for m, v in per_metric.items():
-      ci = interval(v, m, seed=seed, n_resamples=n_resamples)
-      entry[m] = ci.mean
-      entry['ci95'][m] = [ci.lo, ci.hi]
-    for c in order:
-      sel = cats == str(c)
-      block: dict[str, Any] = {'n': int(sel.sum()), 'ci95': {}}
-      for m, v in per_metric.items():
-        ci = interval(v[sel], m, seed=seed, n_resamples=n_resamples)
-        block[m] = ci.mean
-        block['ci95'][m] = [ci.lo, ci.hi]
-      entry['by_category'][category_label(c, category_names)] = block
-    for base in baselines:
-      if base == name or base not in result.scores:
-        continue
-      entry['paired'][f'vs {base}'] = {
-          m: paired(v, result.scores[base][m], m, seed=seed, n_resamples=n_resamples)
-          for m, v in per_metric.items()}
-    out[name] = entry
+  keys = [(name, m) for name, per_metric in result.scores.items() for m in per_metric]
+  out: dict[str, Any] = {name: {'ci95': {}, 'by_category': {}, 'paired': {}} for name in result.scores}
+  cis = _intervals([(m, result.scores[n][m]) for n, m in keys], seed=seed, n_resamples=n_resamples)
+  for (name, m), ci in zip(keys, cis):
+    out[name][m] = ci.mean
+    out[name]['ci95'][m] = [ci.lo, ci.hi]
+  for c in order:
+    sel = cats == str(c)
+    label = category_label(c, category_names)
+    cis = _intervals([(m, result.scores[n][m][sel]) for n, m in keys], seed=seed, n_resamples=n_resamples)
+    for name in result.scores:
+      out[name]['by_category'][label] = {'n': int(sel.sum()), 'ci95': {}}
+    for (name, m), ci in zip(keys, cis):
+      block = out[name]['by_category'][label]
+      block[m] = ci.mean
+      block['ci95'][m] = [ci.lo, ci.hi]
+  pairs = [(name, base, m) for name, m in keys for base in baselines
+           if base != name and base in result.scores]
+  if pairs:
+    a = np.stack([result.scores[n][m] for n, _, m in pairs])
+    b = np.stack([result.scores[base][m] for _, base, m in pairs])
+    for (name, base, m), res, x, y in zip(pairs, stats.paired_tests(a, b, seed=seed, n_resamples=n_resamples),
+                                          a, b):
+      entry = res.to_dict()
+      if is_binary(m):
+        entry['mcnemar_p'] = stats.mcnemar_test(x, y)
+      out[name]['paired'].setdefault(f'vs {base}', {})[m] = entry
   return out
 
 
