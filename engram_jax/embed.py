@@ -1,22 +1,34 @@
-"""Sentence embeddings with a disk cache keyed by (model id, text).
+"""Sentence embeddings with a disk cache keyed by everything that determines a vector.
 
-Vectors are unit-normalised float32. The cache for one model is a folder of shards
-(``<cache_dir>/<model slug>/shard-*.npz``, each holding ``keys`` (sha256 of the text) and ``vecs``).
-Shards are written atomically as embedding proceeds, so an interrupted run resumes where it
-stopped; a shard that cannot be read or holds bad vectors is reported, deleted and its texts
+Vectors are unit-normalised float32. An encoder carries a ``spec``: a JSON-serialisable description of what
+determines its vectors (for sentence-transformers: the resolved model folder, a fingerprint of its files, output
+dimension, pooling, normalisation, maximum sequence length, library versions; for the hashing encoder: dim,
+seed, tokenizer version). Computing a spec reads files only: it never loads model weights.
+
+The cache for one spec is a folder ``<cache_dir>/<model slug>-<spec hash[:12]>/`` holding ``spec.json`` and
+shards ``shard-*.npz`` (``keys``: sha256 of spec hash + text, ``vecs``: ``[N, D]`` float32, ``spec_hash``).
+``model_id`` is only the human-readable label. Every file is written atomically (a temporary file in the same
+folder, then ``os.replace``), so an interrupted run resumes where it stopped and concurrent readers never see a
+partial file. On read every shard is checked (float32, ``[N, D]`` with the spec's ``D``, finite, unit norm);
+a bad shard is reported, its good rows kept in a fresh shard, the shard deleted and the texts of its bad rows
 re-embedded. A warm cache never loads the model.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
+import importlib.metadata
+import json
 import logging
 import os
 import re
 import tempfile
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import IO, Any
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -25,14 +37,112 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = 'all-MiniLM-L6-v2'
 Encoder = Callable[[list[str]], np.ndarray]
+Spec = dict[str, Any]
+
+CACHE_FORMAT = 2  # bump when the shard layout or key derivation changes: every spec hash changes with it
+NORM_TOL = 1e-3  # a cached vector is accepted when | ||v|| - 1 | < NORM_TOL
+HASHING_VERSION = 1  # bump when hashing_encoder's tokenizer or hash changes
+TOKEN_PATTERN = r'\w+'
+FULL_HASH_MAX_BYTES = 256 << 20  # model files up to this size are fingerprinted by content, larger by size+mtime
+_SKIP_DIRS = frozenset({'onnx', 'openvino', '__pycache__'})  # other backends' copies: not what torch loads
+_ST_PACKAGES = ('sentence-transformers', 'transformers', 'tokenizers', 'torch')
+_ST_CONFIGS = ('sentence_bert_config.json', 'sentence_roberta_config.json', 'sentence_distilbert_config.json',
+               'sentence_camembert_config.json', 'sentence_albert_config.json',
+               'sentence_xlm-roberta_config.json', 'sentence_xlnet_config.json')
+_LEGACY_POOLING = {'pooling_mode_cls_token': 'cls', 'pooling_mode_max_tokens': 'max',
+                   'pooling_mode_mean_tokens': 'mean', 'pooling_mode_mean_sqrt_len_tokens': 'mean_sqrt_len_tokens',
+                   'pooling_mode_weightedmean_tokens': 'weightedmean', 'pooling_mode_lasttoken': 'lasttoken'}
+_SAME_DIM_MODULES = frozenset({'Normalize', 'Dropout', 'LayerNorm'})
+
+
+# ----------------------------------------------------------------------------------------------
+# Specs and keys
+
+
+def canonical_json(spec: Mapping[str, Any]) -> str:
+  """The one JSON text of ``spec`` (sorted keys, no spaces) that its hash is taken of.
+
+  Raises:
+    ValueError: if ``spec`` is not JSON-serialisable.
+  """
+  try:
+    return json.dumps(spec, sort_keys=True, separators=(',', ':'), ensure_ascii=True, allow_nan=False)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f'encoder spec is not JSON-serialisable ({e}): {spec!r}') from e
+
+
+def spec_hash(spec: Mapping[str, Any]) -> str:
+  """sha256 (hex) of the canonical JSON of ``spec`` and the cache format."""
+  return hashlib.sha256(canonical_json({'cache_format': CACHE_FORMAT, 'spec': spec}).encode()).hexdigest()
+
+
+def entry_key(spec_digest: str, text: str) -> str:
+  """The cache key of ``text`` under the spec whose hash is ``spec_digest``."""
+  return hashlib.sha256(f'{spec_digest}\n{text}'.encode('utf-8')).hexdigest()
 
 
 def text_key(text: str) -> str:
+  """sha256 of the text alone (not a cache key: see ``entry_key``)."""
   return hashlib.sha256(text.encode('utf-8')).hexdigest()
+
+
+def unspecified_spec(model_id: str) -> Spec:
+  """The spec assumed for an encoder without one: its vectors are keyed by ``model_id`` alone."""
+  return {'kind': 'unspecified', 'model_id': model_id}
 
 
 def _slug(model_id: str) -> str:
   return re.sub(r'[^A-Za-z0-9_.-]+', '_', model_id)
+
+
+def _major_minor(package: str) -> str | None:
+  try:
+    version = importlib.metadata.version(package)
+  except importlib.metadata.PackageNotFoundError:
+    return None
+  return '.'.join(version.split('+')[0].split('.')[:2])
+
+
+def library_versions(packages: Sequence[str] = _ST_PACKAGES) -> dict[str, str | None]:
+  """``major.minor`` of each installed package (``None`` when absent), read from metadata without importing it."""
+  return {p: _major_minor(p) for p in packages}
+
+
+# ----------------------------------------------------------------------------------------------
+# Encoders
+
+
+@dataclasses.dataclass(frozen=True)
+class HashingEncoder:
+  """A deterministic bag-of-words hashing encoder (signed feature hashing of lower-cased ``\\w+`` tokens).
+
+  No model, no downloads: a cheap lexical baseline and the encoder the tests use. Texts without
+  tokens map to a fixed unit vector so that every output is unit-norm.
+  """
+  dim: int = 256
+  seed: int = 0
+
+  @property
+  def spec(self) -> Spec:
+    return {'kind': 'hashing', 'version': HASHING_VERSION, 'dim': self.dim, 'seed': self.seed,
+            'tokenizer': {'pattern': TOKEN_PATTERN, 'lower': True}, 'hash': 'blake2b-64 signed', 'normalize': True}
+
+  def __call__(self, texts: list[str]) -> np.ndarray:
+    out = np.zeros((len(texts), self.dim), np.float32)
+    for i, t in enumerate(texts):
+      for tok in re.findall(TOKEN_PATTERN, t.lower()):
+        h = int.from_bytes(hashlib.blake2b(f'{self.seed}:{tok}'.encode(), digest_size=8).digest(), 'little')
+        out[i, h % self.dim] += 1.0 if (h >> 63) & 1 else -1.0
+      if not out[i].any():
+        out[i, 0] = 1.0
+    return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+def hashing_encoder(dim: int = 256, seed: int = 0) -> HashingEncoder:
+  """A ``HashingEncoder`` (``texts -> [T, dim]`` float32, with ``.spec``)."""
+  if int(dim) < 1:
+    raise ValueError(f'hashing_encoder: dim must be >= 1, got {dim}')
+  return HashingEncoder(int(dim), int(seed))
 
 
 def resolve_model_path(model_id: str, path: str | None = None) -> str:
@@ -46,72 +156,367 @@ def resolve_model_path(model_id: str, path: str | None = None) -> str:
   return model_id
 
 
-def sentence_transformer_encoder(model_id: str = DEFAULT_MODEL, *, path: str | None = None,
-                                 batch_size: int = 64, device: str = 'cpu') -> Encoder:
-  """An encoder ``texts -> [T, D] float32`` backed by sentence-transformers (loaded lazily on first call)."""
-  model = None
+def local_model_folder(model_id: str, path: str | None = None) -> Path:
+  """The local folder the model of ``resolve_model_path`` is loaded from: the path itself, or the model's
+  snapshot in the Hugging Face cache (looked up offline; nothing is downloaded).
 
-  def encode(texts: list[str]) -> np.ndarray:
-    nonlocal model
-    if model is None:
-      os.environ.setdefault('HF_HUB_OFFLINE', '1')
-      from sentence_transformers import SentenceTransformer  # pylint: disable=import-outside-toplevel
-      model = SentenceTransformer(resolve_model_path(model_id, path), device=device)
-    return model.encode(texts, batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=True,
-                        show_progress_bar=False).astype(np.float32)
-
-  return encode
-
-
-def hashing_encoder(dim: int = 256, seed: int = 0) -> Encoder:
-  """A deterministic bag-of-words hashing encoder (signed feature hashing of lower-cased ``\\w+`` tokens).
-
-  No model, no downloads: a cheap lexical baseline and the encoder the tests use. Texts without
-  tokens map to a fixed unit vector so that every output is unit-norm.
+  Raises:
+    ValueError: if the model is neither a local folder nor in the Hugging Face cache.
   """
-  def encode(texts: list[str]) -> np.ndarray:
-    out = np.zeros((len(texts), dim), np.float32)
-    for i, t in enumerate(texts):
-      for tok in re.findall(r'\w+', t.lower()):
-        h = int.from_bytes(hashlib.blake2b(f'{seed}:{tok}'.encode(), digest_size=8).digest(), 'little')
-        out[i, h % dim] += 1.0 if (h >> 63) & 1 else -1.0
-      if not out[i].any():
-        out[i, 0] = 1.0
-    return out / np.linalg.norm(out, axis=1, keepdims=True)
+  name = resolve_model_path(model_id, path)
+  local = Path(name).expanduser()
+  if local.is_dir():
+    return Path(os.path.abspath(local))
+  candidates = [name] if '/' in name else [f'sentence-transformers/{name}', name]
+  try:
+    from huggingface_hub import snapshot_download  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    snapshot_download = None
+  for repo in candidates if snapshot_download is not None else []:
+    try:
+      return Path(snapshot_download(repo, local_files_only=True))
+    except (OSError, ValueError):
+      continue
+  raise ValueError(f'sentence-transformers model {name!r} (model_id {model_id!r}) is neither a local folder nor in '
+                   'the Hugging Face cache: download it first or set the encoder path to a local model folder')
 
-  return encode
+
+def _fingerprint_files(folder: Path) -> tuple[tuple[str, int, int], ...]:
+  out = []
+  for p in folder.rglob('*'):
+    rel = p.relative_to(folder)
+    if any(part.startswith('.') or part in _SKIP_DIRS for part in rel.parts) or p.suffix == '.md' or not p.is_file():
+      continue
+    st = p.stat()
+    out.append((rel.as_posix(), st.st_size, st.st_mtime_ns))
+  return tuple(sorted(out))
+
+
+@functools.lru_cache(maxsize=16)
+def _fingerprint_of(folder: str, files: tuple[tuple[str, int, int], ...]) -> str:
+  h = hashlib.sha256()
+  for rel, size, mtime_ns in files:
+    h.update(f'{rel}\0{size}\0'.encode())
+    if size > FULL_HASH_MAX_BYTES:
+      h.update(f'mtime:{mtime_ns}\0'.encode())
+      continue
+    with open(Path(folder) / rel, 'rb') as f:
+      for block in iter(lambda: f.read(1 << 20), b''):
+        h.update(block)
+  return h.hexdigest()
+
+
+def folder_fingerprint(folder: str | os.PathLike) -> str:
+  """sha256 over a model folder's files (relative path, size and content; files over ``FULL_HASH_MAX_BYTES`` by
+  size and mtime). Hidden files, ``*.md`` and other backends' folders (``onnx/``, ``openvino/``) are left out.
+  Memoised per process on the files' sizes and mtimes."""
+  folder = Path(folder)
+  return _fingerprint_of(str(folder), _fingerprint_files(folder))
+
+
+def _read_json(path: Path) -> Any:
+  try:
+    return json.loads(path.read_text(encoding='utf-8'))
+  except FileNotFoundError:
+    return None
+  except (OSError, ValueError) as e:
+    raise ValueError(f'cannot read model config {path}: {e}') from e
+
+
+def _pooling_modes(config: Mapping[str, Any]) -> list[str]:
+  mode = config.get('pooling_mode')
+  if mode is None:
+    return [name for key, name in _LEGACY_POOLING.items() if config.get(key)] or ['mean']
+  return [mode] if isinstance(mode, str) else list(mode)
+
+
+def _hidden_size(config: Mapping[str, Any]) -> int | None:
+  for key in ('hidden_size', 'd_model', 'dim', 'n_embd', 'word_embed_proj_dim'):
+    if isinstance(config.get(key), int):
+      return config[key]
+  return None
+
+
+def sentence_transformer_spec(folder: Path, *, device: str = 'cpu') -> Spec:
+  """The spec of the sentence-transformers model in ``folder``, read from its config files (no weights loaded).
+
+  Follows ``modules.json`` (a folder without one gets Transformer + mean pooling, as sentence-transformers
+  does): the dimension is the Transformer's ``hidden_size``, times the number of pooling modes, replaced by a
+  Dense layer's ``out_features``; ``None`` after a module whose output width is unknown.
+  """
+  modules = _read_json(folder / 'modules.json')
+  if modules is None:
+    modules = [{'idx': 0, 'path': '', 'type': 'Transformer'}, {'idx': 1, 'path': None, 'type': 'Pooling'}]
+  dim, types, pooling, transformer = None, [], None, {}
+  for module in sorted(modules, key=lambda m: m.get('idx', 0)):
+    kind = str(module.get('type', '')).rsplit('.', 1)[-1]
+    sub = folder / module['path'] if module.get('path') is not None else None
+    types.append(kind)
+    config = (_read_json(sub / 'config.json') if sub is not None else None) or {}
+    if kind == 'Transformer':
+      transformer = next((c for c in (_read_json(sub / n) for n in _ST_CONFIGS) if c is not None), {})
+      dim = _hidden_size(config)
+    elif kind == 'Pooling':
+      modes = _pooling_modes(config)
+      width = config.get('embedding_dimension', config.get('word_embedding_dimension', dim))
+      dim = len(modes) * width if isinstance(width, int) else None
+      pooling = {'mode': modes, 'include_prompt': config.get('include_prompt', True)}
+    elif kind == 'Dense':
+      dim = config.get('out_features') if isinstance(config.get('out_features'), int) else None
+    elif kind not in _SAME_DIM_MODULES:
+      dim = None
+  model_config = _read_json(folder / 'config_sentence_transformers.json') or {}
+  return {
+      'kind': 'sentence-transformers',
+      'model': folder.name,  # the fingerprint identifies the content; no absolute path, so the cache survives a moved venv
+      'fingerprint': folder_fingerprint(folder),
+      'dim': dim,
+      'modules': types,
+      'pooling': pooling,
+      'max_seq_length': transformer.get('max_seq_length'),
+      'do_lower_case': transformer.get('do_lower_case', False),
+      'normalize': True,  # encode(normalize_embeddings=True)
+      'model_config': {k: v for k, v in model_config.items() if k != '__version__'},  # prompts, similarity
+      'device': str(device).split(':', 1)[0],
+      'versions': library_versions(),
+  }
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SentenceTransformerEncoder:
+  """``texts -> [T, D]`` float32 backed by sentence-transformers. ``spec`` reads config files only; the model
+  is loaded on the first call (a warm cache never calls the encoder)."""
+  model_id: str = DEFAULT_MODEL
+  path: str | None = None
+  batch_size: int = 64
+  device: str = 'cpu'
+
+  @functools.cached_property
+  def folder(self) -> Path:
+    return local_model_folder(self.model_id, self.path)
+
+  @functools.cached_property
+  def spec(self) -> Spec:
+    return sentence_transformer_spec(self.folder, device=self.device)
+
+  @functools.cached_property
+  def model(self) -> Any:
+    os.environ.setdefault('HF_HUB_OFFLINE', '1')
+    from sentence_transformers import SentenceTransformer  # pylint: disable=import-outside-toplevel
+    return SentenceTransformer(str(self.folder), device=self.device)
+
+  def __call__(self, texts: list[str]) -> np.ndarray:
+    return self.model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True, normalize_embeddings=True,
+                             show_progress_bar=False).astype(np.float32)
+
+
+def sentence_transformer_encoder(model_id: str = DEFAULT_MODEL, *, path: str | None = None,
+                                 batch_size: int = 64, device: str = 'cpu') -> SentenceTransformerEncoder:
+  """A ``SentenceTransformerEncoder`` (loaded lazily on first call; ``.spec`` never loads it)."""
+  return SentenceTransformerEncoder(model_id, path, int(batch_size), device)
+
+
+# ----------------------------------------------------------------------------------------------
+# The cache
+
+
+def _atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+  """Write ``path`` through a temporary file in the same folder and ``os.replace``."""
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
+  try:
+    with os.fdopen(fd, 'wb') as f:
+      write(f)
+    os.replace(tmp, path)
+  except BaseException:
+    Path(tmp).unlink(missing_ok=True)
+    raise
+
+
+def _good_rows(vecs: np.ndarray) -> np.ndarray:
+  """Rows that are finite and unit-norm (``[N]`` bool)."""
+  with np.errstate(invalid='ignore', over='ignore'):
+    norms = np.linalg.norm(vecs.astype(np.float64), axis=1)
+  return np.isfinite(vecs).all(axis=1) & (np.abs(norms - 1.0) < NORM_TOL)
+
+
+@dataclasses.dataclass
+class CacheReport:
+  """What one ``embed_with_report`` call found and did (``as_dict`` for results files)."""
+  model_id: str
+  folder: str
+  spec_hash: str
+  cached: int = 0  # distinct texts served from the cache
+  embedded: int = 0  # distinct texts encoded by this call
+  rebuilt: list[str] = dataclasses.field(default_factory=list)  # bad shards deleted
+  dropped: int = 0  # cached vectors discarded as bad (their texts re-embedded when asked for)
+  problems: list[str] = dataclasses.field(default_factory=list)  # one line per bad shard
+
+  def as_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
 
 
 class EmbeddingCache:
-  """Shard folder for one model. ``lookup`` reads all valid shards; ``write`` adds one shard."""
+  """Shard folder for one encoder spec. ``load`` reads and checks all shards; ``write`` adds one shard.
 
-  def __init__(self, cache_dir: str | os.PathLike, model_id: str):
-    self.dir = Path(cache_dir) / _slug(model_id)
-    self.dir.mkdir(parents=True, exist_ok=True)
+  Args:
+    cache_dir: cache root.
+    model_id: human-readable label (the folder name starts with it).
+    spec: the encoder's spec; ``None``: ``unspecified_spec(model_id)`` (keyed by the label alone, the
+      dimension taken from the first good shard).
+  """
+
+  def __init__(self, cache_dir: str | os.PathLike, model_id: str, spec: Mapping[str, Any] | None = None):
+    self.model_id = model_id
+    self.spec: Spec = json.loads(canonical_json(spec if spec is not None else unspecified_spec(model_id)))
+    self.spec_hash = spec_hash(self.spec)
+    self.dir = Path(cache_dir) / f'{_slug(model_id)}-{self.spec_hash[:12]}'
+    dim = self.spec.get('dim')
+    if dim is not None and (not isinstance(dim, int) or dim < 1):
+      raise ValueError(f'encoder spec for {model_id!r} has an invalid dim {dim!r}')
+    self.dim: int | None = dim
     self.rebuilt: list[str] = []
+    self.problems: list[str] = []
+    self.dropped = 0
+
+  def key(self, text: str) -> str:
+    return entry_key(self.spec_hash, text)
+
+  def _shard_problem(self, keys: np.ndarray, vecs: np.ndarray, written_for: str | None) -> str | None:
+    if written_for != self.spec_hash:
+      return f'written for another spec ({written_for})'
+    if keys.ndim != 1 or keys.dtype.kind != 'U' or vecs.ndim != 2 or len(keys) != len(vecs):
+      return f'keys {keys.shape} and vectors {vecs.shape} do not match'
+    if vecs.dtype != np.float32:
+      return f'dtype {vecs.dtype}, expected float32'
+    if self.dim is not None and vecs.shape[1] != self.dim:
+      return f'{vecs.shape[1]}-dim vectors, expected {self.dim}'
+    return None
+
+  def _discard(self, shard: Path, problem: str, dropped: int) -> None:
+    log.warning('Embedding cache shard %s (%s) is bad: %s; deleting it, its texts will be re-embedded.',
+                shard, self.model_id, problem)
+    self.rebuilt.append(shard.name)
+    self.problems.append(f'{shard.name}: {problem}')
+    self.dropped += dropped
+    shard.unlink(missing_ok=True)
 
   def load(self) -> dict[str, np.ndarray]:
+    """``{key: [D] float32}`` from every good shard; bad shards are reported (``rebuilt``, ``problems``,
+    ``dropped``), their good rows rewritten to a fresh shard, and deleted."""
     table: dict[str, np.ndarray] = {}
+    if not self.dir.is_dir():
+      return table
     for shard in sorted(self.dir.glob('shard-*.npz')):
       try:
         with np.load(shard, allow_pickle=False) as z:
           keys, vecs = z['keys'], z['vecs']
-        if vecs.ndim != 2 or len(keys) != len(vecs) or not np.all(np.isfinite(vecs)):
-          raise ValueError('bad shapes or non-finite vectors')
+          written_for = str(z['spec_hash']) if 'spec_hash' in z.files else None
+      except FileNotFoundError:
+        continue  # deleted by a concurrent run since the listing
       except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as e:
-        log.warning('Embedding cache shard %s is corrupt (%s): deleting it; its texts will be re-embedded.', shard, e)
-        self.rebuilt.append(shard.name)
-        shard.unlink(missing_ok=True)
+        if not shard.exists():
+          continue
+        reason = f'{type(e).__name__}: {e}' if zipfile.is_zipfile(shard) else 'not an .npz archive'
+        self._discard(shard, f'unreadable ({reason})', 0)
         continue
-      table.update(zip(keys.tolist(), vecs))
+      problem = self._shard_problem(keys, vecs, written_for)
+      if problem is not None:
+        self._discard(shard, problem, len(keys) if keys.ndim == 1 else 0)
+        continue
+      good = _good_rows(vecs)
+      if not good.all():
+        if good.any():
+          self.write(keys[good].tolist(), vecs[good])
+        self._discard(shard, f'{int((~good).sum())} of {len(good)} vectors not finite and unit-norm '
+                      f'(tolerance {NORM_TOL})', int((~good).sum()))
+      if self.dim is None:
+        self.dim = int(vecs.shape[1])
+      table.update(zip(keys[good].tolist(), vecs[good]))
     return table
 
+  def _write_spec(self) -> None:
+    path = self.dir / 'spec.json'
+    try:
+      if json.loads(path.read_text(encoding='utf-8')) == self.spec:
+        return
+      log.warning('Embedding cache %s: spec.json describes another encoder; rewriting it.', self.dir)
+    except (OSError, ValueError):
+      pass
+    text = json.dumps(self.spec, sort_keys=True, indent=2) + '\n'
+    _atomic_write(path, lambda f: f.write(text.encode('utf-8')))
+
   def write(self, keys: Sequence[str], vecs: np.ndarray) -> None:
+    """Add one shard holding ``keys`` (cache keys) and ``vecs`` (``[N, D]`` unit-norm)."""
+    vecs = np.asarray(vecs, np.float32)
+    if vecs.ndim != 2 or len(vecs) != len(keys) or (self.dim is not None and vecs.shape[1] != self.dim):
+      raise ValueError(f'cache {self.dir}: {len(keys)} keys and vectors of shape {vecs.shape} '
+                       f'(expected [N, {self.dim}])')
+    self.dir.mkdir(parents=True, exist_ok=True)
+    self._write_spec()
     name = f'shard-{hashlib.sha256("".join(keys).encode()).hexdigest()[:16]}.npz'
-    fd, tmp = tempfile.mkstemp(dir=self.dir, suffix='.tmp')
-    with os.fdopen(fd, 'wb') as f:
-      np.savez(f, keys=np.asarray(keys), vecs=vecs.astype(np.float32))
-    os.replace(tmp, self.dir / name)
+    _atomic_write(self.dir / name, lambda f: np.savez(f, keys=np.asarray(list(keys), dtype=str), vecs=vecs,
+                                                      spec_hash=np.asarray(self.spec_hash)))
+
+
+def _label(model_id: str, spec: Mapping[str, Any]) -> str:
+  return f'{model_id!r}' + (f' ({spec["model"]})' if spec.get('model') else '')
+
+
+def _checked_output(raw: Any, n: int, cache: EmbeddingCache) -> np.ndarray:
+  """The encoder's output for ``n`` texts as unit-norm float32 ``[n, D]``.
+
+  Raises:
+    ValueError: on a wrong shape or dimension, NaN/inf or zero vectors.
+  """
+  vecs = np.asarray(raw)
+  label = _label(cache.model_id, cache.spec)
+  if vecs.ndim != 2 or len(vecs) != n:
+    raise ValueError(f'Encoder for model {label} returned an array of shape {vecs.shape} for {n} texts; '
+                     f'expected ({n}, {cache.dim or "D"})')
+  if cache.dim is not None and vecs.shape[1] != cache.dim:
+    if cache.spec.get('kind') == 'unspecified':
+      raise ValueError(f'Encoder for model {label} returned {vecs.shape[1]}-dim vectors but the cache {cache.dir} '
+                       f'holds {cache.dim}-dim ones; this encoder has no .spec, so the cache is keyed by model_id '
+                       'alone: use another model_id or give the encoder a spec')
+    raise ValueError(f'Encoder for model {label} returned {vecs.shape[1]}-dim vectors, but its spec says '
+                     f'{cache.dim} dims')
+  vecs = vecs.astype(np.float32)
+  norms = np.linalg.norm(vecs, axis=-1, keepdims=True)
+  if not np.all(np.isfinite(vecs)) or np.any(norms == 0):
+    raise ValueError(f'Encoder for model {label} returned NaN/inf or zero vectors')
+  return vecs / norms
+
+
+def embed_with_report(texts: Sequence[str], *, cache_dir: str | os.PathLike, model_id: str = DEFAULT_MODEL,
+                      encoder: Encoder | None = None, path: str | None = None, batch_size: int = 64,
+                      shard_size: int = 2048, progress: bool = True) -> tuple[np.ndarray, CacheReport]:
+  """``embed_texts`` that also returns the ``CacheReport`` (texts cached / embedded, bad shards rebuilt)."""
+  if encoder is None:
+    encoder = sentence_transformer_encoder(model_id, path=path, batch_size=batch_size)
+  spec = getattr(encoder, 'spec', None)
+  if spec is None:
+    log.warning('Encoder %r has no .spec: its cache is keyed by model_id %r alone, so another encoder setting '
+                'under this model_id would reuse these vectors.', encoder, model_id)
+  cache = EmbeddingCache(cache_dir, model_id, spec)
+  table = cache.load()
+  keys = [cache.key(t) for t in texts]
+  missing = list(dict.fromkeys(k for k in keys if k not in table))
+  if missing:
+    by_key = dict(zip(keys, texts))
+    bar = tqdm(total=len(missing), desc=f'embedding ({model_id})', unit='text', disable=not progress)
+    for start in range(0, len(missing), shard_size):
+      chunk = missing[start:start + shard_size]
+      vecs = _checked_output(encoder([by_key[k] for k in chunk]), len(chunk), cache)
+      cache.dim = cache.dim or int(vecs.shape[1])
+      cache.write(chunk, vecs)
+      table.update(zip(chunk, vecs))
+      bar.update(len(chunk))
+    bar.close()
+  report = CacheReport(model_id=model_id, folder=str(cache.dir), spec_hash=cache.spec_hash,
+                       cached=len(set(keys)) - len(missing), embedded=len(missing), rebuilt=list(cache.rebuilt),
+                       dropped=cache.dropped, problems=list(cache.problems))
+  out = np.stack([table[k] for k in keys]) if keys else np.zeros((0, cache.dim or 0), np.float32)
+  return out.astype(np.float32, copy=False), report
 
 
 def embed_texts(texts: Sequence[str], *, cache_dir: str | os.PathLike, model_id: str = DEFAULT_MODEL,
@@ -121,31 +526,16 @@ def embed_texts(texts: Sequence[str], *, cache_dir: str | os.PathLike, model_id:
 
   Args:
     texts: strings; duplicates are embedded once.
-    cache_dir: cache root; the model's shards live in a sub-folder named after ``model_id``.
-    model_id: cache key and model name (the default resolves to the bundled MiniLM).
-    encoder: optional ``texts -> [T, D]`` function (tests inject a fake); default sentence-transformers.
+    cache_dir: cache root; the shards live in ``<model slug>-<spec hash[:12]>/``.
+    model_id: human-readable label of the cache folder, and the model name when ``encoder`` is None (the
+      default resolves to the bundled MiniLM).
+    encoder: ``texts -> [T, D]``, normally with a ``spec`` (``hashing_encoder``,
+      ``sentence_transformer_encoder``) that keys the cache; one without is keyed by ``model_id`` alone.
+      Default: ``sentence_transformer_encoder(model_id, path=path, batch_size=batch_size)``.
     shard_size: texts per written shard (the unit of resumption).
 
   Raises:
-    ValueError: if the encoder returns NaN/inf or zero vectors.
+    ValueError: if the encoder returns NaN/inf or zero vectors, or vectors of another dimension than its spec.
   """
-  cache = EmbeddingCache(cache_dir, model_id)
-  table = cache.load()
-  keys = [text_key(t) for t in texts]
-  missing = list(dict.fromkeys(k for k in keys if k not in table))
-  if missing:
-    encoder = encoder or sentence_transformer_encoder(model_id, path=path, batch_size=batch_size)
-    by_key = {k: t for k, t in zip(keys, texts)}
-    bar = tqdm(total=len(missing), desc=f'embedding ({model_id})', unit='text', disable=not progress)
-    for start in range(0, len(missing), shard_size):
-      chunk = missing[start:start + shard_size]
-      vecs = np.asarray(encoder([by_key[k] for k in chunk]), np.float32)
-      norms = np.linalg.norm(vecs, axis=-1, keepdims=True)
-      if not np.all(np.isfinite(vecs)) or np.any(norms == 0):
-        raise ValueError(f'Encoder {model_id} returned NaN/inf or zero vectors')
-      vecs = vecs / norms
-      cache.write(chunk, vecs)
-      table.update(zip(chunk, vecs))
-      bar.update(len(chunk))
-    bar.close()
-  return np.stack([table[k] for k in keys]).astype(np.float32) if keys else np.zeros((0, 0), np.float32)
+  return embed_with_report(texts, cache_dir=cache_dir, model_id=model_id, encoder=encoder, path=path,
+                           batch_size=batch_size, shard_size=shard_size, progress=progress)[0]

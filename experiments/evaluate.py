@@ -76,12 +76,19 @@ def build_pipelines(cfg: DictConfig) -> tuple[dict[str, pipeline.Pipeline], dict
 
 
 def _embedder(cfg: DictConfig):
+  """``texts -> [T, D]`` through the embedding cache, keyed by the instantiated encoder's spec (read from files:
+  a warm cache never loads the model). ``embed_fn.cache_reports`` collects each call's ``CacheReport.as_dict()``
+  (texts cached / embedded, bad shards rebuilt) for the results."""
   e = cfg.embedder
-  encoder = instantiate(e.encoder)  # lazy: a warm cache never loads the model
+  encoder = instantiate(e.encoder)
+  reports: list[dict[str, Any]] = []
 
   def embed_fn(texts):
-    return embed.embed_texts(texts, cache_dir=cfg.paths.cache_dir, model_id=e.model_id, encoder=encoder,
-                             progress=cfg.eval.progress)
+    vecs, report = embed.embed_with_report(texts, cache_dir=cfg.paths.cache_dir, model_id=e.model_id,
+                                           encoder=encoder, progress=cfg.eval.progress)
+    reports.append(report.as_dict())
+    return vecs
+  embed_fn.cache_reports = reports
   return embed_fn
 
 
@@ -201,7 +208,9 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   if fits:
     tables.append(report.fits_markdown(fits))
   text = '\n'.join(tables)
+  run_info = {'embedding_cache': embed_fn.cache_reports}  # varies between a cold and a warm run
   report.write_files(out_dir, {'results.json': json.dumps(results, indent=1), 'results.md': text,
+                               'run_info.json': json.dumps(run_info, indent=1),
                                'config_resolved.yaml': OmegaConf.to_yaml(cfg, resolve=True)})
   print(text)
   log.info('wrote %s', out_dir / 'results.json')
