@@ -157,7 +157,9 @@ def test_real_counts_and_gold_coverage(size, hop):
   rule = 'gold_sh_subject_object' if hop == 'sh' else 'gold_mh_chain_valid'
   assert report.counts[rule] == strict
   assert report.counts['gold_not_newest_in_slot'] == anomalies
-  for reason in ('unparsed_line', 'header_missing', 'serial_gap', 'fact_no_template', 'excluded_no_gold'):
+  assert report.counts['questions_read'] == n_q
+  for reason in ('unparsed_line', 'header_missing', 'serial_gap', 'fact_no_template', 'excluded_no_gold',
+                 'answer_string_wrapped', 'duplicate_serial_dropped', 'serial_out_of_order'):
     assert report.counts[reason] == 0, reason
   for q in ep.questions:
     answers = F.answers_of(q)
@@ -167,3 +169,62 @@ def test_real_counts_and_gold_coverage(size, hop):
     q0 = ep.questions[0]
     assert q0.text == 'Which sport is goaltender associated with?' and q0.gold == ('310',)
     assert F.asked_fact_versions(ep, q0) == F.FactVersions('310', ('223',), False)
+
+
+# ------------------------------------------------------------------- malformed input: errors or counted
+
+
+def _write_file(tmp_path, rows):
+  folder = tmp_path / 'memoryagentbench'
+  folder.mkdir(exist_ok=True)
+  (folder / F.FILES['6k']).write_text(json.dumps({'data': rows}))
+  return tmp_path
+
+
+def _sh_row(**changes):
+  row = _row('factconsolidation_sh_6k', ['Who is Charles Darwin married to?', "Who is Walter Chrysler's child?"],
+             [['Amala Paul'], ['Walter Percy Chrysler Jr.']])
+  row.update(changes)
+  return row
+
+
+def test_duplicate_rows_and_qa_ids_rejected(tmp_path):
+  with pytest.raises(ValueError, match=r'factconsolidation_official_6k\.json: duplicate rows .*found 2'):
+    F.load_factconsolidation(_write_file(tmp_path, [_sh_row(), _sh_row()]), size='6k', hop='sh')
+  row = _sh_row()
+  row['metadata']['qa_pair_ids'] = ['x', 'x']
+  with pytest.raises(ValueError, match=r"factconsolidation_official_6k\.json: factconsolidation_sh_6k: duplicate "
+                     r"qa_pair_ids \['x'\]"):
+    F.load_factconsolidation(_write_file(tmp_path, [row]), size='6k', hop='sh')
+
+
+@pytest.mark.parametrize('changes, match', [
+    ({'questions': None}, r'factconsolidation_sh_6k: questions is NoneType, expected a list'),
+    ({'answers': 'a'}, r'factconsolidation_sh_6k: answers is str, expected a list'),
+    ({'context': None}, r'factconsolidation_sh_6k: context is NoneType, expected a string'),
+    ({'context': 'Here is a list of facts:\n'}, r'factconsolidation_sh_6k: context holds no numbered fact'),
+    ({'metadata': {'source': 'factconsolidation_sh_6k', 'qa_pair_ids': None}}, r'qa_pair_ids is NoneType'),
+    ({'metadata': {'source': 'factconsolidation_sh_6k', 'qa_pair_ids': ['a', 7]}},
+     r'factconsolidation_sh_6k: question 1 has qa_pair_id 7, expected a non-empty string'),
+    ({'answers': [['Amala Paul'], ['']]}, r'question factconsolidation_sh_6k_no1 has answers'),
+    ({'answers': [['Amala Paul'], None]}, r'question factconsolidation_sh_6k_no1 has answers'),
+    ({'questions': ['Who?', 5]}, r'question factconsolidation_sh_6k_no1 has question 5'),
+    ({'metadata': None}, r'data row 0 has no metadata\.source'),
+])
+def test_malformed_row_fields_name_file_and_question(tmp_path, changes, match):
+  with pytest.raises(ValueError, match=match) as info:
+    F.load_factconsolidation(_write_file(tmp_path, [_sh_row(**changes)]), size='6k', hop='sh')
+  assert 'factconsolidation_official_6k.json' in str(info.value)
+
+
+def test_row_errors_without_a_path_name_the_row():
+  with pytest.raises(ValueError, match=r'^FactConsolidation row factconsolidation_sh_6k: questions is NoneType'):
+    F.episode_from_row(_sh_row(questions=None), report=LoadReport('t'))
+
+
+def test_string_answer_wrapping_and_questions_read_counted(tmp_path):
+  (ep,), report = F.load_factconsolidation(_write_file(tmp_path, [_sh_row(answers=['Amala Paul', ['Nobody']])]),
+                                           size='6k', hop='sh')
+  assert report.counts['answer_string_wrapped'] == 1 and F.answers_of(ep.questions[0]) == ('Amala Paul',)
+  assert report.counts['questions_read'] == 2 and report.counts['questions_kept'] == 1
+  assert report.counts['excluded_no_gold'] == 1

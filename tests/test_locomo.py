@@ -25,6 +25,11 @@ def test_real_counts_and_normalisations():
   assert c['excluded_no_evidence'] == 4
   assert c['split_multi_id'] == 4 and c['fixed_extra_colon'] == 1 and c['fixed_leading_zero'] == 1
   assert c['dropped_unresolved_id'] == 3
+  assert c['questions_read'] == 1986 and c['turns_read'] == c['items'] == 5882
+  assert c['duplicate_qa_kept'] == 11 and c['answer_number_stringified'] == 6  # upstream conv-48 repeats 11 qa
+  for reason in ('blank_turn_dropped', 'blank_text_with_caption', 'empty_session', 'evidence_null', 'caption_null',
+                 'evidence_missing', 'empty_evidence_id', 'answer_missing', 'session_without_date'):
+    assert c[reason] == 0, reason
   cats = {}
   for e in eps:
     for q in e.questions:
@@ -94,3 +99,99 @@ def test_load_report_summary_lists_every_reason():
   r.add('a', 1)
   r.add('b', n=3)
   assert 'a: 1' in r.summary() and 'b: 3' in r.summary() and r.to_dict()['counts'] == {'a': 1, 'b': 3}
+
+
+# ------------------------------------------------------------------- malformed input: errors or counted
+
+
+def _load_err(tmp_path, data, match):
+  with pytest.raises(ValueError, match=match) as info:
+    locomo.load_locomo(_write(tmp_path, data))
+  assert 'locomo10.json' in str(info.value)
+  return str(info.value)
+
+
+def test_duplicate_sample_id_rejected(tmp_path):
+  data = _sample(['D1:1']) * 2
+  msg = _load_err(tmp_path, data, r'duplicate sample_id')
+  assert "'s1'" in msg
+
+
+def test_null_or_missing_evidence_is_counted_and_excluded(tmp_path):
+  data = _sample(None)
+  del data[0]['qa'][1]['evidence']
+  eps, rep = locomo.load_locomo(_write(tmp_path, data))
+  assert eps[0].questions == ()
+  assert rep.counts['evidence_null'] == 1 and rep.counts['evidence_missing'] == 1
+  assert rep.counts['excluded_no_evidence'] == 2 and rep.counts['questions_read'] == 2
+  assert rep.examples['evidence_null'] == ['s1/q0']
+
+
+def test_empty_session_counted(tmp_path):
+  data = _sample(['D1:1'])
+  data[0]['conversation'].update(session_3=[], session_3_date_time='d3')
+  eps, rep = locomo.load_locomo(_write(tmp_path, data))
+  assert rep.counts['empty_session'] == 1 and rep.examples['empty_session'] == [('s1', 'session_3')]
+  assert eps[0].n_items == 3
+
+
+def test_blank_turns_dropped_and_gold_on_them_counted(tmp_path):
+  data = _sample(['D1:2', 'D1:1'])
+  conv = data[0]['conversation']
+  conv['session_1'][1]['text'] = '  '
+  conv['session_2'].append({'speaker': 'B', 'dia_id': 'D2:2', 'text': '', 'blip_caption': 'a dog'})
+  data[0]['qa'].append({'question': 'q3?', 'answer': 'a', 'evidence': ['D1:2'], 'category': 1})
+  eps, rep = locomo.load_locomo(_write(tmp_path, data))
+  assert [it.id for it in eps[0].items] == ['D1:1', 'D2:1', 'D2:2']  # the captioned photo turn stays
+  assert eps[0].items[2].text == '[d2] B:  [shares a photo: a dog]'
+  assert rep.counts['blank_turn_dropped'] == 1 and rep.counts['blank_text_with_caption'] == 1
+  assert rep.counts['dropped_blank_turn_id'] == 2 and rep.counts['dropped_unresolved_id'] == 1
+  assert [q.id for q in eps[0].questions] == ['s1/q0'] and eps[0].questions[0].gold == ('D1:1',)
+  assert rep.counts['turns_read'] == 4 and rep.counts['items'] == 3
+  # Without the caption in the template the photo turn has no content: dropped as well.
+  eps, rep = locomo.load_locomo(tmp_path, template='text')
+  assert [it.id for it in eps[0].items] == ['D1:1', 'D2:1'] and rep.counts['blank_turn_dropped'] == 2
+
+
+@pytest.mark.parametrize('damage, match', [
+    (lambda d: d[0].update(sample_id=7), r'sample 0: sample_id is int'),
+    (lambda d: d[0].update(conversation=[]), r's1: conversation is list'),
+    (lambda d: d[0].update(qa=None), r's1: qa is NoneType'),
+    (lambda d: d[0]['conversation'].update(session_1=None), r's1: session_1 is NoneType'),
+    (lambda d: d[0]['conversation']['session_1'][0].pop('text'), r"s1: session_1 turn 0 lacks field 'text'"),
+    (lambda d: d[0]['conversation']['session_1'][0].update(text=3), r's1: session_1 turn 0 has text 3'),
+    (lambda d: d[0]['conversation']['session_1'][0].update(dia_id=None), r's1: session_1 turn 0 has dia_id None'),
+    (lambda d: d[0]['conversation']['session_1'][1].update(dia_id='D1:1'), r"s1: duplicate dia_id \['D1:1'\]"),
+    (lambda d: d[0]['conversation']['session_1'][0].update(blip_caption=[]), r'blip_caption'),
+    (lambda d: d[0]['conversation'].update(session_1_date_time=5), r's1: session_1_date_time is int'),
+    (lambda d: d[0]['conversation'].update(session_01=[]), r's1: session_01 and session_1'),
+    (lambda d: d[0]['conversation'].update(session_1=[], session_2=[]), r's1: no turns'),
+    (lambda d: d[0]['qa'][0].update(evidence='D1:1'), r's1/q0: evidence is str'),
+    (lambda d: d[0]['qa'][0].update(evidence=['D1:1', 5]), r's1/q0: evidence entry 5'),
+    (lambda d: d[0]['qa'][0].update(category=1.5), r's1/q0: category 1.5'),
+    (lambda d: d[0]['qa'][0].update(category=True), r's1/q0: category True'),
+    (lambda d: d[0]['qa'][0].update(question=''), r's1/q0: question'),
+    (lambda d: d[0]['qa'][0].update(answer=['a']), r's1/q0: answer'),
+    (lambda d: d[0]['qa'].__setitem__(0, 'q'), r's1/q0 is str'),
+], ids=lambda v: v if isinstance(v, str) else 'damage')
+def test_malformed_fields_name_file_and_place(tmp_path, damage, match):
+  """Each malformed field gives a ValueError naming the file and the sample / session / turn / question."""
+  data = _sample(['D1:1'])
+  damage(data)
+  _load_err(tmp_path, data, match)
+
+
+def test_other_normalisations_counted(tmp_path):
+  data = _sample(['D1:1', ''])
+  data[0]['qa'][0]['answer'] = 4
+  del data[0]['qa'][1]['answer']
+  data[0]['qa'].append(dict(data[0]['qa'][0]))
+  data[0]['conversation']['session_2_date_time'] = ' '
+  data[0]['conversation']['session_1'][0]['blip_caption'] = None
+  eps, rep = locomo.load_locomo(_write(tmp_path, data))
+  assert rep.counts['empty_evidence_id'] == 2 and 'split_multi_id' not in rep.counts
+  assert rep.counts['answer_number_stringified'] == 2 and eps[0].questions[0].answer == '4'
+  assert rep.counts['answer_missing'] == 1
+  assert rep.counts['duplicate_qa_kept'] == 1 and rep.examples['duplicate_qa_kept'] == [('s1/q2', 's1/q0')]
+  assert rep.counts['session_without_date'] == 1 and eps[0].items[2].time is None
+  assert rep.examples['caption_null'] == [('s1', 'D1:1')]

@@ -37,7 +37,14 @@ whole-word containment.
 
 Also counted: ``gold_not_newest_in_slot`` (the answer-bearing fact has a newer version in its slot, i.e. the
 answer contradicts the newest-wins rule), ``asked_slot_has_conflict`` (the asked slot has more than one version),
-``multiple_answers``.
+``multiple_answers``, ``answer_string_wrapped`` (an answer given as a bare string instead of a list),
+``questions_read`` (= ``questions_kept`` + ``excluded_no_gold``).
+
+Malformed input raises ``ValueError`` naming the file (or ``FactConsolidation row`` when a row is passed directly),
+the row's source and the question: a row without ``metadata.source``, two rows with one source, a missing field, a
+field of the wrong type (non-string context / question / ``qa_pair_ids`` entry, non-list questions / answers /
+``qa_pair_ids``), misaligned lists, a repeated ``qa_pair_ids`` entry, an empty answer list or a blank answer, a
+blank question, a context with no numbered fact.
 
 :func:`asked_fact_versions` gives, per question, the asked fact (the gold fact carrying the answer: SH its gold fact,
 MH the last hop) and the other versions of its slot, for
@@ -54,7 +61,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from engram_jax.data.io import dataset_file, read_json
+from engram_jax.data.io import dataset_file, duplicates, read_json, reject_duplicates, type_name
 from engram_jax.types import Episode, Item, LoadReport, Question
 
 FILES = {'6k': 'factconsolidation_official_6k.json', '32k': 'factconsolidation_official_32k.json'}
@@ -307,20 +314,61 @@ def asked_fact_versions(episode: Episode, question: Question) -> FactVersions | 
   return None if row is None else _versions(ix, row)
 
 
-def episode_from_row(row: Mapping[str, Any], *, report: LoadReport, path: str = '') -> Episode:
-  """One upstream row (context + questions) -> an :class:`Episode` with derived gold."""
+def _answer_list(ans: Any, qid: str, where: str, report: LoadReport) -> list[str]:
+  """One question's acceptable answers; a bare string is wrapped (counted), anything else malformed raises."""
+  if isinstance(ans, str):
+    report.add('answer_string_wrapped', qid)
+    ans = [ans]
+  if not isinstance(ans, list) or not ans or not all(isinstance(a, str) and a.strip() for a in ans):
+    raise ValueError(f'{where}: question {qid} has answers {ans!r}, expected a non-empty list of non-blank strings')
+  return ans
+
+
+def _row_fields(row: Any, path: str) -> tuple[str, str, list[Any], list[Any], list[str]]:
+  """``(where, context, questions, answers, qa_ids)`` of a row, type- and length-checked; ``where`` names the
+  file (when given) and the row's source."""
+  head = path or 'FactConsolidation row'
+  if not isinstance(row, Mapping):
+    raise ValueError(f'{head}: row is {type_name(row)}, expected an object')
   try:
     context, questions, answers = row['context'], row['questions'], row['answers']
     source, qa_ids = row['metadata']['source'], row['metadata']['qa_pair_ids']
   except (KeyError, TypeError) as e:
-    raise ValueError(f'{path}: row lacks field {e}') from e
+    raise ValueError(f'{head}: row lacks field {e}') from e
+  if not isinstance(source, str) or not source.strip():
+    raise ValueError(f'{head}: row has metadata.source {source!r}, expected a non-empty string')
+  where = f'{path}: {source}' if path else f'{head} {source}'
+  if not isinstance(context, str):
+    raise ValueError(f'{where}: context is {type_name(context)}, expected a string')
+  for name, value in (('questions', questions), ('answers', answers), ('qa_pair_ids', qa_ids)):
+    if not isinstance(value, list):
+      raise ValueError(f'{where}: {name} is {type_name(value)}, expected a list')
   if not (len(questions) == len(answers) == len(qa_ids)):
-    raise ValueError(f'{path}: {source} has {len(questions)} questions, {len(answers)} answer lists, '
+    raise ValueError(f'{where}: row has {len(questions)} questions, {len(answers)} answer lists, '
                      f'{len(qa_ids)} qa_pair_ids')
+  for i, qid in enumerate(qa_ids):
+    if not isinstance(qid, str) or not qid.strip():
+      raise ValueError(f'{where}: question {i} has qa_pair_id {qid!r}, expected a non-empty string')
+  reject_duplicates(qa_ids, what='qa_pair_ids', where=where)
+  return where, context, questions, answers, qa_ids
+
+
+def episode_from_row(row: Mapping[str, Any], *, report: LoadReport, path: str = '') -> Episode:
+  """One upstream row (context + questions) -> an :class:`Episode` with derived gold.
+
+  Raises:
+    ValueError: naming ``path`` (or ``'FactConsolidation row'``), the row's source and the question for a missing
+      field, a field of the wrong type, misaligned lists, a repeated ``qa_pair_ids`` entry, a blank question or
+      answer, or a context with no numbered fact. A bare-string answer is wrapped (``answer_string_wrapped``).
+  """
+  where, context, questions, answers, qa_ids = _row_fields(row, path)
+  source = row['metadata']['source']
   hop = next((h for h in HOPS if f'_{h}_' in f'_{source}_'), None)
   if hop is None:
-    raise ValueError(f'{path}: cannot tell single- from multi-hop from source {source!r}')
+    raise ValueError(f'{where}: cannot tell single- from multi-hop from source {source!r}')
   facts = parse_facts(context, report=report, source=source)
+  if not facts:
+    raise ValueError(f'{where}: context holds no numbered fact ("<serial>. <fact>" lines)')
   ix = _index(facts)
   no_template = [f.serial for f, t in zip(facts, ix.triples) if t is None]
   for s in no_template:
@@ -330,13 +378,12 @@ def episode_from_row(row: Mapping[str, Any], *, report: LoadReport, path: str = 
       report.add('fact_generic_title_template', (source, f.serial, f.text))
   report.add('slots_with_conflict', n=sum(len(r) > 1 for r in ix.slots.values()))
   items = tuple(Item(id=str(f.serial), text=f.text, parent=str(f.serial), position=p) for p, f in enumerate(facts))
+  report.add('questions_read', n=len(questions))
   kept = []
   for qid, text, ans in zip(qa_ids, questions, answers):
-    ans_list = [ans] if isinstance(ans, str) else ans
-    if not isinstance(ans_list, list) or not ans_list or not all(isinstance(a, str) for a in ans_list):
-      raise ValueError(f'{path}: question {qid} has answers {ans!r}, expected a non-empty list of strings')
+    ans_list = _answer_list(ans, qid, where, report)
     if not isinstance(text, str) or not text.strip():
-      raise ValueError(f'{path}: question {qid} has no question text')
+      raise ValueError(f'{where}: question {qid} has question {text!r}, expected non-empty text')
     if len(ans_list) > 1:
       report.add('multiple_answers', qid)
     if hop == 'sh':
@@ -362,6 +409,25 @@ def episode_from_row(row: Mapping[str, Any], *, report: LoadReport, path: str = 
   return Episode(id=source, items=items, questions=tuple(kept))
 
 
+def _row_sources(data: Any, path: str) -> list[str]:
+  """``metadata.source`` of every row of a file; ValueError naming the file and the row when one has none."""
+  if not isinstance(data, Mapping) or not isinstance(data.get('data'), list):
+    raise ValueError(f'{path}: expected {{"data": [row, ...]}}, got {type_name(data)}'
+                     + (f' whose "data" is {type_name(data.get("data"))}' if isinstance(data, Mapping) else ''))
+  sources = []
+  for i, r in enumerate(data['data']):
+    meta = r.get('metadata') if isinstance(r, Mapping) else None
+    source = meta.get('source') if isinstance(meta, Mapping) else None
+    if not isinstance(source, str):
+      raise ValueError(f'{path}: data row {i} has no metadata.source string')
+    sources.append(source)
+  dup = duplicates(sources)
+  if dup:
+    raise ValueError(f'{path}: duplicate rows for source '
+                     + ', '.join(f'{s!r} (found {sources.count(s)})' for s in dup))
+  return sources
+
+
 def load_factconsolidation(root: str | os.PathLike | None = None, *, size: str = '6k',
                            hop: str = 'sh') -> tuple[list[Episode], LoadReport]:
   """Load one FactConsolidation row as ``([episode], report)``.
@@ -373,6 +439,10 @@ def load_factconsolidation(root: str | os.PathLike | None = None, *, size: str =
 
   Returns:
     one episode (id ``factconsolidation_<hop>_<size>``) and the report (gold coverage per rule, parse issues).
+
+  Raises:
+    ValueError: naming the file for malformed JSON, a row without ``metadata.source``, two rows with one source,
+      no row for the requested one, or a malformed row (see :func:`episode_from_row`).
   """
   if size not in FILES:
     raise ValueError(f'Unknown FactConsolidation size {size!r}; available: {sorted(FILES)}')
@@ -381,10 +451,8 @@ def load_factconsolidation(root: str | os.PathLike | None = None, *, size: str =
   path = dataset_file(root, 'memoryagentbench', FILES[size])
   data = read_json(path)
   source = f'factconsolidation_{hop}_{size}'
-  try:
-    rows = [r for r in data['data'] if r['metadata']['source'] == source]
-  except (KeyError, TypeError) as e:
-    raise ValueError(f'{path}: expected {{"data": [row, ...]}} with metadata.source ({e!r})') from e
+  sources = _row_sources(data, str(path))
+  rows = [r for r, s in zip(data['data'], sources) if s == source]
   if len(rows) != 1:
     raise ValueError(f'{path}: expected one row with source {source!r}, found {len(rows)}')
   report = LoadReport(source)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import json
 import os
+from collections import Counter
+from collections.abc import Hashable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -65,3 +67,21 @@ def read_json(path: str | os.PathLike) -> Any:
     return json.loads(text)
   except json.JSONDecodeError as e:
     raise ValueError(f'{path}: malformed JSON at line {e.lineno} column {e.colno} (char {e.pos}): {e.msg}') from e
+
+
+def duplicates(values: Iterable[Hashable]) -> list[Hashable]:
+  """The values that occur more than once, in order of first occurrence."""
+  return [v for v, c in Counter(values).items() if c > 1]
+
+
+def reject_duplicates(values: Iterable[Hashable], *, what: str, where: str, note: str = '') -> None:
+  """Raise a ValueError ``'<where>: duplicate <what> [...] (<note>)'`` when some value repeats (at most 10 listed)."""
+  dup = duplicates(values)
+  if dup:
+    more = f' and {len(dup) - 10} more' if len(dup) > 10 else ''
+    raise ValueError(f'{where}: duplicate {what} {dup[:10]}{more}' + (f' ({note})' if note else ''))
+
+
+def type_name(value: Any) -> str:
+  """The type name used in error messages (``'NoneType'``, ``'list'``, ...)."""
+  return type(value).__name__

@@ -4,25 +4,44 @@ Evidence ids are normalised as ``shared/data/locomo/SOURCE.md`` describes and ev
 counted in the :class:`~engram_jax.types.LoadReport`:
 
 * an entry holding several ids (``"D8:6; D9:17"``, ``"D9:1 D4:4 D4:6"``) is split on ``;``/whitespace
-  (``split_multi_id``);
+  (``split_multi_id``); an empty or blank entry is dropped (``empty_evidence_id``);
 * ``"D:11:26"`` -> ``"D11:26"`` (``fixed_extra_colon``); ``"D30:05"`` -> ``"D30:5"`` (``fixed_leading_zero``);
-* ids that still resolve to no turn are dropped (``dropped_unresolved_id``);
+* ids of turns dropped as blank (below) are dropped (``dropped_blank_turn_id``); ids that still resolve to no
+  turn are dropped (``dropped_unresolved_id``);
 * repeated ids within one question are kept once (``dropped_duplicate_id``);
+* a null (``evidence_null``) or absent (``evidence_missing``) evidence list is read as "no evidence";
 * questions left with no resolvable evidence are excluded (``excluded_no_evidence``).
 
 Sessions are ordered by their number (``session_<n>``), turns by their index; position is the
 turn's index in that order. Item text comes from a ``str.format`` template with the fields
 ``text``, ``speaker``, ``date``, ``caption`` (``" [shares a photo: <blip_caption>]"`` or ``""``),
-``session`` and ``dia_id``.
+``session`` and ``dia_id``. Also counted:
+
+* ``blank_turn_dropped``: a turn without content, i.e. its ``text`` is blank and it has no caption that the
+  template renders (with a ``{caption}`` template a blank-text photo turn is kept and counted as
+  ``blank_text_with_caption``); ``turns_read`` = ``items`` + ``blank_turn_dropped``;
+* ``empty_session`` (``session_<n>: []``); ``session_without_date`` (date absent, null or blank; ``time`` None);
+  ``session_date_without_turns``; ``dia_id_out_of_pattern``; ``caption_null`` (null ``blip_caption``, no caption);
+* ``answer_number_stringified`` (integer answers), ``answer_missing`` (neither ``answer`` nor
+  ``adversarial_answer``; ``Question.answer`` None); ``duplicate_qa_kept`` (a ``qa`` entry identical to an earlier
+  one of the same sample: kept, as upstream ``conv-48`` has 11 such copies);
+* ``questions_read`` (= ``questions_kept`` + ``excluded_no_evidence``), ``questions_kept``, ``items``.
+
+Anything else malformed raises ``ValueError`` naming the file and the sample, session, turn or question: a
+repeated ``sample_id`` (its questions would be scored twice), a repeated ``dia_id`` within a sample, a field of
+the wrong type (non-string ``sample_id``/``dia_id``/``speaker``/``text``/date/caption/evidence entry, non-integer
+``category``, list/object answer, non-list session/``qa``/evidence), missing fields, a blank question, two keys
+for one session number, or a sample with no turn at all.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engram_jax.data.io import dataset_file, read_json
+from engram_jax.data.io import dataset_file, read_json, reject_duplicates, type_name
 from engram_jax.types import Episode, Item, LoadReport, Question
 
 TEMPLATES = {
@@ -31,16 +50,30 @@ TEMPLATES = {
     'dated': '[{date}] {speaker}: {text}{caption}',
 }
 DEFAULT_CATEGORIES = {1: 'multi-hop', 2: 'temporal', 3: 'open-domain', 4: 'single-hop', 5: 'adversarial'}
+TURN_FIELDS = ('dia_id', 'speaker', 'text')
 _ID = re.compile(r'^D(\d+):(\d+)$')
 _SESSION = re.compile(r'^session_(\d+)$')
+_MARK = '\x00'
 
 
-def normalise_evidence(raw: list[Any], known: set[str], report: LoadReport, qid: str) -> list[str]:
-  """Normalise one question's evidence list to known turn ids, counting every change in ``report``."""
+def normalise_evidence(raw: Sequence[str], known: set[str], report: LoadReport, qid: str, *,
+                       blank: frozenset[str] = frozenset()) -> list[str]:
+  """Normalise one question's evidence list to known turn ids, counting every change in ``report``.
+
+  Args:
+    raw: the upstream evidence entries (strings).
+    known: ids of the turns kept as items.
+    report: collects the counts.
+    qid: question id, for the report's examples.
+    blank: ids of turns dropped as blank (counted as ``dropped_blank_turn_id``, not as unresolved).
+  """
   out: list[str] = []
   for entry in raw:
     parts = [p for p in re.split(r'[;\s]+', str(entry)) if p]
-    if len(parts) != 1:
+    if not parts:
+      report.add('empty_evidence_id', (qid, entry))
+      continue
+    if len(parts) > 1:
       report.add('split_multi_id', (qid, entry))
     for p in parts:
       fixed = p
@@ -51,6 +84,9 @@ def normalise_evidence(raw: list[Any], known: set[str], report: LoadReport, qid:
       if m and fixed != f'D{int(m[1])}:{int(m[2])}':
         fixed = f'D{int(m[1])}:{int(m[2])}'
         report.add('fixed_leading_zero', (qid, p, fixed))
+      if fixed in blank:
+        report.add('dropped_blank_turn_id', (qid, fixed))
+        continue
       if fixed not in known:
         report.add('dropped_unresolved_id', (qid, p))
         continue
@@ -61,33 +97,168 @@ def normalise_evidence(raw: list[Any], known: set[str], report: LoadReport, qid:
   return out
 
 
-def _turns(conv: Mapping[str, Any], sample_id: str, template: str, report: LoadReport) -> list[Item]:
+def renders_caption(template: str) -> bool:
+  """Whether ``template`` renders the ``caption`` field; ValueError for a template the loader cannot fill."""
+  try:
+    text = template.format(text='', speaker='', date='', caption=_MARK, session=0, dia_id='')
+  except (KeyError, IndexError, ValueError, AttributeError) as e:
+    raise ValueError(f'LoCoMo template {template!r} cannot be filled ({e!r}); its fields must be among '
+                     'text, speaker, date, caption, session, dia_id') from e
+  return _MARK in text
+
+
+def _sessions(conv: Mapping[str, Any], where: str) -> list[tuple[int, str]]:
   sessions = sorted((int(m[1]), k) for k in conv if (m := _SESSION.match(k)))
+  for (a, key_a), (b, key_b) in zip(sessions, sessions[1:]):
+    if a == b:
+      raise ValueError(f'{where}: {key_a} and {key_b} are both session {a}')
+  return sessions
+
+
+def _session_date(conv: Mapping[str, Any], key: str, sample_id: str, where: str, report: LoadReport) -> str | None:
+  date = conv.get(f'{key}_date_time')
+  if date is not None and not isinstance(date, str):
+    raise ValueError(f'{where}: {key}_date_time is {type_name(date)}, expected a string')
+  if date is None or not date.strip():
+    report.add('session_without_date', (sample_id, key))
+    return None
+  return date
+
+
+def _read_turn(t: Any, where: str) -> tuple[str, str, str, str]:
+  """``(dia_id, speaker, text, caption)`` of one turn; ValueError naming ``where`` when malformed."""
+  if not isinstance(t, Mapping):
+    raise ValueError(f'{where} is {type_name(t)}, expected an object')
+  missing = [f for f in TURN_FIELDS if f not in t]
+  if missing:
+    raise ValueError(f'{where} lacks field {", ".join(map(repr, missing))}')
+  for f in TURN_FIELDS:
+    if not isinstance(t[f], str):
+      raise ValueError(f'{where} has {f} {t[f]!r}, expected a string')
+  if not t['dia_id'].strip():
+    raise ValueError(f'{where} has a blank dia_id')
+  cap = t.get('blip_caption')
+  if cap is not None and not isinstance(cap, str):
+    raise ValueError(f'{where} has blip_caption {cap!r}, expected a string or null')
+  caption = f' [shares a photo: {cap}]' if cap and cap.strip() else ''
+  return t['dia_id'], t['speaker'], t['text'], caption
+
+
+def _turns(conv: Mapping[str, Any], sample_id: str, template: str, report: LoadReport, where: str, *,
+           with_caption: bool) -> tuple[list[Item], frozenset[str]]:
+  """The sample's turns as items in write order, and the ids of the turns dropped as blank."""
   dates_without_turns = [k for k in conv if k.endswith('_date_time') and k[:-len('_date_time')] not in conv]
   if dates_without_turns:
     report.add('session_date_without_turns', (sample_id, len(dates_without_turns)), n=len(dates_without_turns))
   items: list[Item] = []
-  for n, key in sessions:
-    date = conv.get(f'{key}_date_time')
-    if date is None:
-      report.add('session_without_date', (sample_id, key))
+  dia_ids: list[str] = []
+  blank: list[str] = []
+  for n, key in _sessions(conv, where):
+    date = _session_date(conv, key, sample_id, where, report)
     turns = conv[key]
     if not isinstance(turns, list):
-      raise ValueError(f'LoCoMo {sample_id}: {key} is {type(turns).__name__}, expected a list of turns')
+      raise ValueError(f'{where}: {key} is {type_name(turns)}, expected a list of turns')
+    if not turns:
+      report.add('empty_session', (sample_id, key))
+    report.add('turns_read', n=len(turns))
     for j, t in enumerate(turns):
-      try:
-        dia_id, speaker, text = t['dia_id'], t['speaker'], t['text']
-      except (KeyError, TypeError) as e:
-        raise ValueError(f'LoCoMo {sample_id}: {key} turn {j} lacks field {e}') from e
+      dia_id, speaker, text, caption = _read_turn(t, f'{where}: {key} turn {j}')
+      dia_ids.append(dia_id)
+      if 'blip_caption' in t and t['blip_caption'] is None:
+        report.add('caption_null', (sample_id, dia_id))
       if dia_id != f'D{n}:{j + 1}':
         report.add('dia_id_out_of_pattern', (sample_id, dia_id))
-      cap = t.get('blip_caption')
-      caption = f' [shares a photo: {cap}]' if cap else ''
+      if not text.strip():
+        if not (caption and with_caption):
+          report.add('blank_turn_dropped', (sample_id, dia_id))
+          blank.append(dia_id)
+          continue
+        report.add('blank_text_with_caption', (sample_id, dia_id))
       rendered = template.format(text=text, speaker=speaker, date=date or '', caption=caption,
                                  session=n, dia_id=dia_id)
       items.append(Item(id=dia_id, text=rendered, parent=f'session_{n}', position=len(items),
                         time=date, speaker=speaker))
-  return items
+  reject_duplicates(dia_ids, what='dia_id', where=where)
+  if not items:
+    raise ValueError(f'{where}: no turns (no session holds a non-blank turn)')
+  return items, frozenset(blank)
+
+
+def _evidence(q: Mapping[str, Any], qid: str, where: str, report: LoadReport) -> list[str]:
+  if 'evidence' not in q:
+    report.add('evidence_missing', qid)
+    return []
+  evidence = q['evidence']
+  if evidence is None:
+    report.add('evidence_null', qid)
+    return []
+  if not isinstance(evidence, list):
+    raise ValueError(f'{where}: {qid}: evidence is {type_name(evidence)}, expected a list of dia_id strings')
+  for e in evidence:
+    if not isinstance(e, str):
+      raise ValueError(f'{where}: {qid}: evidence entry {e!r} is {type_name(e)}, expected a dia_id string')
+  return evidence
+
+
+def _answer(q: Mapping[str, Any], qid: str, where: str, report: LoadReport) -> str | None:
+  answer = q.get('answer', q.get('adversarial_answer'))
+  if answer is None:
+    report.add('answer_missing', qid)
+    return None
+  if isinstance(answer, str):
+    return answer
+  if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+    report.add('answer_number_stringified', (qid, answer))
+    return str(answer)
+  raise ValueError(f'{where}: {qid}: answer {answer!r} is {type_name(answer)}, expected a string or number')
+
+
+def _question(q: Any, qid: str, known: set[str], blank: frozenset[str], parent: Mapping[str, str],
+              report: LoadReport, where: str) -> Question | None:
+  """One ``qa`` entry -> a :class:`Question`, or None when it has no resolvable evidence (counted)."""
+  if not isinstance(q, Mapping):
+    raise ValueError(f'{where}: {qid} is {type_name(q)}, expected an object')
+  missing = [f for f in ('question', 'category') if f not in q]
+  if missing:
+    raise ValueError(f'{where}: {qid} lacks field {", ".join(map(repr, missing))}')
+  text, category = q['question'], q['category']
+  if not isinstance(text, str) or not text.strip():
+    raise ValueError(f'{where}: {qid}: question is {text!r}, expected non-empty text')
+  if not isinstance(category, int) or isinstance(category, bool):
+    raise ValueError(f'{where}: {qid}: category {category!r} is not an integer')
+  evidence = _evidence(q, qid, where, report)
+  answer = _answer(q, qid, where, report)
+  gold = normalise_evidence(evidence, known, report, qid, blank=blank)
+  if not gold:
+    report.add('excluded_no_evidence', (qid, category, q.get('evidence')))
+    return None
+  return Question(id=qid, text=text, gold=tuple(gold), gold_parents=tuple(dict.fromkeys(parent[g] for g in gold)),
+                  category=category, answer=answer)
+
+
+def _check_samples(data: Any, path: str) -> list[tuple[str, Mapping[str, Any], list[Any]]]:
+  """``(sample_id, conversation, qa)`` per sample; ValueError for a malformed sample or a repeated sample_id."""
+  if not isinstance(data, list):
+    raise ValueError(f'{path}: expected a JSON list of samples, got {type_name(data)}')
+  out = []
+  for s_i, sample in enumerate(data):
+    if not isinstance(sample, Mapping):
+      raise ValueError(f'{path}: sample {s_i} is {type_name(sample)}, expected an object')
+    missing = [f for f in ('sample_id', 'conversation', 'qa') if f not in sample]
+    if missing:
+      raise ValueError(f'{path}: sample {s_i} lacks field {", ".join(map(repr, missing))}')
+    sample_id, conv, qa = sample['sample_id'], sample['conversation'], sample['qa']
+    if not isinstance(sample_id, str) or not sample_id.strip():
+      raise ValueError(f'{path}: sample {s_i}: sample_id is {type_name(sample_id)} {sample_id!r}, '
+                       'expected a non-empty string')
+    if not isinstance(conv, Mapping):
+      raise ValueError(f'{path}: {sample_id}: conversation is {type_name(conv)}, expected an object')
+    if not isinstance(qa, list):
+      raise ValueError(f'{path}: {sample_id}: qa is {type_name(qa)}, expected a list of questions')
+    out.append((sample_id, conv, qa))
+  reject_duplicates([s for s, _, _ in out], what='sample_id', where=path,
+                    note='each copy would be loaded as an episode and its questions scored again')
+  return out
 
 
 def load_locomo(root: str | None = None, *, template: str = 'dated', filename: str = 'locomo10.json',
@@ -102,42 +273,38 @@ def load_locomo(root: str | None = None, *, template: str = 'dated', filename: s
   Returns:
     ``(episodes, report)``. Question ids are ``<sample_id>/q<index in qa>``; ``category`` is the
     upstream integer (names live in config, see :data:`DEFAULT_CATEGORIES`).
+
+  Raises:
+    ValueError: naming the file and the sample / turn / question for malformed input (see the module docstring).
   """
   path = dataset_file(root, 'locomo', filename)
-  data = read_json(path)
-  if not isinstance(data, list):
-    raise ValueError(f'{path}: expected a JSON list of samples, got {type(data).__name__}')
+  samples = _check_samples(read_json(path), str(path))
   template = TEMPLATES.get(template, template)
+  with_caption = renders_caption(template)
   report = LoadReport('locomo')
   episodes = []
-  for s_i, sample in enumerate(data):
-    try:
-      sample_id, conv, qa = sample['sample_id'], sample['conversation'], sample['qa']
-    except (KeyError, TypeError) as e:
-      raise ValueError(f'{path}: sample {s_i} lacks field {e}') from e
+  for sample_id, conv, qa in samples:
     if conversations is not None and sample_id not in conversations:
       continue
-    items = _turns(conv, sample_id, template, report)
+    where = f'{path}: {sample_id}'
+    items, blank = _turns(conv, sample_id, template, report, where, with_caption=with_caption)
     known = {it.id for it in items}
     parent = {it.id: it.parent for it in items}
-    questions = []
+    report.add('questions_read', n=len(qa))
+    questions, first = [], {}
     for q_i, q in enumerate(qa):
       qid = f'{sample_id}/q{q_i}'
-      try:
-        text, category, evidence = q['question'], int(q['category']), q['evidence']
-      except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f'{path}: {qid} lacks or has a bad field ({e!r})') from e
-      gold = normalise_evidence(evidence, known, report, qid)
-      if not gold:
-        report.add('excluded_no_evidence', (qid, category, evidence))
-        continue
-      answer = q.get('answer', q.get('adversarial_answer'))
-      questions.append(Question(id=qid, text=text, gold=tuple(gold),
-                                gold_parents=tuple(dict.fromkeys(parent[g] for g in gold)),
-                                category=category, answer=None if answer is None else str(answer)))
+      question = _question(q, qid, known, blank, parent, report, str(path))
+      key = json.dumps(q, sort_keys=True, default=repr)
+      if key in first:
+        report.add('duplicate_qa_kept', (qid, first[key]))
+      first.setdefault(key, qid)
+      if question is not None:
+        questions.append(question)
     report.add('questions_kept', n=len(questions))
     report.add('items', n=len(items))
     episodes.append(Episode(id=sample_id, items=tuple(items), questions=tuple(questions)))
+  reject_duplicates([q.id for e in episodes for q in e.questions], what='question ids', where=str(path))
   if conversations is not None:
     missing = set(conversations) - {e.id for e in episodes}
     if missing:
