@@ -160,7 +160,10 @@ def evaluate_retrieval_turn2session(rankings: Sequence[int], correct_docs: Colle
 
 
 def longmemeval_correct_docs(corpus_ids: Sequence[str]) -> list[str]:
-  """Upstream ``correct_docs``: the distinct corpus ids containing ``"answer"`` (sorted here; order is unused)."""
+  """Upstream ``correct_docs``: the distinct corpus ids containing ``"answer"`` (sorted here; order is unused).
+
+  On episodes of :mod:`engram_jax.data.longmemeval` this is exactly the question's gold (``noans`` ids and the
+  ``#dup<n>`` ids of repeated sessions never contain ``"answer"``)."""
   return sorted({cid for cid in corpus_ids if 'answer' in cid})
 
 
@@ -170,8 +173,9 @@ def official_skip_reason(question_id: str, corpus_ids: Sequence[str]) -> str | N
   ``'abstention'``: ``'_abs'`` occurs in the question id. ``'no_user_evidence'``: no user turn of the haystack has
   ``has_answer: true``; on the official corpora (user turns, or sessions of user text, as built by
   :mod:`engram_jax.data.longmemeval` with ``roles=('user',)``) that is exactly "no corpus id contains
-  ``answer``". With assistant turns indexed the second test is no longer the official one; use
-  :func:`engram_jax.data.longmemeval.entry_skip_reason` on the raw entry then.
+  ``answer``". The loader already excludes such questions (they have no gold; counted as ``excluded_no_gold``),
+  so on its episodes only ``'abstention'`` occurs. With assistant turns indexed the second test is no longer the
+  official one; use :func:`engram_jax.data.longmemeval.entry_skip_reason` on the raw entry then.
 
   Args:
     question_id: the LongMemEval question id.

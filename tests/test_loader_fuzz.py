@@ -258,7 +258,6 @@ def test_factconsolidation_damage_is_an_error_or_counted(data, hop):
 
 
 # ---------------------------------------------------------------------------------------------- LongMemEval
-# ``engram_jax/data/longmemeval.py`` is owned elsewhere; these cases only use its public ``episodes_from_entries``.
 
 
 def _lme_entry(qid: str, answer: Any = 'BA') -> dict[str, Any]:
@@ -277,28 +276,6 @@ def _lme_entry(qid: str, answer: Any = 'BA') -> dict[str, Any]:
 
 LONGMEMEVAL = [_lme_entry('q1'), _lme_entry('q2_abs', answer=3)]
 
-# Damage the LongMemEval loader does not handle yet: it raises TypeError from inside, or returns a question whose
-# id / text / category / time is not a (non-blank) string. (field, predicate on the damaged value); reported to
-# the loader's owner. Entries holding such damage are left to the expected-failure tests below.
-def _not_text(v: Any) -> bool:
-  return not isinstance(v, str) or not v.strip()
-
-
-def _not_list_of_text(v: Any) -> bool:
-  return not isinstance(v, list) or not all(isinstance(s, str) for s in v)
-
-
-LME_KNOWN_BUGS: tuple[tuple[str, Callable[[Any], bool]], ...] = (
-    ('question_id', _not_text),
-    ('question', _not_text),
-    ('question_type', _not_text),
-    ('question_date', lambda v: not isinstance(v, str)),
-    ('haystack_session_ids', _not_list_of_text),
-    ('haystack_dates', lambda v: not isinstance(v, list)),
-    ('haystack_sessions', lambda v: not isinstance(v, list)),
-    ('answer_session_ids', _not_list_of_text),
-)
-
 
 def _lme_load(entries: Any, level: str) -> tuple[list[Episode], LoadReport] | None:
   return load_or_value_error(lambda: L.episodes_from_entries(entries, level=level), ('LongMemEval',))
@@ -311,14 +288,10 @@ def _lme_check(entries: Any, level: str) -> None:
   episodes, report = loaded
   check_well_typed(episodes)
   check_accounted(episodes, report, read=len(entries), excluded=('excluded_no_gold',))
-
-
-def _lme_has_known_bug(entries: Any) -> bool:
-  """Whether ``entries`` holds damage listed in :data:`LME_KNOWN_BUGS`, or is not a list at all (the caller's
-  contract: :func:`~engram_jax.data.longmemeval.read_longmemeval` checks the file's shape)."""
-  if not isinstance(entries, list):
-    return True
-  return any(isinstance(e, dict) and key in e and bad(e[key]) for e in entries for key, bad in LME_KNOWN_BUGS)
+  assert report.counts['items'] == sum(ep.n_items for ep in episodes)
+  for ep in episodes:
+    (q,) = ep.questions
+    assert len(set(q.gold_parents)) == len(q.gold_parents)
 
 
 @pytest.mark.parametrize('level', ['turn', 'session'])
@@ -331,27 +304,46 @@ def test_longmemeval_undamaged_entries_load(level):
 @FUZZ
 @given(damaged(LONGMEMEVAL), st.sampled_from(['turn', 'session']))
 def test_longmemeval_damage_is_an_error_or_counted(entries, level):
-  if _lme_has_known_bug(entries):
-    return  # covered, as expected failures, by the tests below
   _lme_check(entries, level)
 
 
-@pytest.mark.xfail(strict=False, reason='longmemeval.py: a non-string question_id / question / question_type / '
-                   'question_date or a non-list haystack field raises TypeError or passes through (LME_KNOWN_BUGS)')
-@pytest.mark.parametrize('key, value', [
-    ('question_id', None), ('question_id', ['q']), ('question_id', ''), ('question', None), ('question', ''),
-    ('question_type', None), ('question_date', 5), ('haystack_session_ids', None), ('haystack_session_ids', ['a', 1]),
-    ('haystack_dates', 5), ('haystack_sessions', None), ('answer_session_ids', None),
-    ('answer_session_ids', [['x']]),
+@st.composite
+def _lme_field_damaged(draw: st.DrawFn) -> Any:
+  """LONGMEMEVAL with one top-level field of one entry damaged (random paths rarely pick these few)."""
+  e_i = draw(st.integers(0, len(LONGMEMEVAL) - 1))
+  key = draw(st.sampled_from(L.REQUIRED_FIELDS))
+  return damage(LONGMEMEVAL, (e_i, key), draw(st.sampled_from(OPS)), draw(st.sampled_from(REPLACEMENTS)),
+                draw(st.integers(0, 5)))
+
+
+@FUZZ
+@given(_lme_field_damaged(), st.sampled_from(['turn', 'session']))
+def test_longmemeval_field_damage_is_an_error_or_counted(entries, level):
+  _lme_check(entries, level)
+
+
+# Damage that once raised TypeError from inside the loader, or passed a non-string (or blank) id / text / category
+# / time into the Question: each now raises a one-line ValueError naming the question (or entry) and the field.
+@pytest.mark.parametrize('key, value, message', [
+    ('question_id', None, 'LongMemEval entry 0: question_id is NoneType, expected a non-blank string'),
+    ('question_id', ['q'], 'LongMemEval entry 0: question_id is list, expected a non-blank string'),
+    ('question_id', '', 'LongMemEval entry 0: question_id is blank, expected a non-blank string'),
+    ('question', None, 'LongMemEval question q1: question is NoneType, expected a non-blank string'),
+    ('question', '', 'LongMemEval question q1: question is blank, expected a non-blank string'),
+    ('question_type', None, 'LongMemEval question q1: question_type is NoneType, expected a non-blank string'),
+    ('question_date', 5, 'LongMemEval question q1: question_date is int, expected a string'),
+    ('haystack_session_ids', None, 'LongMemEval question q1: haystack_session_ids is NoneType, expected a list'),
+    ('haystack_session_ids', ['a', 1],
+     'LongMemEval question q1: haystack_session_ids entry 1 is int, expected a non-blank string'),
+    ('haystack_dates', 5, 'LongMemEval question q1: haystack_dates is int, expected a list'),
+    ('haystack_sessions', None, 'LongMemEval question q1: haystack_sessions is NoneType, expected a list'),
+    ('answer_session_ids', None, 'LongMemEval question q1: answer_session_ids is NoneType, expected a list'),
+    ('answer_session_ids', [['x']], 'LongMemEval question q1: answer_session_ids entry 0 is list, expected a string'),
 ])
-def test_longmemeval_known_bugs(key, value):
+@pytest.mark.parametrize('level', ['turn', 'session'])
+def test_longmemeval_bad_field_names_question_and_field(key, value, message, level):
   entries = copy.deepcopy(LONGMEMEVAL)
   entries[0][key] = value
-  _lme_check(entries, 'turn')
-
-
-@pytest.mark.xfail(strict=False, reason='longmemeval.py: see LME_KNOWN_BUGS')
-@FUZZ
-@given(damaged(LONGMEMEVAL), st.sampled_from(['turn', 'session']))
-def test_longmemeval_any_damage_is_an_error_or_counted(entries, level):
-  _lme_check(entries, level)
+  with pytest.raises(ValueError) as info:
+    L.episodes_from_entries(entries, level=level)
+  assert str(info.value) == message

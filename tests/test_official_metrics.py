@@ -28,6 +28,47 @@ def _upstream_eval(rankings, correct_docs, corpus_ids, k):
           ndcg(rankings, correct_docs, corpus_ids, k))
 
 
+def _upstream_flat_index(data, granularity, sess_id):
+  """A literal transcription of LongMemEval run_retrieval.process_item_flat_index (timestamps left out)."""
+  corpus = []
+  if granularity == 'session':
+    text = ' '.join([interact['content'] for interact in data if interact['role'] == 'user'])
+    corpus.append(text)
+    ids = [sess_id]
+    if 'answer' in sess_id and all([not turn['has_answer'] for turn in [x for x in data if x['role'] == 'user']]):
+      ids = [sess_id.replace('answer', 'noans')]
+  elif granularity == 'turn':
+    ids = []
+    for i_turn, turn in enumerate(data):
+      if turn['role'] == 'user':
+        corpus.append(turn['content'])
+        if 'answer' not in sess_id:
+          ids.append(sess_id + '_' + str(i_turn + 1))
+        else:
+          assert 'has_answer' in turn
+          assert turn['has_answer'] in [True, False]
+          if turn['has_answer']:
+            ids.append(sess_id + '_' + str(i_turn + 1))
+          else:
+            ids.append((sess_id + '_' + str(i_turn + 1)).replace('answer', 'noans'))
+            assert 'answer' not in ids[-1]
+  else:
+    raise NotImplementedError
+  return corpus, ids
+
+
+def upstream_corpus(entry, granularity):
+  """Upstream's per-question ``(corpus, corpus_ids, correct_docs)``: file order, no de-duplication, empty
+  documents kept, ``correct_docs = list(set(doc_id for doc_id in corpus_ids if "answer" in doc_id))``."""
+  corpus, corpus_ids = [], []
+  for cur_sess_id, sess_entry in zip(entry['haystack_session_ids'], entry['haystack_sessions']):
+    cur_items, cur_ids = _upstream_flat_index(sess_entry, granularity, cur_sess_id)
+    corpus += cur_items
+    corpus_ids += cur_ids
+  correct_docs = list(set([doc_id for doc_id in corpus_ids if 'answer' in doc_id]))
+  return corpus, corpus_ids, correct_docs
+
+
 def _upstream_turn2session(rankings, correct_docs, corpus_ids, k):
   strip = lambda d: '_'.join(d.split('_')[:-1])  # noqa: E731
   correct_docs = list(set(strip(x) for x in correct_docs))

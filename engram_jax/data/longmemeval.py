@@ -18,51 +18,92 @@ Item ids are the official retriever's corpus ids (xiaowu0162/LongMemEval ``src/r
 ``Item.parent`` is always the plain session id (never renamed). Turn text comes from a ``str.format`` template with
 fields ``role`` and ``content``; the default ``'{content}'`` is exactly what the official retriever embeds.
 
-Gold:
+Gold, at both levels, is exactly upstream's ``correct_docs = list(set(doc_id for doc_id in corpus_ids if "answer" in
+doc_id))`` (:func:`engram_jax.official.longmemeval_correct_docs`): the items whose official id contains ``answer``.
 
-* turn level: the items whose turn has ``has_answer: true`` (the official ``correct_docs`` for user turns);
-* session level: the items of the sessions listed in ``answer_session_ids`` (some of them may carry a ``noans`` id;
-  the official session-level ``correct_docs`` are only the ids still containing ``answer``, see
-  :func:`engram_jax.official.longmemeval_correct_docs`).
+* turn level: the selected turns with ``has_answer: true`` in sessions whose id contains ``answer`` (a
+  ``has_answer`` turn elsewhere is not gold upstream either; counted as ``has_answer_turn_not_gold``);
+* session level: the sessions whose id contains ``answer`` and that have a selected-role turn with ``has_answer:
+  true``. An ``answer_session_ids`` session none of whose selected-role turns has the answer gets the ``noans`` id
+  and is *not* gold (counted as ``answer_session_not_gold_noans``; in S 94 evidence sessions have no
+  ``has_answer: true`` turn at all, and some have it on the assistant side only).
 
-``Question.gold_parents`` = ``answer_session_ids`` (those present in the haystack); ``category`` = ``question_type``;
-``time`` = ``question_date``; ``answer`` = ``str(answer)`` (32 upstream answers are integers).
+A question with no gold at its level is excluded (``excluded_no_gold``): with user turns these are exactly the
+questions upstream skips as having no user-side evidence, at both levels. ``Question.gold_parents`` =
+``answer_session_ids`` present in the haystack (``noans`` ones included; used by the parent-level metrics);
+``category`` = ``question_type``; ``time`` = ``question_date``; ``answer`` = ``str(answer)`` (32 upstream answers
+are integers).
+
+Corpus (``corpus=``):
+
+* ``'official'`` (the default, and the corpus the official metrics are defined on): upstream's corpus. Blank turns
+  and sessions without (non-blank) user text stay as empty documents (an empty text still embeds, and scores 0
+  under BM25); a session id repeated inside one haystack is kept, each later copy (in write order) with the id
+  ``<official id>#dup<n>`` (``n = 1, 2, ...``; :class:`~engram_jax.types.Episode` needs unique item ids). Upstream
+  keeps such copies under the same id; the copies are never gold, so the official metrics are unchanged
+  (``evaluate_retrieval_turn2session`` maps ``<sid>_<t>#dup1`` to ``<sid>`` as upstream). A repeated session that
+  would be gold raises ``ValueError`` (upstream would count every copy as relevant); S has none (its 13 repeats are
+  all filler with identical content).
+* ``'clean'``: blank turns are dropped, sessions with blank text are dropped unless they are answer sessions, and
+  only the earliest copy of a repeated session is kept.
 
 Write order: sessions are sorted by their parsed ``haystack_dates`` (stable, so same-minute sessions keep file
-order); turns keep their order inside a session. Abstention questions (``_abs``) are kept: the official skip
-rules are applied at the metric step (:func:`engram_jax.official.official_skip_reason`; raw-entry twin
-:func:`entry_skip_reason`).
+order); turns keep their order inside a session. Upstream ranks the sessions in file order; the order only matters
+for write positions (recency) and for breaking exact score ties. Abstention questions (``_abs``) are kept: the
+official skip rules are applied at the metric step (:func:`engram_jax.official.official_skip_reason`; raw-entry
+twin :func:`entry_skip_reason`).
 
 Every normalisation is counted in the :class:`~engram_jax.types.LoadReport`:
 
 * ``haystack_out_of_order``: haystacks whose dates were not non-decreasing (then sorted);
-* ``duplicate_session_dropped``: a session id repeated inside one haystack (the S file has 13, all filler with
-  identical content); the earliest copy is kept, the later one dropped;
-* ``empty_turn_dropped`` (when ``drop_empty``): turns whose content is blank (never evidence; raises if one is);
-* ``empty_session_dropped`` / ``empty_session_kept``: sessions whose text is blank (in S: 71 filler sessions made
-  of assistant turns only), dropped when ``drop_empty`` unless they are answer sessions;
+* ``duplicate_session_kept`` (``'official'``) / ``duplicate_session_dropped`` (``'clean'``): a later copy of a
+  session id repeated inside one haystack (the S file has 13);
+* ``empty_turn_kept`` (``'official'``) / ``empty_turn_dropped`` (``'clean'``; raises if a blank turn is evidence):
+  turns whose content is blank;
+* ``empty_session_kept`` / ``empty_session_dropped``: sessions whose text is blank (in S: 71 filler sessions made
+  of assistant turns only); with ``'clean'`` dropped unless they are answer sessions;
+* ``answer_session_not_gold_noans`` (session level): an answer session whose id became ``noans``;
+  ``answer_session_not_gold_id``: an answer session whose id lacks ``answer``; ``gold_session_not_listed``: a gold
+  session missing from ``answer_session_ids``; ``has_answer_turn_not_gold`` (turn level, see above);
 * ``unknown_answer_session_id``: an ``answer_session_ids`` entry absent from the haystack (dropped);
-* ``answer_int_stringified``; ``excluded_no_gold``: questions with no gold item at this level (at turn level with
-  user turns only these are exactly the official "no user-side evidence" questions); ``questions_kept``;
-  ``items`` (in kept episodes); ``turns_read`` (all turns of all de-duplicated haystacks); ``abstention_kept``.
+  ``duplicate_answer_session_id``: a repeat of an earlier ``answer_session_ids`` entry (dropped, so
+  ``gold_parents`` lists each session once; the real files have none);
+* ``answer_int_stringified``; ``excluded_no_gold``; ``questions_kept``; ``items`` (in kept episodes);
+  ``turns_read`` (all turns of all kept session copies); ``abstention_kept``.
 
-Malformed input raises ``ValueError`` naming the file (bad JSON, via :func:`~engram_jax.data.io.read_json`) or the
-question id (missing field, misaligned lists, bad turn, unparsable date).
+Measured on S at session level (all 498 entries): ``excluded_no_gold`` 71 (427 episodes, of which 9 abstention,
+so 418 questions are scored, as upstream), ``answer_session_not_gold_noans`` 144; ``'official'``:
+``duplicate_session_kept`` 13, ``empty_session_kept`` 71, 20313 items; ``'clean'``: ``duplicate_session_dropped`` 13,
+``empty_session_dropped`` 71, 20241 items.
+
+Malformed input raises a one-line ``ValueError`` naming the file (bad JSON, via
+:func:`~engram_jax.data.io.read_json`), or the question id and the field with the type found and the type expected
+(e.g. ``LongMemEval question q1: haystack_dates is int, expected a list``); the entry index stands in for the id
+when the entry is not an object or its ``question_id`` is not a non-blank string. Checked: missing fields; a
+``question_id``, ``question`` or ``question_type`` that is not a non-blank string; a ``question_date`` that is not
+a string in the haystack date format; an ``answer`` that is not a string or an integer; ``haystack_session_ids`` /
+``haystack_dates`` / ``haystack_sessions`` / ``answer_session_ids`` that are not lists, or of different lengths
+(the three haystack lists); a session id that is not a non-blank string; a haystack date or ``answer_session_ids``
+entry that is not a string; an unparsable haystack date; a session that is not a list; a turn that is not an object
+with string ``role`` and ``content`` and a bool (or absent / null) ``has_answer``; a repeated question id.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engram_jax.data.io import dataset_file, read_json
+from engram_jax import boundary
+from engram_jax.data.io import dataset_file, read_json, type_name
 from engram_jax.types import Episode, Item, LoadReport, Question
 
 FILES = {'s': 'longmemeval_s_cleaned_498of500.json.gz', 'oracle': 'longmemeval_oracle.json'}
 TEMPLATES = {'content': '{content}', 'role': '{role}: {content}'}
 LEVELS = ('turn', 'session')
+CORPORA = ('official', 'clean')
 REQUIRED_FIELDS = ('question_id', 'question_type', 'question', 'answer', 'question_date', 'haystack_dates',
                    'haystack_session_ids', 'haystack_sessions', 'answer_session_ids')
 DATE_FORMAT = '%Y/%m/%d (%a) %H:%M'
@@ -105,26 +146,72 @@ def entry_skip_reason(entry: Mapping[str, Any]) -> str | None:
   ``'no_user_evidence'`` if no user turn of the haystack has ``has_answer: true``, else None.
 
   Mirrors the averaging loop of upstream ``run_retrieval.py`` (commit ``b60a5b7d``); the id-based twin used at the
-  metric step is :func:`engram_jax.official.official_skip_reason`.
+  metric step is :func:`engram_jax.official.official_skip_reason`. A malformed entry raises ``ValueError`` as in
+  :func:`episode_from_entry`.
   """
-  if '_abs' in entry['question_id']:
+  qid = _check_entry(entry, 0)
+  sessions = ordered_sessions(entry, qid, LoadReport('longmemeval'))
+  turns = [_check_turn(turn, qid, sid, t_i) for sid, _, _, ts in sessions for t_i, turn in enumerate(ts)]
+  if '_abs' in qid:
     return 'abstention'
-  if not any(t.get('has_answer') for s in entry['haystack_sessions'] for t in s if t.get('role') == 'user'):
+  if not any(has for role, _, has in turns if role == 'user'):
     return 'no_user_evidence'
   return None
 
 
+def _text(value: Any, where: str, field: str) -> str:
+  """``value`` when it is a non-blank string; else a one-line ValueError naming ``where`` and ``field``."""
+  if not isinstance(value, str):
+    raise ValueError(f'{where}: {field} is {type_name(value)}, expected a non-blank string')
+  if not value.strip():
+    raise ValueError(f'{where}: {field} is blank, expected a non-blank string')
+  return value
+
+
+def _list(value: Any, where: str, field: str) -> list[Any]:
+  if not isinstance(value, list):
+    raise ValueError(f'{where}: {field} is {type_name(value)}, expected a list')
+  return value
+
+
 def _check_entry(entry: Any, e_i: int) -> str:
+  """The entry's question id after checking every field the loader reads above turn level (types, blanks, list
+  lengths); ValueError naming the question id (the entry index when the id itself is missing or bad)."""
   if not isinstance(entry, Mapping):
-    raise ValueError(f'LongMemEval entry {e_i}: expected an object, got {type(entry).__name__}')
-  qid = entry.get('question_id', f'<entry {e_i}>')
+    raise ValueError(f'LongMemEval entry {e_i}: expected an object, got {type_name(entry)}')
+  if 'question_id' in entry:
+    qid = _text(entry['question_id'], f'LongMemEval entry {e_i}', 'question_id')
+  else:
+    qid = f'<entry {e_i}>'
   missing = [f for f in REQUIRED_FIELDS if f not in entry]
   if missing:
     raise ValueError(f'LongMemEval question {qid}: missing fields {missing}')
-  n = len(entry['haystack_session_ids'])
-  if len(entry['haystack_dates']) != n or len(entry['haystack_sessions']) != n:
-    raise ValueError(f'LongMemEval question {qid}: haystack_session_ids/dates/sessions have lengths '
-                     f'{n}/{len(entry["haystack_dates"])}/{len(entry["haystack_sessions"])}')
+  where = f'LongMemEval question {qid}'
+  for field in ('question', 'question_type'):
+    _text(entry[field], where, field)
+  if not isinstance(entry['question_date'], str):
+    raise ValueError(f'{where}: question_date is {type_name(entry["question_date"])}, expected a string')
+  try:
+    parse_haystack_date(entry['question_date'])
+  except ValueError as e:
+    raise ValueError(f'{where}: unparsable question_date ({e})') from e
+  answer = entry['answer']
+  if not isinstance(answer, (str, int)) or isinstance(answer, bool):
+    raise ValueError(f'{where}: answer is {type_name(answer)}, expected a string or an integer')
+  sids = _list(entry['haystack_session_ids'], where, 'haystack_session_ids')
+  dates = _list(entry['haystack_dates'], where, 'haystack_dates')
+  sessions = _list(entry['haystack_sessions'], where, 'haystack_sessions')
+  if len(dates) != len(sids) or len(sessions) != len(sids):
+    raise ValueError(f'{where}: haystack_session_ids/dates/sessions have lengths '
+                     f'{len(sids)}/{len(dates)}/{len(sessions)}')
+  for i, sid in enumerate(sids):
+    _text(sid, where, f'haystack_session_ids entry {i}')
+  for i, date in enumerate(dates):
+    if not isinstance(date, str):
+      raise ValueError(f'{where}: haystack_dates entry {i} is {type_name(date)}, expected a string')
+  for i, sid in enumerate(_list(entry['answer_session_ids'], where, 'answer_session_ids')):
+    if not isinstance(sid, str):
+      raise ValueError(f'{where}: answer_session_ids entry {i} is {type_name(sid)}, expected a string')
   return qid
 
 
@@ -139,9 +226,13 @@ def _check_turn(turn: Any, qid: str, sid: str, t_i: int) -> tuple[str, str, bool
   return role, content, has
 
 
-def ordered_sessions(entry: Mapping[str, Any], qid: str,
-                     report: LoadReport) -> list[tuple[str, str, list[Any]]]:
-  """``(session_id, date, turns)`` sorted by parsed date (stable), duplicates dropped; counts in ``report``."""
+def ordered_sessions(entry: Mapping[str, Any], qid: str, report: LoadReport, *,
+                     corpus: str = 'official') -> list[tuple[str, int, str, list[Any]]]:
+  """``(session_id, copy, date, turns)`` sorted by parsed date (stable); counts in ``report``.
+
+  ``copy`` numbers the repeats of a session id in write order (0 for the first). ``corpus='official'`` keeps every
+  repeat (counted as ``duplicate_session_kept``), ``'clean'`` drops them (``duplicate_session_dropped``).
+  """
   sessions = list(zip(entry['haystack_session_ids'], entry['haystack_dates'], entry['haystack_sessions']))
   try:
     keys = [parse_haystack_date(d) for _, d, _ in sessions]
@@ -150,46 +241,66 @@ def ordered_sessions(entry: Mapping[str, Any], qid: str,
   if any(b < a for a, b in zip(keys, keys[1:])):
     report.add('haystack_out_of_order', qid)
   order = sorted(range(len(sessions)), key=keys.__getitem__)
-  out, seen = [], set()
+  out = []
+  seen: Counter[str] = Counter()
   for i in order:
     sid, date, turns = sessions[i]
     if not isinstance(turns, list):
       raise ValueError(f'LongMemEval question {qid}: session {sid} is {type(turns).__name__}, expected a list')
-    if sid in seen:
-      report.add('duplicate_session_dropped', (qid, sid, date))
-      continue
-    seen.add(sid)
-    out.append((sid, date, turns))
+    copy = seen[sid]
+    seen[sid] += 1
+    if copy:
+      if corpus == 'clean':
+        report.add('duplicate_session_dropped', (qid, sid, date))
+        continue
+      report.add('duplicate_session_kept', (qid, sid, date))
+    out.append((sid, copy, date, turns))
   return out
 
 
-def _turn_items(sessions: list[tuple[str, str, list[Any]]], qid: str, *, template: str, roles: Sequence[str],
-                drop_empty: bool, report: LoadReport) -> tuple[list[Item], list[str]]:
+def _copy_id(iid: str, copy: int, qid: str, sid: str) -> str:
+  """``iid`` for the first copy of a session, ``<iid>#dup<copy>`` for a repeat; a repeat may not be gold."""
+  if not copy:
+    return iid
+  if 'answer' in iid:
+    raise ValueError(f'LongMemEval question {qid}: evidence session {sid} is repeated in the haystack; upstream '
+                     f'would count every copy of {iid} as relevant, which unique item ids cannot express '
+                     "(load with corpus='clean' to drop the repeat)")
+  return f'{iid}#dup{copy}'
+
+
+def _turn_items(sessions: list[tuple[str, int, str, list[Any]]], qid: str, *, template: str, roles: Sequence[str],
+                corpus: str, report: LoadReport) -> tuple[list[Item], list[str]]:
   items: list[Item] = []
   gold: list[str] = []
-  for sid, date, turns in sessions:
+  for sid, copy, date, turns in sessions:
     for t_i, turn in enumerate(turns):
       role, content, has = _check_turn(turn, qid, sid, t_i)
       if role not in roles:
         continue
-      if drop_empty and not content.strip():
-        if has:
-          raise ValueError(f'LongMemEval question {qid}: empty turn {sid}[{t_i}] is marked has_answer')
-        report.add('empty_turn_dropped', (qid, sid, t_i, role))
-        continue
-      iid = official_turn_id(sid, t_i, has_answer=bool(has))
+      if not content.strip():
+        if corpus == 'clean':
+          if has:
+            raise ValueError(f'LongMemEval question {qid}: empty turn {sid}[{t_i}] is marked has_answer')
+          report.add('empty_turn_dropped', (qid, sid, t_i, role))
+          continue
+        report.add('empty_turn_kept', (qid, sid, t_i, role))
+      iid = _copy_id(official_turn_id(sid, t_i, has_answer=bool(has)), copy, qid, sid)
       items.append(Item(id=iid, text=template.format(role=role, content=content), parent=sid,
                         position=len(items), time=date, speaker=role))
-      if has:
+      if 'answer' in iid:
         gold.append(iid)
+      elif has and not copy:
+        report.add('has_answer_turn_not_gold', (qid, sid, t_i))
   return items, gold
 
 
-def _session_items(sessions: list[tuple[str, str, list[Any]]], qid: str, *, template: str, roles: Sequence[str],
-                   answer_sessions: set[str], drop_empty: bool, report: LoadReport) -> tuple[list[Item], list[str]]:
+def _session_items(sessions: list[tuple[str, int, str, list[Any]]], qid: str, *, template: str,
+                   roles: Sequence[str], answer_sessions: set[str], corpus: str,
+                   report: LoadReport) -> tuple[list[Item], list[str]]:
   items: list[Item] = []
   gold: list[str] = []
-  for sid, date, turns in sessions:
+  for sid, copy, date, turns in sessions:
     parts, has_any = [], False
     for t_i, turn in enumerate(turns):
       role, content, has = _check_turn(turn, qid, sid, t_i)
@@ -198,19 +309,24 @@ def _session_items(sessions: list[tuple[str, str, list[Any]]], qid: str, *, temp
         has_any = has_any or bool(has)
     text = ' '.join(parts)
     if not text.strip():
-      if drop_empty and sid not in answer_sessions:
+      if corpus == 'clean' and sid not in answer_sessions:
         report.add('empty_session_dropped', (qid, sid))
         continue
       report.add('empty_session_kept', (qid, sid))
-    iid = official_session_id(sid, has_answer=has_any)
+    iid = _copy_id(official_session_id(sid, has_answer=has_any), copy, qid, sid)
     items.append(Item(id=iid, text=text, parent=sid, position=len(items), time=date, speaker=None))
-    if sid in answer_sessions:
+    if 'answer' in iid:
       gold.append(iid)
+      if sid not in answer_sessions:
+        report.add('gold_session_not_listed', (qid, sid))
+    elif sid in answer_sessions and not copy:
+      reason = 'answer_session_not_gold_noans' if 'answer' in sid else 'answer_session_not_gold_id'
+      report.add(reason, (qid, sid))
   return items, gold
 
 
 def episode_from_entry(entry: Mapping[str, Any], *, level: str = 'turn', template: str = 'content',
-                       roles: Sequence[str] = ('user',), drop_empty: bool = True,
+                       roles: Sequence[str] = ('user',), corpus: str = 'official',
                        report: LoadReport | None = None, e_i: int = 0) -> Episode | None:
   """One raw entry -> an :class:`Episode` with one question, or None when the question has no gold at ``level``.
 
@@ -218,24 +334,28 @@ def episode_from_entry(entry: Mapping[str, Any], *, level: str = 'turn', templat
   """
   if level not in LEVELS:
     raise ValueError(f'level must be one of {LEVELS}, got {level!r}')
+  if corpus not in CORPORA:
+    raise ValueError(f'corpus must be one of {CORPORA}, got {corpus!r}')
   report = report if report is not None else LoadReport('longmemeval')
   template = TEMPLATES.get(template, template)
   roles = tuple(roles)
   qid = _check_entry(entry, e_i)
-  sessions = ordered_sessions(entry, qid, report)
-  present = {sid for sid, _, _ in sessions}
+  sessions = ordered_sessions(entry, qid, report, corpus=corpus)
+  present = {sid for sid, _, _, _ in sessions}
   answer_sessions = []
   for sid in entry['answer_session_ids']:
-    if sid in present:
+    if sid in answer_sessions:
+      report.add('duplicate_answer_session_id', (qid, sid))
+    elif sid in present:
       answer_sessions.append(sid)
     else:
       report.add('unknown_answer_session_id', (qid, sid))
   if level == 'turn':
-    items, gold = _turn_items(sessions, qid, template=template, roles=roles, drop_empty=drop_empty, report=report)
+    items, gold = _turn_items(sessions, qid, template=template, roles=roles, corpus=corpus, report=report)
   else:
     items, gold = _session_items(sessions, qid, template=template, roles=roles,
-                                 answer_sessions=set(answer_sessions), drop_empty=drop_empty, report=report)
-  report.add('turns_read', n=sum(len(turns) for _, _, turns in sessions))
+                                 answer_sessions=set(answer_sessions), corpus=corpus, report=report)
+  report.add('turns_read', n=sum(len(turns) for _, _, _, turns in sessions))
   if not gold:
     report.add('excluded_no_gold', (qid, entry['question_type']))
     return None
@@ -252,15 +372,17 @@ def episode_from_entry(entry: Mapping[str, Any], *, level: str = 'turn', templat
 
 
 def episodes_from_entries(entries: Sequence[Mapping[str, Any]], *, level: str = 'turn', template: str = 'content',
-                          roles: Sequence[str] = ('user',), drop_empty: bool = True,
+                          roles: Sequence[str] = ('user',), corpus: str = 'official',
                           dataset: str = 'longmemeval_s') -> tuple[list[Episode], LoadReport]:
   """Raw entries (from :func:`read_longmemeval`) -> ``(episodes, report)``; see :func:`load_longmemeval`."""
+  if not isinstance(entries, Sequence) or isinstance(entries, (str, bytes)):
+    raise ValueError(f'LongMemEval entries are {type_name(entries)}, expected a list of entries')
   report = LoadReport(f'{dataset}/{level}')
   episodes = []
   seen: set[str] = set()
   for e_i, entry in enumerate(entries):
-    ep = episode_from_entry(entry, level=level, template=template, roles=roles, drop_empty=drop_empty,
-                            report=report, e_i=e_i)
+    ep = episode_from_entry(entry, level=level, template=template, roles=roles, corpus=corpus, report=report,
+                            e_i=e_i)
     qid = entry['question_id']
     if qid in seen:
       raise ValueError(f'LongMemEval question {qid}: duplicate question id')
@@ -272,7 +394,7 @@ def episodes_from_entries(entries: Sequence[Mapping[str, Any]], *, level: str = 
 
 def load_longmemeval(root: str | os.PathLike | None = None, *, split: str = 's', level: str = 'turn',
                      template: str = 'content', roles: Sequence[str] = ('user',),
-                     drop_empty: bool = True) -> tuple[list[Episode], LoadReport]:
+                     corpus: str = 'official') -> tuple[list[Episode], LoadReport]:
   """Load LongMemEval as one :class:`Episode` per question.
 
   Args:
@@ -282,12 +404,18 @@ def load_longmemeval(root: str | os.PathLike | None = None, *, split: str = 's',
     template: a key of :data:`TEMPLATES` or a ``str.format`` template with ``role`` and ``content``; the default
       ``'content'`` (``'{content}'``) is what the official retriever embeds.
     roles: which turns become items (turn level) or session text (session level); ``('user',)`` is official.
-    drop_empty: drop blank turns / sessions with blank text (counted; the official corpus keeps them as empty
-      documents; they can hold no evidence).
+    corpus: ``'official'`` (the default, and the one the official metrics are defined on): upstream's corpus,
+      blank turns / sessions kept as (empty) documents and repeated sessions kept (later copies get
+      ``#dup<n>`` ids, never gold); ``'clean'``: blank turns / non-evidence sessions and repeated sessions dropped.
+      Both are counted in the report (see the module docstring).
 
   Returns:
     ``(episodes, report)``; episode id = question id; questions without gold at this level are excluded.
   """
   entries = read_longmemeval(root, split=split)
-  return episodes_from_entries(entries, level=level, template=template, roles=roles, drop_empty=drop_empty,
+  return episodes_from_entries(entries, level=level, template=template, roles=roles, corpus=corpus,
                                dataset=f'longmemeval_{split}')
+
+
+# dataset-owned metrics (name -> fn(episode, question, ranked indices, k)); evaluation.evaluate reads these
+METRICS = {'parent_recall': boundary.parent_recall_at}
