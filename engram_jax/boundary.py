@@ -191,3 +191,11 @@ def boundary_scores(records: Sequence[tuple[Episode, Question, Sequence[str]]], 
       out.same_budget.append(exact_recall(prefix, q.gold))
       out.same_budget_short.append(float(spent <= x.tokens))
   return out
+
+
+def parent_recall_at(ep: Episode, q: Question, ranked: list[int], k: int) -> float:
+  """Fraction of the question's gold parents (session / record; the gold items' parents when none are given)
+  that contain at least one of the top ``k`` items: recall at the parent boundary (``parent_recall@k``)."""
+  gold = set(q.gold_parents) or {ep.items[i].parent for i in (ep.index_of()[g] for g in q.gold)}
+  found = {ep.items[i].parent for i in ranked[:k] if i >= 0}
+  return len(gold & found) / len(gold)

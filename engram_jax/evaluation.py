@@ -11,11 +11,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from engram_jax import metrics as metrics_lib
-from engram_jax import official
-from engram_jax.data import factconsolidation
 from engram_jax.data import splits
-from engram_jax.pipeline import EpisodeArrays, Pipeline, check_equal_k, episode_arrays, pipeline_topk
-from engram_jax.types import Episode
+from engram_jax.batch import EpisodeArrays, episode_arrays
+from engram_jax.pipeline import Pipeline, build_options, check_equal_k, pipeline_topk
+from engram_jax.types import Episode, Question
 
 
 @dataclasses.dataclass
@@ -31,33 +30,7 @@ class EvalResult:
   k: int
 
 
-def _answer_at(ep: Episode, q, ranked: list[int], k: int) -> float:
-  texts = [ep.items[i].text for i in ranked]
-  return float(official.answer_in_topk(texts, factconsolidation.answers_of(q), k=k))
-
-
-def _newest_first(ep: Episode, q, ranked: list[int], k: int) -> float:
-  """1 if the newest version of the asked fact outranks every superseded one in the top k; questions whose
-  asked fact has no older version (or none can be derived) score 1 if the newest version is in the top k."""
-  v = factconsolidation.asked_fact_versions(ep, q)
-  ids = [ep.items[i].id for i in ranked]
-  if v is None:
-    return 0.0
-  ok = official.newest_outranks_superseded(ids, newest=v.newest, superseded=v.superseded, k=k)
-  return float(v.newest in ids[:k]) if ok is None else float(ok)
-
-
-def _parent_recall(ep: Episode, q, ranked: list[int], k: int) -> float:
-  """Fraction of the question's gold parents (session / record; the gold items' parents when none are given)
-  that contain at least one of the top ``k`` items: recall at the parent boundary (``engram_jax.boundary``)."""
-  gold = set(q.gold_parents) or {ep.items[i].parent for i in (ep.index_of()[g] for g in q.gold)}
-  found = {ep.items[i].parent for i in ranked[:k] if i >= 0}
-  return len(gold & found) / len(gold)
-
-
-# Metrics that need the episode's items or answers, not only gold labels: name -> fn(ep, q, ranked, k).
-EPISODE_METRICS: dict[str, Callable[..., float]] = {'answer': _answer_at, 'newest_first': _newest_first,
-                                                    'parent_recall': _parent_recall}
+EpisodeMetric = Callable[[Episode, Question, list[int], int], float]
 
 
 def embed_episodes(episodes: Sequence[Episode], embed: Callable[[list[str]], np.ndarray]
@@ -79,8 +52,13 @@ def embed_episodes(episodes: Sequence[Episode], embed: Callable[[list[str]], np.
 def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray, np.ndarray]],
              pipelines: Mapping[str, Pipeline], *, k: int, metrics: Sequence[str], seed: int,
              progress: bool = True, arrays: Sequence[EpisodeArrays] | None = None,
-             only: Mapping[str, set[str]] | None = None) -> EvalResult:
+             only: Mapping[str, set[str]] | None = None,
+             episode_metrics: Mapping[str, EpisodeMetric] | None = None) -> EvalResult:
   """Run each pipeline on each episode, assert equal ``k``, and score every question.
+
+  ``metrics`` are label metrics (:data:`engram_jax.metrics.METRICS`) or the dataset-owned metrics of
+  ``episode_metrics`` (name -> ``fn(episode, question, ranked indices, k)``, declared by the dataset module as its
+  ``METRICS``: ``answer@k``, ``newest_first@k``, ``parent_recall@k``, ...).
 
   ``only[name]`` restricts pipeline ``name`` to those episode ids (its other questions get NaN scores and
   no retrieved ids; used for per-episode fitted variants, see :func:`merge_by_episode`).
@@ -88,7 +66,8 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
   Raises:
     ValueError: if ``k`` exceeds an episode's number of items, or a metric's cutoff exceeds ``k``.
   """
-  parsed = [(m, *metrics_lib.parse_metric(m, tuple(EPISODE_METRICS))) for m in metrics]
+  episode_metrics = dict(episode_metrics or {})
+  parsed = [(m, *metrics_lib.parse_metric(m, tuple(episode_metrics))) for m in metrics]
   for m, _, cut in parsed:
     if cut > k:
       raise ValueError(f'Metric {m} needs {cut} results but pipelines return k={k}')
@@ -96,7 +75,8 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
     if ep.n_items < k:
       raise ValueError(f'k={k} is larger than episode {ep.id} ({ep.n_items} items)')
   if arrays is None:
-    arrays = [episode_arrays(ep, d, q) for ep, (d, q) in zip(episodes, embeddings)]
+    options = build_options(pipelines.values())  # e.g. the term counts of every BM25 tokenizer a leg asks for
+    arrays = [episode_arrays(ep, d, q, **options) for ep, (d, q) in zip(episodes, embeddings)]
   fns = {name: jax.jit(functools.partial(pipeline_topk, p, k=k)) for name, p in pipelines.items()}
   result = EvalResult(
       question_ids=[q.id for ep in episodes for q in ep.questions],
@@ -119,8 +99,8 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
     check_equal_k(topk, nq, k=k, name=name, episode=ep.id)
     labels = np.asarray(arr.labels)
     for m, base, cut in parsed:
-      if base in EPISODE_METRICS:
-        vals = np.array([EPISODE_METRICS[base](ep, q, row, cut) for q, row in zip(ep.questions, topk.tolist())])
+      if base in episode_metrics:
+        vals = np.array([episode_metrics[base](ep, q, row, cut) for q, row in zip(ep.questions, topk.tolist())])
       else:
         vals = np.asarray(metrics_lib.METRICS[base](topk, labels, k=cut))[:nq]
       result.scores[name][m].append(vals)

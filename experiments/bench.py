@@ -1,72 +1,78 @@
-"""Speed: each operator in JAX (jitted, after warm-up, median of repeats) vs its NumPy reference.
+"""Speed: every registered operator's hard leg in JAX (jitted, after warm-up, median of repeats) vs its NumPy
+reference, plus RRF fusion.
 
-    python -m experiments.bench                       # 10 synthetic LoCoMo-sized episodes
+    python -m experiments.bench                       # 10 synthetic LoCoMo-sized episodes, every operator
+    python -m experiments.bench --episodes 2 --repeats 2 --ops cosine,cfsr,rrf
     python -m experiments.bench --data locomo         # the real LoCoMo episodes (MiniLM, cached)
     python -m experiments.bench --ref-queries 0       # time the references on every query (slow)
+    python -m experiments.bench --set tide.pool=10    # change one operator's knob
+    python -m experiments.bench --ops-modules mypkg.myop --ops myop   # an out-of-tree operator
 
-An episode is a tuple ``(docs [N, D], queries [Q, D], doc_tokens, query_tokens)``;
-:func:`bench_episodes` takes a list of them, so any dataset can be plugged in.
+The operators come from the registry (:data:`engram_jax.ops.OPERATORS`): every registered operator is timed
+with its declaration's knob defaults, except where :data:`OVERRIDES` pins the locked setups of the published
+pages (greedy pool 50, Tide pool 50 / recency 0.1). A benchmark episode is a :class:`BenchEpisode`
+``(episode, docs [N, D], queries [Q, D])``, padded by :func:`engram_jax.batch.episode_arrays` exactly as
+``experiments.evaluate`` pads it, so any loader's episodes can be benched.
 
 What is timed, per episode (times are summed over episodes):
 
-* JAX: one jitted call over all Q queries of the episode, arrays padded to buckets (N to a multiple
-  of 128, Q to a multiple of 32, vocabulary to a multiple of 512) so that a handful of shapes
-  compile; compile + one warm-up call are excluded, the median of ``--repeats`` calls is reported.
-  float32 (JAX's default). CFS-R includes the episode Gram ``docs @ docs.T`` in its timed call.
-* Reference: the loop-based float64 NumPy operators of ``tests/reference_ops.py``, one query at a
-  time; BM25's reference is ``rank_bm25.BM25Okapi.get_scores`` (the index is built outside the
-  timer). With ``--ref-queries R`` only the first R queries of each episode are timed and the time is
+* JAX: the operator's leg ``(EpisodeArrays, key) -> [Q, N]`` over all Q queries of the episode, one jitted call,
+  arrays padded to buckets (N to a multiple of 128, Q of 32, vocabulary of 512) so that a handful of shapes
+  compile; compile + one warm-up call are excluded, the median of ``--repeats`` calls is reported. float32.
+  Legs compute what they need inside the call (the CFS-R family its episode Gram, Tide its base scores).
+* Reference: the loop-based float64 NumPy code of :mod:`engram_jax.testing.reference`, one query at a time, via
+  the adapters of :data:`REFERENCES` (an operator without an adapter is timed on the JAX side only and printed
+  with ratio ``n/a``). With ``--ref-queries R`` only the first R queries of each episode are timed and the time is
   scaled by Q / R (the references are per query, so the cost is linear in Q).
-* ``agree``: the fraction of reference-timed queries whose JAX result matches the reference (same
-  top-10 ids for score operators, same picks for greedy ones; float32 vs float64 can flip near-ties).
+* ``rrf``: :func:`engram_jax.ops.rrf.rrf_fuse` (not a leg operator) over the legs of :data:`RRF_STACK` (the CFS-R
+  page's stack: cosine, BM25, CFS-R top-50 weighted 3), whose leg scores are computed outside the timer.
+* ``agree``: the fraction of reference-timed queries whose JAX top-10 ids (in order, ties to the later item)
+  equal the reference's: the same picks for the greedy operators; float32 vs float64 can flip near-ties.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import functools
+import ast
+import importlib
 import math
+import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from engram_jax import diversity, fusion, lexical, reconstruction, recency, similarity
-from tests import reference_ops as ref
+from engram_jax import batch, pipeline
+from engram_jax.ops import OPERATORS
+from engram_jax.ops import bm25 as bm25_ops
+from engram_jax.ops import rrf as rrf_ops
+from engram_jax.testing import reference as ref
+from engram_jax.types import Episode, Item, Question
 
-Episode = tuple[np.ndarray, np.ndarray, Sequence[Sequence[str]], Sequence[Sequence[str]]]
-
-
-@dataclasses.dataclass(frozen=True)
-class BenchConfig:
-  """Operator settings (the locked setups of the CFS / CFS-R / Tide pages) and timing options."""
-
-  k: int = 10                  # greedy picks (MMR, CFS)
-  mmr_lam: float = 0.5
-  cfs_beta: float = 0.20
-  cfs_sigma: float = 0.40
-  greedy_pool: int = 50        # cosine prefilter of the greedy ops
-  cfsr_pool: int = 150
-  cfsr_iterations: int = 80
-  cfsr_lam: float = 0.005
-  cfsr_w: float = 0.90
-  cfsr_batch: int | None = 16  # queries per lax.map chunk (None: vmap all at once)
-  tide_depth: int = 50
-  tide_weight: float = 0.1
-  rrf_weights: tuple[float, ...] = (1.0, 1.0, 3.0)  # cosine, BM25, CFS-R (the CFS-R page's stack)
-  rrf_depths: tuple[int, ...] = (10, 10, 50)
-  repeats: int = 5
-  ref_queries: int = 40        # 0: all
-  n_bucket: int = 128
-  q_bucket: int = 32
-  v_bucket: int = 512
+FUSION = 'rrf'  # the fusion row's name in --ops and in the table
+# Locked seed setups (the CFS / CFS-R / Tide pages) where they differ from the declarations' defaults.
+OVERRIDES: dict[str, dict[str, Any]] = {
+    'mmr': {'pool': 50},                    # greedy operators: cosine prefilter of 50
+    'cfs': {'pool': 50},
+    'tide': {'pool': 50, 'recency': 0.1},   # Tide page: base top-50, weight 0.1
+}
+# The CFS-R page's stack whose legs RRF fuses (a pipeline's legs node).
+RRF_STACK: dict[str, dict[str, Any]] = {'cos': {'op': 'cosine'}, 'bm25': {'op': 'bm25'},
+                                        'cfsr': {'op': 'cfsr', 'depth': 50, 'weight': 3.0}}
+PAD = {'n_multiple': 128, 'q_multiple': 32, 'v_multiple': 512}
+TOP = 10  # agreement compares the top-10 ids
 
 
-OPS = ('cosine', 'bm25', 'rrf', 'mmr', 'cfs', 'cfsr', 'tide')
+class BenchEpisode(NamedTuple):
+  """One benchmark episode: the episode and its unit-norm embeddings ``docs [N, D]``, ``queries [Q, D]``."""
+
+  episode: Episode
+  docs: np.ndarray
+  queries: np.ndarray
 
 
 # ----------------------------------------------------------------------------------------------
@@ -74,12 +80,12 @@ OPS = ('cosine', 'bm25', 'rrf', 'mmr', 'cfs', 'cfsr', 'tide')
 
 
 def synthetic_episodes(*, n_episodes: int = 10, n_queries: int = 200, dim: int = 384, seed: int = 0,
-                       vocab: int = 3000) -> list[Episode]:
-  """LoCoMo-sized random episodes: N in 370..690 items, ``n_queries`` questions, D = 384.
+                       vocab: int = 3000, n_items: tuple[int, int] = (370, 690)) -> list[BenchEpisode]:
+  """LoCoMo-sized random episodes: N in ``n_items`` (inclusive; LoCoMo: 370..690), ``n_queries`` questions.
 
   Items are unit vectors with a shared mean direction (cosines around 0.2, like sentence embeddings);
-  each query is a noisy copy of a random item. Tokens are Zipf-distributed words; a query borrows half
-  of its tokens from its source item.
+  each query is a noisy copy of a random item (its gold). Texts are Zipf-distributed words ``w<i>``; a query
+  borrows up to 4 tokens of its source item.
   """
   rng = np.random.default_rng(seed)
   words = [f'w{i}' for i in range(vocab)]
@@ -87,9 +93,9 @@ def synthetic_episodes(*, n_episodes: int = 10, n_queries: int = 200, dim: int =
   zipf /= zipf.sum()
   mean = rng.normal(size=dim)
   mean /= np.linalg.norm(mean)
-  episodes = []
-  for _ in range(n_episodes):
-    n = int(rng.integers(370, 691))
+  out = []
+  for e in range(n_episodes):
+    n = int(rng.integers(n_items[0], n_items[1] + 1))
     docs = 0.5 * mean + rng.normal(size=(n, dim)) / math.sqrt(dim)
     docs /= np.linalg.norm(docs, axis=-1, keepdims=True)
     src = rng.integers(0, n, size=n_queries)
@@ -100,13 +106,19 @@ def synthetic_episodes(*, n_episodes: int = 10, n_queries: int = 200, dim: int =
     for s in src:
       own = list(rng.choice(doc_tokens[s], size=min(4, len(doc_tokens[s])), replace=False))
       query_tokens.append(own + list(rng.choice(words, size=int(rng.integers(2, 8)), p=zipf)))
-    episodes.append((docs.astype(np.float32), queries.astype(np.float32), doc_tokens, query_tokens))
-  return episodes
+    items = tuple(Item(id=f's{e}:{i}', text=' '.join(t), parent=f's{e}:p{i // 20}', position=i)
+                  for i, t in enumerate(doc_tokens))
+    questions = tuple(Question(id=f's{e}/q{j}', text=' '.join(t), gold=(items[s].id,),
+                               gold_parents=(items[s].parent,), category=0)
+                      for j, (s, t) in enumerate(zip(src.tolist(), query_tokens)))
+    out.append(BenchEpisode(Episode(id=f'synthetic-{e}', items=items, questions=questions),
+                            docs.astype(np.float32), queries.astype(np.float32)))
+  return out
 
 
 def locomo_episodes(root: str | None = None, *, cache_dir: str = '.cache',
-                    model_id: str | None = None) -> list[Episode]:
-  """The real LoCoMo episodes: item / question texts embedded (through the cache) and tokenised."""
+                    model_id: str | None = None) -> list[BenchEpisode]:
+  """The real LoCoMo episodes, item / question texts embedded through the cache (MiniLM by default)."""
   from engram_jax import embed
   from engram_jax.data.locomo import load_locomo
 
@@ -115,220 +127,288 @@ def locomo_episodes(root: str | None = None, *, cache_dir: str = '.cache',
   out = []
   for ep in episodes:
     items = [it.text for it in ep.items]
-    questions = [q.text for q in ep.questions]
-    vecs = embed.embed_texts(items + questions, cache_dir=cache_dir, **kw)
-    out.append((vecs[:len(items)], vecs[len(items):], [lexical.tokenize(t) for t in items],
-                [lexical.tokenize(t) for t in questions]))
+    vecs = embed.embed_texts(items + [q.text for q in ep.questions], cache_dir=cache_dir, **kw)
+    out.append(BenchEpisode(ep, vecs[:len(items)], vecs[len(items):]))
   return out
 
 
 # ----------------------------------------------------------------------------------------------
-# JAX side: one jitted function per operator over a padded episode.
+# References: operator name -> adapter ``(RefEpisode, query index, knob values) -> [N] scores`` over the
+# episode's real items (-inf = not ranked); greedy pickers return their picks as leg scores.
 
 
-def _ceil(x: int, m: int) -> int:
-  return max(m, -(-x // m) * m)
+class RefEpisode(NamedTuple):
+  """One episode as the NumPy references take it (float64, real rows only)."""
+
+  docs: np.ndarray                  # [N, D]
+  queries: np.ndarray               # [Q, D]
+  doc_tokens: list[list[str]]       # N token lists ('words' tokenizer)
+  query_tokens: list[list[str]]     # Q token lists
+  positions: np.ndarray             # [N] write order
 
 
-@dataclasses.dataclass
-class Padded:
-  docs: np.ndarray        # [Np, D] float32
-  queries: np.ndarray     # [Qp, D]
-  where: np.ndarray       # [Np] bool
-  positions: np.ndarray   # [Np] float32
-  doc_tf: np.ndarray      # [Np, Vp]
-  query_tf: np.ndarray    # [Qp, Vp]
-  n: int
-  q: int
+def ref_episode(b: BenchEpisode) -> RefEpisode:
+  return RefEpisode(docs=np.asarray(b.docs, np.float64), queries=np.asarray(b.queries, np.float64),
+                    doc_tokens=[bm25_ops.tokenize(it.text) for it in b.episode.items],
+                    query_tokens=[bm25_ops.tokenize(q.text) for q in b.episode.questions],
+                    positions=np.arange(b.episode.n_items, dtype=np.float64))
 
 
-def pad_episode(ep: Episode, cfg: BenchConfig) -> Padded:
-  docs, queries, doc_tokens, query_tokens = ep
-  n, d = docs.shape
-  q = queries.shape[0]
-  n_p, q_p = _ceil(n, cfg.n_bucket), _ceil(q, cfg.q_bucket)
-  vocab = lexical.build_vocab(doc_tokens)
-  v_p = _ceil(len(vocab), cfg.v_bucket)
-  dp = np.zeros((n_p, d), np.float32)
-  dp[:n] = docs
-  qp = np.repeat(queries[:1], q_p, axis=0).astype(np.float32)  # padding queries copy the first one
-  qp[:q] = queries
-  q_tokens = list(query_tokens) + [query_tokens[0]] * (q_p - q)
-  return Padded(docs=dp, queries=qp, where=np.arange(n_p) < n,
-                positions=np.arange(n_p, dtype=np.float32),
-                doc_tf=lexical.term_counts(doc_tokens, vocab, n_rows=n_p, n_cols=v_p),
-                query_tf=lexical.term_counts(q_tokens, vocab, n_rows=q_p, n_cols=v_p), n=n, q=q)
+def _bm25_ref(e: RefEpisode, i: int, o: Mapping[str, Any]) -> np.ndarray:
+  if o.get('tokenizer', 'words') != 'words':
+    raise NotImplementedError('the bench reference tokenises with the words tokenizer only')
+  return ref.bm25(e.query_tokens[i], e.doc_tokens, k1=o['k1'], b=o['b'], epsilon=o['epsilon'])
 
 
-def jax_ops(cfg: BenchConfig) -> dict[str, Callable[..., jax.Array]]:
-  """Jitted operators ``(padded arrays..., legs) -> output``; hyperparameters are bound as constants."""
-
-  def cosine(p):
-    return similarity.cosine_scores(p['queries'], p['docs'], where=p['where'])
-
-  def bm25(p):
-    return lexical.bm25_scores(p['query_tf'], p['doc_tf'], where=p['where'])
-
-  def rrf(p):
-    return fusion.rrf_fuse(p['legs'], weights=jnp.asarray(cfg.rrf_weights), depths=cfg.rrf_depths,
-                           where=p['where'])
-
-  def mmr(p):
-    return diversity.mmr_select(p['queries'], p['docs'], k=cfg.k, lam=cfg.mmr_lam, where=p['where'],
-                                pool=cfg.greedy_pool).indices
-
-  def cfs(p):
-    return diversity.cfs_select(p['queries'], p['docs'], k=cfg.k, beta=cfg.cfs_beta, sigma=cfg.cfs_sigma,
-                                where=p['where'], pool=cfg.greedy_pool).indices
-
-  def cfsr(p):
-    gram = p['docs'] @ p['docs'].T
-    return reconstruction.cfsr_scores(p['queries'], p['docs'], where=p['where'], gram=gram,
-                                      pool=cfg.cfsr_pool, iterations=cfg.cfsr_iterations, lam=cfg.cfsr_lam,
-                                      w=cfg.cfsr_w, batch_size=cfg.cfsr_batch)
-
-  def tide(p):
-    return recency.tide_scores(p['base'], p['positions'], weight=cfg.tide_weight, depth=cfg.tide_depth,
-                               where=p['where'])
-
-  fns = dict(cosine=cosine, bm25=bm25, rrf=rrf, mmr=mmr, cfs=cfs, cfsr=cfsr, tide=tide)
-  return {name: jax.jit(fn) for name, fn in fns.items()}
+def _picks(sel: tuple[np.ndarray, np.ndarray], n: int) -> np.ndarray:
+  return ref.selection_scores_ref(sel[0], n)
 
 
-# ----------------------------------------------------------------------------------------------
-# Reference side: one query at a time.
+def _tide_ref(e: RefEpisode, i: int, o: Mapping[str, Any]) -> np.ndarray:
+  base = (ref.cosine_scores_ref(e.queries[i], e.docs) if o['base'] == 'cosine'
+          else _bm25_ref(e, i, {'k1': o['k1'], 'b': o['b'], 'epsilon': o['epsilon']}))
+  return ref.tide_scores_ref(base, e.positions, weight=o['recency'], depth=o['pool'])
 
 
-def ref_ops(cfg: BenchConfig) -> dict[str, Callable[..., np.ndarray]]:
-  """Per-query references ``(episode inputs, query index) -> output``."""
-  return dict(
-      cosine=lambda e, i: ref.cosine_scores_ref(e['queries'][i], e['docs']),
-      bm25=lambda e, i: e['bm25_index'].get_scores(e['query_tokens'][i]),
-      rrf=lambda e, i: ref.rrf_fuse_ref(e['legs'][:, i], cfg.rrf_weights, cfg.rrf_depths),
-      mmr=lambda e, i: ref.mmr_select_ref(e['queries'][i], e['docs'], k=cfg.k, lam=cfg.mmr_lam,
-                                          pool=cfg.greedy_pool)[0],
-      cfs=lambda e, i: ref.cfs_select_ref(e['queries'][i], e['docs'], k=cfg.k, beta=cfg.cfs_beta,
-                                          sigma=cfg.cfs_sigma, pool=cfg.greedy_pool)[0],
-      cfsr=lambda e, i: ref.cfsr_scores_ref(e['queries'][i], e['docs'], pool=cfg.cfsr_pool,
-                                            iterations=cfg.cfsr_iterations, lam=cfg.cfsr_lam, w=cfg.cfsr_w),
-      tide=lambda e, i: ref.tide_scores_ref(e['base'][i], e['positions'], weight=cfg.tide_weight,
-                                            depth=cfg.tide_depth),
-  )
+def _mem0_ref(e: RefEpisode, i: int, o: Mapping[str, Any]) -> np.ndarray:
+  cos = ref.cosine_scores_ref(e.queries[i], e.docs)
+  bm = ref.bm25(e.query_tokens[i], e.doc_tokens)
+  fused = ref.additive_fuse_ref(cos, bm, max(len(e.query_tokens[i]), 1), threshold=o['threshold'], pool=o['pool'])
+  return np.where(np.isneginf(fused), -10.0 + cos, fused)  # the leg's equal-k backfill (engram_jax.ops.controls)
 
 
-def _top_ids(scores: np.ndarray, k: int = 10) -> list[int]:
-  fin = [i for i in range(len(scores)) if np.isfinite(scores[i])]
-  return ref.order_later_wins(scores, fin)[:k]
+REFERENCES: dict[str, Callable[[RefEpisode, int, Mapping[str, Any]], np.ndarray]] = {
+    'cosine': lambda e, i, o: ref.cosine_scores_ref(e.queries[i], e.docs),
+    'bm25': _bm25_ref,
+    'mmr': lambda e, i, o: _picks(ref.mmr_select_ref(e.queries[i], e.docs, k=o['k'], lam=o['lam'], pool=o['pool']),
+                                  e.docs.shape[0]),
+    'cfs': lambda e, i, o: _picks(ref.cfs_select_ref(e.queries[i], e.docs, k=o['k'], beta=o['beta'],
+                                                     sigma=o['sigma'], floor=o['floor'], pool=o['pool']),
+                                  e.docs.shape[0]),
+    'cfsr': lambda e, i, o: ref.cfsr_scores_ref(e.queries[i], e.docs, pool=o['pool'], iterations=o['iterations'],
+                                                lam=o['lam'], w=o['w']),
+    'tide': _tide_ref,
+    'mem0': _mem0_ref,
+}
 
 
-def _agrees(op: str, got: np.ndarray, want: np.ndarray) -> bool:
-  if op in ('mmr', 'cfs'):
-    return np.array_equal(np.asarray(got), np.asarray(want))
-  return _top_ids(np.asarray(got, np.float64)) == _top_ids(np.asarray(want, np.float64))
+def top_ids(scores: np.ndarray, k: int = TOP) -> list[int]:
+  """The top-``k`` ids of the finite entries of ``scores [N]`` (ties to the later item)."""
+  scores = np.asarray(scores, np.float64)
+  return ref.order_later_wins(scores, np.flatnonzero(np.isfinite(scores)).tolist())[:k]
 
 
 # ----------------------------------------------------------------------------------------------
 # The benchmark.
 
 
-@dataclasses.dataclass
-class Row:
-  op: str
-  jax_s: float = 0.0
-  ref_s: float = 0.0
-  agree: int = 0
-  checked: int = 0
-
-  @property
-  def ratio(self) -> float:
-    return self.ref_s / self.jax_s if self.jax_s > 0 else float('nan')
-
-
-def _median_time(fn: Callable[[], object], repeats: int) -> float:
-  jax.block_until_ready(fn())  # warm-up (compiles on the first shape)
+def _median_time(fn: Callable[[], jax.Array], repeats: int) -> tuple[float, jax.Array]:
+  """Median seconds of ``repeats`` calls after one warm-up call (which compiles a new shape), and the last
+  output."""
+  out = jax.block_until_ready(fn())
   times = []
-  for _ in range(repeats):
+  for _ in range(max(repeats, 1)):
     t = time.perf_counter()
-    jax.block_until_ready(fn())
+    out = jax.block_until_ready(fn())
     times.append(time.perf_counter() - t)
-  return float(np.median(times))
+  return float(np.median(times)), out
 
 
-def bench_episodes(episodes: Sequence[Episode], cfg: BenchConfig = BenchConfig(), *,
-                   ops: Sequence[str] = OPS, log: Callable[[str], None] = print) -> list[Row]:
-  """Times every operator on every episode; returns one :class:`Row` per operator (sums)."""
-  from rank_bm25 import BM25Okapi
+def operator_options(name: str, overrides: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+  """The knob values the bench times operator ``name`` with: its defaults, then :data:`OVERRIDES`, then
+  ``overrides`` (validated by the declaration)."""
+  given = {**OVERRIDES.get(name, {}), **(overrides or {}).get(name, {})}
+  return OPERATORS[name].options(given, where=f'bench {name}')
 
-  jfns, rfns = jax_ops(cfg), ref_ops(cfg)
-  rows = {op: Row(op) for op in ops}
-  for e_i, ep in enumerate(episodes):
-    p = pad_episode(ep, cfg)
-    arrays = {name: jnp.asarray(getattr(p, name)) for name in ('docs', 'queries', 'where', 'positions',
-                                                               'doc_tf', 'query_tf')}
-    # Leg scores shared by RRF and Tide (computed once, outside the timers).
-    cos = jfns['cosine'](arrays)
-    bm = jfns['bm25'](arrays)
-    cfsr_s = jfns['cfsr'](arrays)
-    arrays['legs'] = jnp.stack([cos, bm, cfsr_s])
-    arrays['base'] = cos
-    n, q = p.n, p.q
-    r_q = q if cfg.ref_queries <= 0 else min(q, cfg.ref_queries)
-    e_ref = dict(docs=np.asarray(ep[0], np.float64), queries=np.asarray(ep[1], np.float64),
-                 query_tokens=list(ep[3]), bm25_index=BM25Okapi([list(t) for t in ep[2]]),
-                 legs=np.asarray(arrays['legs'], np.float64)[:, :q, :n],
-                 base=np.asarray(cos, np.float64)[:q, :n], positions=np.arange(n, dtype=np.float64))
-    for op in ops:
-      row = rows[op]
-      fn = functools.partial(jfns[op], arrays)
-      row.jax_s += _median_time(fn, cfg.repeats)
-      out = np.asarray(fn())
+
+def _row(name: str, options: Mapping[str, Any], has_ref: bool) -> dict[str, Any]:
+  return {'op': name, 'options': dict(options), 'jax_s': 0.0, 'ref_s': 0.0 if has_ref else None, 'agree': 0,
+          'checked': 0, 'ratio': None, 'episodes': 0, 'queries': 0}
+
+
+def time_operators(episodes: Sequence[BenchEpisode], names: Sequence[str] | None = None, *, repeats: int = 5,
+                   ref_queries: int = 40, overrides: Mapping[str, Mapping[str, Any]] | None = None,
+                   seed: int = 0, log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+  """Time operators (registered names, or :data:`FUSION` for RRF) on every episode; one row per name.
+
+  Args:
+    episodes: the benchmark episodes.
+    names: registered operator names and/or ``'rrf'``; None = every registered operator, then ``'rrf'``.
+    repeats: timed calls per operator and episode (median reported).
+    ref_queries: reference-timed queries per episode (0 = all); the time is scaled to all queries.
+    overrides: ``{operator: {knob: value}}`` over the bench's knob values (:func:`operator_options`).
+    seed: the PRNG key of the legs (only stochastic legs such as cos2 read it).
+    log: called with one progress line per episode.
+
+  Returns:
+    One dict per name, in order: ``op``, ``options`` (knob values), ``jax_s`` (summed over episodes), ``ref_s``
+    (scaled to all queries; None without a reference), ``ratio`` (``ref_s / jax_s`` or None), ``agree`` /
+    ``checked`` (queries whose top-10 ids agree / queries compared), ``episodes``, ``queries``.
+
+  Raises:
+    ValueError: an unknown operator name (listing the registered ones) or an invalid knob value.
+  """
+  names = [*OPERATORS, FUSION] if names is None else list(names)
+  unknown = [n for n in names if n not in OPERATORS and n != FUSION]
+  if unknown:
+    raise ValueError(f'unknown operators {unknown}; registered: {sorted(OPERATORS)} (and {FUSION!r}, the fusion)')
+  unknown = sorted(set(overrides or {}) - set(OPERATORS))
+  if unknown:
+    raise ValueError(f'knob overrides for unknown operators {unknown}; registered: {sorted(OPERATORS)}')
+  key = jax.random.key(seed)
+  legs = {n: pipeline.make_pipeline(name=n, legs={n: {'op': n, **operator_options(n, overrides)}}).legs[0]
+          for n in names if n != FUSION}
+  stack = pipeline.make_pipeline(name=FUSION, fusion='rrf', legs=RRF_STACK) if FUSION in names else None
+  built = pipeline.build_options([pipeline.Pipeline(legs=(leg,)) for leg in legs.values()]
+                                 + ([stack] if stack is not None else []))
+  fns = {n: jax.jit(leg.score) for n, leg in legs.items()}
+  rows = {n: _row(n, legs[n].options if n in legs else {}, n in REFERENCES or n == FUSION) for n in names}
+  if stack is not None:
+    stack_fns = [jax.jit(leg.score) for leg in stack.legs]
+    weights = jnp.asarray([leg.weight for leg in stack.legs])
+    depths = [leg.depth for leg in stack.legs]
+    fuse = jax.jit(lambda s, where: rrf_ops.rrf_fuse(s, weights=weights, depths=depths, where=where, k0=stack.k0))
+    rows[FUSION]['options'] = {'legs': {leg.name: leg.op for leg in stack.legs}, 'weights': weights.tolist(),
+                               'depths': depths, 'k0': stack.k0}
+  for e_i, b in enumerate(episodes):
+    arr = batch.episode_arrays(b.episode, b.docs, b.queries, **PAD, **built)
+    n, q = b.episode.n_items, len(b.episode.questions)
+    r_q = q if ref_queries <= 0 else min(q, ref_queries)
+    e_ref = ref_episode(b)
+    for name in names:
+      row = rows[name]
+      if name == FUSION:
+        stacked = jnp.stack([f(arr, key) for f in stack_fns])  # outside the timer
+        jax_s, out = _median_time(lambda: fuse(stacked, arr.where), repeats)
+        s64 = np.asarray(stacked, np.float64)[:, :q, :n]
+        fn_ref = lambda i: ref.rrf_fuse_ref(s64[:, i], [l.weight for l in stack.legs], depths, k0=stack.k0)
+      else:
+        jax_s, out = _median_time(lambda: fns[name](arr, key), repeats)
+        adapter = REFERENCES.get(name)
+        opts = dict(legs[name].options)
+        fn_ref = None if adapter is None else (lambda i: adapter(e_ref, i, opts))
+      row['jax_s'] += jax_s
+      row['episodes'] += 1
+      row['queries'] += q
+      if fn_ref is None:
+        continue
+      got = np.asarray(out)[:q, :n]
       t = time.perf_counter()
-      want = [rfns[op](e_ref, i) for i in range(r_q)]
-      row.ref_s += (time.perf_counter() - t) * q / r_q
-      got = out[:q] if op in ('mmr', 'cfs') else out[:q, :n]
-      row.agree += sum(_agrees(op, got[i], want[i]) for i in range(r_q))
-      row.checked += r_q
-    log(f'episode {e_i + 1}/{len(episodes)}: N={n} (padded {p.docs.shape[0]}), Q={q} (padded '
-        f'{p.queries.shape[0]}), reference on {r_q} queries')
-  return [rows[op] for op in ops]
+      want = [fn_ref(i) for i in range(r_q)]
+      row['ref_s'] += (time.perf_counter() - t) * q / r_q
+      row['agree'] += sum(top_ids(got[i]) == top_ids(want[i]) for i in range(r_q))
+      row['checked'] += r_q
+    if log is not None:
+      log(f'episode {e_i + 1}/{len(episodes)}: N={n} (padded {arr.docs.shape[0]}), Q={q} (padded '
+          f'{arr.queries.shape[0]}), reference on {r_q} queries')
+  for row in rows.values():
+    if row['ref_s'] is not None and row['jax_s'] > 0:
+      row['ratio'] = row['ref_s'] / row['jax_s']
+  return [rows[n] for n in names]
 
 
-def format_table(rows: Sequence[Row], *, n_episodes: int, n_queries: int) -> str:
+# ----------------------------------------------------------------------------------------------
+# Output.
+
+
+def environment() -> list[str]:
+  """The JAX device and the BLAS / XLA thread settings (what the times depend on)."""
+  dev = jax.devices()[0]
+  lines = [f'jax {jax.__version__}, numpy {np.__version__}; device {dev} ({dev.platform}, '
+           f'{jax.device_count()} device(s)); x64 {bool(jax.config.jax_enable_x64)}']
+  try:
+    usable = len(os.sched_getaffinity(0))
+  except AttributeError:  # not on Linux
+    usable = os.cpu_count()
+  env = ', '.join(f'{k}={os.environ.get(k, "unset")}' for k in ('XLA_FLAGS', 'OMP_NUM_THREADS',
+                                                                  'OPENBLAS_NUM_THREADS', 'MKL_NUM_THREADS'))
+  lines.append(f'threads: {os.cpu_count()} CPUs, {usable} usable (XLA CPU sizes its pool to these); {env}')
+  try:
+    from threadpoolctl import threadpool_info
+    pools = [f'{p.get("internal_api")} {p.get("num_threads")} threads' for p in threadpool_info()]
+    lines.append('NumPy BLAS / OpenMP pools: ' + (', '.join(pools) or 'none loaded'))
+  except ImportError:
+    lines.append('NumPy BLAS pools: unknown (threadpoolctl not installed)')
+  return lines
+
+
+def format_table(rows: Sequence[Mapping[str, Any]], *, n_episodes: int, n_queries: int) -> str:
+  """Markdown: one line per row; ``n/a`` where an operator has no reference."""
   lines = [f'{n_episodes} episodes, {n_queries} queries; times are totals over all queries '
            f'(JAX float32 jitted median; NumPy float64 reference)',
-           f'| op | JAX ms | NumPy ms | ratio | agree |', '|---|---:|---:|---:|---:|']
+           '| op | JAX ms | NumPy ms | ratio | agree |', '|---|---:|---:|---:|---:|']
   for r in rows:
-    lines.append(f'| {r.op} | {1e3 * r.jax_s:.1f} | {1e3 * r.ref_s:.1f} | {r.ratio:.1f}x | '
-                 f'{r.agree}/{r.checked} |')
+    has = r['ref_s'] is not None
+    ref_ms = f'{1e3 * r["ref_s"]:.1f}' if has else 'n/a'
+    ratio = f'{r["ratio"]:.1f}x' if r['ratio'] is not None else 'n/a'
+    agree = f'{r["agree"]}/{r["checked"]}' if has else 'n/a'
+    lines.append(f'| {r["op"]} | {1e3 * r["jax_s"]:.1f} | {ref_ms} | {ratio} | {agree} |')
   return '\n'.join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> list[Row]:
+def _parse_sets(items: Sequence[str]) -> dict[str, dict[str, Any]]:
+  """``['tide.pool=10', 'cfsr.batch_size=None']`` -> ``{'tide': {'pool': 10}, 'cfsr': {'batch_size': None}}``."""
+  out: dict[str, dict[str, Any]] = {}
+  for item in items:
+    path, sep, raw = item.partition('=')
+    op, dot, knob = path.partition('.')
+    if not sep or not dot:
+      raise ValueError(f'--set expects OP.KNOB=VALUE, got {item!r}')
+    try:
+      value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+      value = raw
+    out.setdefault(op, {})[knob] = value
+  return out
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument('--data', choices=('synthetic', 'locomo'), default='synthetic')
   ap.add_argument('--root', default=None, help='data root for --data locomo')
   ap.add_argument('--cache-dir', default='.cache', help='embedding cache for --data locomo')
   ap.add_argument('--episodes', type=int, default=10, help='synthetic episodes (or the first E of LoCoMo)')
   ap.add_argument('--queries', type=int, default=200, help='synthetic queries per episode')
-  ap.add_argument('--repeats', type=int, default=BenchConfig.repeats)
-  ap.add_argument('--ref-queries', type=int, default=BenchConfig.ref_queries,
+  ap.add_argument('--repeats', type=int, default=5)
+  ap.add_argument('--ref-queries', type=int, default=40,
                   help='reference-timed queries per episode (0: all), time scaled to all queries')
-  ap.add_argument('--cfsr-batch', type=int, default=BenchConfig.cfsr_batch, help='0: vmap all queries')
-  ap.add_argument('--ops', default=','.join(OPS))
+  ap.add_argument('--cfsr-batch', type=int, default=None,
+                  help='batch_size knob of every operator that has one (the CFS-R family); 0: vmap all queries; '
+                       'default: the declarations\' default')
+  ap.add_argument('--ops', default=None, help=f'comma-separated operator names and/or {FUSION!r} (default: every '
+                                              'registered operator, then rrf)')
+  ap.add_argument('--ops-modules', default='', help='comma-separated modules to import first (they register '
+                                                    'operators)')
+  ap.add_argument('--set', action='append', default=[], metavar='OP.KNOB=VALUE',
+                  help='a knob value over the bench defaults (repeatable)')
   args = ap.parse_args(argv)
-  ops = [o for o in args.ops.split(',') if o]
-  unknown = set(ops) - set(OPS)
-  if unknown:
-    ap.error(f'unknown ops {sorted(unknown)}; choose from {OPS}')
-  cfg = BenchConfig(repeats=args.repeats, ref_queries=args.ref_queries, cfsr_batch=args.cfsr_batch or None)
+  for module in filter(None, args.ops_modules.split(',')):
+    importlib.import_module(module)
+  names = None if args.ops is None else [o for o in args.ops.split(',') if o]
+  if names is not None:
+    unknown = sorted(set(names) - set(OPERATORS) - {FUSION})
+    if unknown:
+      ap.error(f'unknown ops {unknown}; choose from {sorted(OPERATORS) + [FUSION]}')
+  try:
+    overrides = _parse_sets(args.set)
+  except ValueError as e:
+    ap.error(str(e))
+  if set(overrides) - set(OPERATORS):
+    ap.error(f'--set names unknown operators {sorted(set(overrides) - set(OPERATORS))}; choose from '
+             f'{sorted(OPERATORS)}')
+  if args.cfsr_batch is not None:
+    for name, op in OPERATORS.items():
+      if any(k.name == 'batch_size' for k in op.knobs):
+        overrides.setdefault(name, {}).setdefault('batch_size', args.cfsr_batch or None)
+  print('\n'.join(environment()))
   if args.data == 'synthetic':
     episodes = synthetic_episodes(n_episodes=args.episodes, n_queries=args.queries)
   else:
     episodes = locomo_episodes(args.root, cache_dir=args.cache_dir)[:args.episodes]
-  print(f'jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} device(s)); '
-        f'{len(episodes)} {args.data} episodes', file=sys.stderr)
-  rows = bench_episodes(episodes, cfg, ops=ops, log=lambda s: print(s, file=sys.stderr))
-  print(format_table(rows, n_episodes=len(episodes), n_queries=sum(e[1].shape[0] for e in episodes)))
+  print(f'{len(episodes)} {args.data} episodes', file=sys.stderr)
+  rows = time_operators(episodes, names, repeats=args.repeats, ref_queries=args.ref_queries, overrides=overrides,
+                        log=lambda s: print(s, file=sys.stderr))
+  print(format_table(rows, n_episodes=len(episodes), n_queries=sum(len(b.episode.questions) for b in episodes)))
   return rows
 
 

@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from engram_jax import metrics as metrics_lib
 from engram_jax import validation
-from engram_jax.evaluation import EPISODE_METRICS
+from experiments.common import dataset_metrics
 
 AUTO = 'auto'
 DEFAULT_BASELINES = ('cosine', 'rrf_cos_bm25')
@@ -34,17 +34,20 @@ def metrics_for(cfg: DictConfig, ds: DictConfig) -> list[str]:
   return list(cfg.eval.metrics)
 
 
+KNOWN_EPISODE_METRICS = ('answer', 'newest_first', 'parent_recall')
+
+
 def check_metrics(names: list[str], *, k: int, supported: list[str], where: str) -> None:
-  """Every metric parses, its cutoff is <= k, and a dataset-owned metric is one the dataset supports."""
+  """Every metric parses, its cutoff is <= k, and a dataset-owned metric is one the dataset declares."""
   if not names:
     raise ValueError(f'{where}: no metrics given; expected names such as ndcg@10')
   for m in names:
     try:
-      base, cut = metrics_lib.parse_metric(m, tuple(EPISODE_METRICS))
+      base, cut = metrics_lib.parse_metric(m, tuple(supported) + KNOWN_EPISODE_METRICS)
     except ValueError:
       allowed = sorted(metrics_lib.METRICS) + sorted(supported)
       raise ValueError(f'{where}: unknown metric {m!r}; allowed: {allowed} followed by @k') from None
-    if base in EPISODE_METRICS and base not in supported:
+    if base not in metrics_lib.METRICS and base not in supported:
       raise ValueError(f'{where}: metric {m!r} cannot be computed on this dataset; its dataset-owned metrics are '
                        f'{sorted(supported)} (label metrics {sorted(metrics_lib.METRICS)} always can)')
     if not 1 <= cut <= k:
@@ -88,7 +91,7 @@ def check_evaluate(cfg: DictConfig) -> None:
       raise ValueError('eval.metrics applies to one-dataset runs; in a multi-dataset run set '
                        f'datasets.<name>.metrics (datasets: {list(datasets)})')
   for name, ds in datasets.items():
-    check_metrics(metrics_for(cfg, ds), k=k, supported=list(ds.get('metric_support') or []),
+    check_metrics(metrics_for(cfg, ds), k=k, supported=list(dataset_metrics(ds)),
                   where=f'dataset {name}')
     _check_loader(ds.get('loader'), f'datasets.{name}' if cfg.get('datasets') else 'dataset')
   resolve_baselines(cfg)
@@ -102,13 +105,13 @@ def check_evaluate(cfg: DictConfig) -> None:
         raise ValueError(f'pipeline {name}: tune.train names {t!r}; allowed: {sorted(train_sets)}')
       tcfg = train_sets[t]
       _check_loader(tcfg.get('loader'), f'train_sets.{t}')
-      check_metrics([tcfg.metric], k=k, supported=list(tcfg.get('metric_support') or []),
+      check_metrics([tcfg.metric], k=k, supported=list(dataset_metrics(tcfg)),
                     where=f'train_sets.{t}.metric')
     if not tune.get('grid'):
       raise ValueError(f'pipeline {name}: tune.grid is empty; give at least one value')
     if tune.get('metric') is not None:
       ds0 = next(iter(datasets.values()))
-      check_metrics([tune.metric], k=k, supported=list(ds0.get('metric_support') or []),
+      check_metrics([tune.metric], k=k, supported=list(dataset_metrics(ds0)),
                     where=f'pipeline {name} tune.metric')
 
 
@@ -126,7 +129,7 @@ def check_fit(cfg: DictConfig) -> None:
       raise ValueError(f'fit.{key} must be an integer >= 1, got {f[key]}')
   validation.check_positive(OmegaConf.to_container(f.temperatures), where='fit.temperatures')
   check_metrics(list(cfg.dataset.get('metrics') or cfg.eval.metrics), k=int(cfg.eval.k),
-                supported=list(cfg.dataset.get('metric_support') or []), where=f'dataset {cfg.dataset.name}')
+                supported=list(dataset_metrics(cfg.dataset)), where=f'dataset {cfg.dataset.name}')
   _check_loader(cfg.dataset.get('loader'), 'dataset')
   names = list(cfg.pipeline)
   if len(names) == 1 and not (f.params or (f.params_by_pipeline or {}).get(names[0])):

@@ -13,89 +13,13 @@ from typing import Any
 import hydra
 import numpy as np
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from engram_jax import analysis, embed, evaluation, pipeline, report
+from engram_jax import analysis, evaluation, report
 from engram_jax.data import splits
-from experiments import checks
+from experiments import checks, common
 
 log = logging.getLogger(__name__)
-
-
-def build_pipelines(cfg: DictConfig) -> tuple[dict[str, pipeline.Pipeline], dict[str, tuple[list[str], str]]]:
-  """Instantiate every selected pipeline config into a library Pipeline.
-
-  A pipeline node may expand into variants, one per value of one parameter (named
-  ``name[param=value]``), merged after evaluation:
-  ``tune: {param, grid, metric}`` is cross-fitted by episode (``evaluation.merge_tuned``);
-  ``replicate: {param, values}`` (seeds of a stochastic leg) is averaged (``evaluation.merge_replicates``).
-
-  Returns:
-    ``(pipelines, expanded)`` with ``expanded[name] = (kind, variant names, tuning metric)``.
-  """
-  pipes: dict[str, pipeline.Pipeline] = {}
-  expanded: dict[str, tuple[str, list[str], str]] = {}
-  fitted = json.loads(Path(cfg.fitted).read_text()) if cfg.get('fitted') else None
-  if fitted is not None and fitted['pipeline'] not in cfg.pipeline:
-    raise ValueError(f'fitted parameters are for pipeline {fitted["pipeline"]!r}, which is not selected')
-  for name, node in cfg.pipeline.items():
-    node = OmegaConf.to_container(node)
-    node.pop('skip_datasets', None)
-    if fitted is not None and name == fitted['pipeline']:
-      node.pop('tune', None)
-      variant_of = {}
-      for episode, params in fitted['folds'].items():
-        variant = OmegaConf.create(node)
-        for path, value in params.items():
-          if OmegaConf.select(variant, path) is None:
-            raise ValueError(f'fitted parameter {path!r} does not exist in pipeline {name}')
-          OmegaConf.update(variant, path, value)
-        vname = f'{name}[fold={episode}]'
-        pipes[vname] = pipeline.make_pipeline(name=vname, **instantiate(variant))
-        variant_of[episode] = vname
-      expanded[name] = ('fitted', list(variant_of.values()), variant_of)
-      continue
-    tune, rep = node.pop('tune', None), node.pop('replicate', None)
-    if tune is None and rep is None:
-      pipes[name] = pipeline.make_pipeline(name=name, **instantiate(node))
-      continue
-    if tune is not None and rep is not None:
-      raise ValueError(f'pipeline {name}: tune and replicate cannot be combined')
-    kind, spec = ('tune', tune) if tune is not None else ('replicate', rep)
-    values = spec['grid'] if kind == 'tune' else spec['values']
-    variants = []
-    for value in values:
-      variant = OmegaConf.create(node)
-      OmegaConf.update(variant, spec['param'], value)
-      vname = f'{name}[{spec["param"].rsplit(".", 1)[-1]}={value}]'
-      pipes[vname] = pipeline.make_pipeline(name=vname, **instantiate(variant))
-      variants.append(vname)
-    expanded[name] = (kind, variants, spec.get('metric', cfg.eval.metrics[0]))
-  return pipes, expanded
-
-
-def _embedder(cfg: DictConfig):
-  """``texts -> [T, D]`` through the embedding cache, keyed by the instantiated encoder's spec (read from files:
-  a warm cache never loads the model). ``embed_fn.cache_reports`` collects each call's ``CacheReport.as_dict()``
-  (texts cached / embedded, bad shards rebuilt) for the results."""
-  e = cfg.embedder
-  encoder = instantiate(e.encoder)
-  reports: list[dict[str, Any]] = []
-
-  def embed_fn(texts):
-    vecs, report = embed.embed_with_report(texts, cache_dir=cfg.paths.cache_dir, model_id=e.model_id,
-                                           encoder=encoder, progress=cfg.eval.progress)
-    reports.append(report.as_dict())
-    return vecs
-  embed_fn.cache_reports = reports
-  return embed_fn
-
-
-def _load(cfg: DictConfig, ds: DictConfig):
-  episodes, load_report = instantiate(ds.loader, root=cfg.paths.data_root)
-  log.info('%s', load_report.summary())
-  return episodes, load_report
 
 
 def fit_on_train(cfg: DictConfig, pipes: dict, expanded: dict, embed_fn, scored: dict[str, list]) -> dict:
@@ -112,14 +36,15 @@ def fit_on_train(cfg: DictConfig, pipes: dict, expanded: dict, embed_fn, scored:
     for tname in node.tune.train:
       tcfg = cfg.train_sets[tname]
       if tname not in train_cache:
-        eps, _ = _load(cfg, tcfg)
+        eps, _ = common.load_dataset(cfg, tcfg)
         train_cache[tname] = (eps, evaluation.embed_episodes(eps, embed_fn))
       eps, embs = train_cache[tname]
       for ds_name, ds_eps in scored.items():
         if ds_name not in node.get('skip_datasets', []):
           splits.assert_disjoint_content(eps, ds_eps)
       res = evaluation.evaluate(eps, embs, {v: pipes[v] for v in variants}, k=cfg.eval.k,
-                                metrics=[tcfg.metric], seed=cfg.seed, progress=False)
+                                metrics=[tcfg.metric], seed=cfg.seed, progress=False,
+                                episode_metrics=common.dataset_metrics(tcfg))
       for g, v in enumerate(variants):
         per_value[g].append(res.scores[v][tcfg.metric])
     means = [float(np.concatenate(v).mean()) for v in per_value]
@@ -147,7 +72,7 @@ def run_dataset(cfg: DictConfig, ds: DictConfig, episodes, load_report, pipes: d
   only = {v: {ep for ep, vv in extra.items() if vv == v}
           for kind, variants, extra in expanded.values() if kind == 'fitted' for v in variants}
   result = evaluation.evaluate(episodes, embeddings, pipes, k=cfg.eval.k, metrics=metrics, seed=cfg.seed,
-                               progress=cfg.eval.progress, only=only)
+                               progress=cfg.eval.progress, only=only, episode_metrics=common.dataset_metrics(ds))
   merged = {}
   for name, (kind, variants, extra) in expanded.items():
     if name in skip:
@@ -188,9 +113,9 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   """Evaluate ``cfg.pipeline`` on ``cfg.dataset`` (or on every entry of ``cfg.datasets``) and write the results."""
   checks.check_evaluate(cfg)
   datasets = checks.datasets_of(cfg)
-  pipes, expanded = build_pipelines(cfg)
-  embed_fn = _embedder(cfg)
-  loaded = {name: _load(cfg, ds) for name, ds in datasets.items()}
+  pipes, expanded = common.build_pipelines(cfg)
+  embed_fn = common.make_embedder(cfg)
+  loaded = {name: common.load_dataset(cfg, ds) for name, ds in datasets.items()}
   fits = fit_on_train(cfg, pipes, expanded, embed_fn, {n: eps for n, (eps, _) in loaded.items()})
   per_ds, tables = {}, []
   for name, ds in datasets.items():

@@ -22,35 +22,24 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from engram_jax import evaluation, fit, pipeline, report, stats
+from engram_jax import batch, evaluation, fit, pipeline, report, stats
 from engram_jax.data import splits
-from experiments import checks
-from experiments import evaluate as ev
+from experiments import checks, common
 
 log = logging.getLogger(__name__)
-CONF = Path(__file__).resolve().parents[1] / 'conf'
-
-
-def hand_set_pipeline(name: str, node: DictConfig | dict | None = None) -> pipeline.Pipeline:
-  """The hand-set pipeline of config node ``node`` (default: ``conf/pipeline/NAME.yaml``), ignoring any
-  ``tune`` / ``replicate`` / ``skip_datasets`` entries."""
-  if node is None:
-    node = OmegaConf.load(CONF / 'pipeline' / f'{name}.yaml')[name]
-  node = OmegaConf.to_container(node) if not isinstance(node, dict) else dict(node)
-  for key in ('tune', 'replicate', 'skip_datasets'):
-    node.pop(key, None)
-  return pipeline.make_pipeline(name=name, **instantiate(node))
 
 
 def _interval(values: np.ndarray, seed: int, n_resamples: int) -> dict[str, float]:
   return stats.bootstrap_ci(values, seed=seed, n_resamples=n_resamples).to_dict()
 
 
-def prepare(cfg: DictConfig):
-  """Load, embed and pad the dataset once: ``(episodes, embeddings, arrays)``."""
-  episodes, _ = ev._load(cfg, cfg.dataset)
-  embeddings = evaluation.embed_episodes(episodes, ev._embedder(cfg))
-  arrays = [pipeline.episode_arrays(e, d, q) for e, (d, q) in zip(episodes, embeddings)]
+def prepare(cfg: DictConfig, options: dict | None = None):
+  """Load, embed and pad the dataset once: ``(episodes, embeddings, arrays)`` (``options``: what the pipelines'
+  legs need built, :func:`engram_jax.pipeline.build_options`)."""
+  options = options or {}
+  episodes, _ = common.load_dataset(cfg, cfg.dataset)
+  embeddings = evaluation.embed_episodes(episodes, common.make_embedder(cfg))
+  arrays = [batch.episode_arrays(e, d, q, **options) for e, (d, q) in zip(episodes, embeddings)]
   return episodes, embeddings, arrays
 
 
@@ -68,7 +57,8 @@ def fit_folds(cfg: DictConfig, name: str, pipe: pipeline.Pipeline, episodes, arr
   params = list(cfg.fit.params or cfg.fit.params_by_pipeline[name])
   problem, knobs, every = fit.make_problem(
       pipe, params, k=int(cfg.eval.k), temperatures=fit.Temperatures(**cfg.fit.temperatures),
-      greedy_pool=int(cfg.fit.greedy_pool), candidates=int(cfg.fit.candidates), solve_batch=cfg.fit.solve_batch)
+      settings=fit.Settings(greedy_pool=int(cfg.fit.greedy_pool), candidates=int(cfg.fit.candidates),
+                            solve_batch=cfg.fit.solve_batch))
   rows = fit.build_rows(problem, pipe, episodes, arrays, seed=int(cfg.seed))
   row_eps = [e.id for e in episodes for _ in e.questions]
   qids = [q.id for e in episodes for q in e.questions]
@@ -86,8 +76,9 @@ def score_folds(cfg: DictConfig, name: str, pipe: pipeline.Pipeline, episodes, e
   for fold, res in zip(folds, fits):
     sel = [i for i, e in enumerate(episodes) if e.id in fold]
     r = evaluation.evaluate([episodes[i] for i in sel], [embeddings[i] for i in sel],
-                            {name: fit.apply_values(pipe, res.values)}, k=int(cfg.eval.k), metrics=metrics,
-                            seed=int(cfg.seed), progress=False, arrays=[arrays[i] for i in sel])
+                            {name: pipeline.with_values(pipe, res.values)}, k=int(cfg.eval.k), metrics=metrics,
+                            seed=int(cfg.seed), progress=False, arrays=[arrays[i] for i in sel],
+                            episode_metrics=common.dataset_metrics(cfg.dataset))
     eps = np.asarray(r.episode_ids)
     for i in sel:
       by_ep[episodes[i].id] = {m: r.scores[name][m][eps == episodes[i].id] for m in metrics}
@@ -104,8 +95,10 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   checks.check_fit(cfg)
   name = names[0]
   metrics = list(cfg.dataset.get('metrics') or cfg.eval.metrics)
-  pipe = hand_set_pipeline(name, cfg.pipeline[name])
-  episodes, embeddings, arrays = prepare(cfg)
+  common.import_ops_modules(cfg)
+  pipe = common.hand_set_pipeline(name, cfg.pipeline[name])
+  baselines = {b: common.hand_set_pipeline(b) for b in cfg.fit.baselines if b != name}
+  episodes, embeddings, arrays = prepare(cfg, pipeline.build_options([pipe, *baselines.values()]))
   t_load = time.perf_counter() - t0
   folds = make_folds(cfg, [e.id for e in episodes])
   for fold in folds:  # content-level: a copied conversation must not train the fold that scores it
@@ -116,10 +109,10 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   t_fit = time.perf_counter() - t0 - t_load
 
   after = score_folds(cfg, name, pipe, episodes, embeddings, arrays, folds, fits, metrics)
-  baselines = {b: hand_set_pipeline(b) for b in cfg.fit.baselines if b != name}
   before = evaluation.evaluate([episodes[i] for i in scored], [embeddings[i] for i in scored],
                                {name: pipe, **baselines}, k=int(cfg.eval.k), metrics=metrics, seed=int(cfg.seed),
-                               progress=False, arrays=[arrays[i] for i in scored])
+                               progress=False, arrays=[arrays[i] for i in scored],
+                               episode_metrics=common.dataset_metrics(cfg.dataset))
   wall = time.perf_counter() - t0
   train_qids = {}
   for fold in folds:  # the disjointness the fits asserted, asserted again on what is written

@@ -5,7 +5,7 @@ A sweep (one job per grid point, each a results.json in ``<sweep>/<job>/``), for
 the deployable RRF stack (see docs/research.md for the grid):
 
   python -m experiments.evaluate -m pipeline=[rrf_cos_bm25_cfsr] \\
-      pipeline.rrf_cos_bm25_cfsr.legs.2.score.lam=0.001,0.005,0.02 ... hydra.sweep.dir=outputs/sweeps/cfsr
+      ++pipeline.rrf_cos_bm25_cfsr.legs.cfsr.lam=0.001,0.005,0.02 ... hydra.sweep.dir=outputs/sweeps/cfsr
   python -m experiments.plateau outputs/sweeps/cfsr --metric ndcg@10
 
 writes ``plateau.md``, ``plateau.json`` and ``plateau.png`` beside the jobs: every configuration's mean with its 95%
@@ -60,6 +60,7 @@ def _overrides(job: Path) -> dict[str, str]:
   out = {}
   for o in yaml.safe_load(path.read_text()) or []:
     key, _, value = str(o).partition('=')
+    key = key.lstrip('+~')  # ++pipeline.X.legs.Y.knob (a knob left at its default is added, not overridden)
     if key.startswith('pipeline.') and '.' in key:
       out[key.rsplit('.', 1)[-1]] = value
     elif not key.startswith(('hydra', 'eval.progress', 'paths.')):

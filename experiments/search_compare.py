@@ -26,19 +26,20 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from engram_jax import evaluation, fit
+from engram_jax import evaluation, fit, pipeline
 from engram_jax.data import splits
+from experiments import common
 from experiments import fit as fit_exp
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[1]
-GRID = {'values.legs.1.weight': [0.5, 1.0, 1.5, 2.0, 3.0], 'values.k0': [5, 15, 30, 60]}
-SPACE = {'values.legs.1.weight': 'tag(log,interval(0.25,4.0))', 'values.k0': 'tag(log,interval(2.0,100.0))'}
+GRID = {'values.legs.bm25.weight': [0.5, 1.0, 1.5, 2.0, 3.0], 'values.k0': [5, 15, 30, 60]}
+SPACE = {'values.legs.bm25.weight': 'tag(log,interval(0.25,4.0))', 'values.k0': 'tag(log,interval(2.0,100.0))'}
 N_TRIALS = 20
 
 
 def flat_values(node) -> dict[str, float]:
-  """``{legs: {1: {weight: 2}}, k0: 30}`` -> ``{'legs.1.weight': 2.0, 'k0': 30.0}``."""
+  """``{legs: {bm25: {weight: 2}}, k0: 30}`` -> ``{'legs.bm25.weight': 2.0, 'k0': 30.0}``."""
   out = {}
 
   def walk(prefix, x):
@@ -70,7 +71,7 @@ def main(cfg: DictConfig) -> float:
   t0 = time.perf_counter()
   name = list(cfg.pipeline)[0]
   values = flat_values(cfg['values'])
-  pipe = fit.apply_values(fit_exp.hand_set_pipeline(name, cfg.pipeline[name]), values)
+  pipe = pipeline.with_values(common.hand_set_pipeline(name, cfg.pipeline[name]), values)
   data = fit_exp.prepare(cfg)
   train, _ = split_episodes(cfg, data[0])
   ndcg = float(score(cfg, pipe, data, train).mean())
@@ -95,7 +96,7 @@ def compare(out: Path, overrides: list[str]) -> dict:
   with initialize_config_dir(config_dir=str(ROOT / 'conf'), version_base='1.3'):
     cfg = compose(config_name='fit_search', overrides=overrides)
   name = list(cfg.pipeline)[0]
-  hand = fit_exp.hand_set_pipeline(name, cfg.pipeline[name])
+  hand = common.hand_set_pipeline(name, cfg.pipeline[name])
   data = fit_exp.prepare(cfg)
   train, test = split_episodes(cfg, data[0])
   rows_out = {}
@@ -117,7 +118,7 @@ def compare(out: Path, overrides: list[str]) -> dict:
   res = fit.fit(problem, knobs, every, rows, train_rows, optimizer=instantiate(cfg.fit.optimizer),
                 steps=int(cfg.fit.steps), batch_size=int(cfg.fit.batch_size), seed=int(cfg.fit.seed))
   wall = time.perf_counter() - t0
-  fitted = fit.apply_values(hand, res.values)
+  fitted = pipeline.with_values(hand, res.values)
   rows_out['gradient (adam)'] = {
       'values': res.values, 'train_ndcg@10': float(score(cfg, fitted, data, train).mean()),
       'test': score(cfg, fitted, data, test), 'wall_s': wall,
@@ -132,7 +133,7 @@ def compare(out: Path, overrides: list[str]) -> dict:
   for label, args in (('grid (basic sweeper)', grid_args), ('optuna TPE (optuna sweeper)', optuna_args)):
     jobs, wall = _sweep(args, out / label.split()[0])
     best = max(jobs, key=lambda j: j['train_ndcg@10'])
-    pipe = fit.apply_values(hand, best['values'])
+    pipe = pipeline.with_values(hand, best['values'])
     rows_out[label] = {'values': best['values'], 'train_ndcg@10': best['train_ndcg@10'],
                        'test': score(cfg, pipe, data, test), 'wall_s': wall,
                        'evaluations': f'{len(jobs)} hard training-set passes'}

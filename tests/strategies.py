@@ -6,6 +6,8 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from engram_jax.testing import reference as ref
+
 
 @st.composite
 def unit_vectors(draw, n_min=1, n_max=30, d_min=2, d_max=12, with_query=True):
@@ -41,7 +43,6 @@ def padded_episodes(draw, *, n_pad, d_pad, q):
   """(docs [n_pad, d_pad], queries [q, d_pad], where [n_pad]): random unit-norm rows, N real in 1..n_pad,
   D in 2..d_pad (zero-padded). Continuous random data from a drawn seed, so there are no near-ties;
   masked rows hold junk unit vectors or NaN, scattered or trailing."""
-  import reference_ops as ref  # pylint: disable=import-outside-toplevel
   seed = draw(st.integers(0, 2**32 - 1))
   n = draw(st.integers(1, n_pad))
   d = draw(st.integers(2, d_pad))

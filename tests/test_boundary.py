@@ -83,7 +83,7 @@ def test_parent_recall_metric_matches_boundary():
     for q in ep.questions:
       for k in (1, 3, 5):
         want = boundary.parent_recall([ep.items[i].id for i in ranked], ep, q, k=k)
-        assert evaluation.EPISODE_METRICS['parent_recall'](ep, q, ranked, k) == pytest.approx(want)
+        assert boundary.parent_recall_at(ep, q, ranked, k) == pytest.approx(want)
   assert index  # the metric reads items by row index, as evaluate() passes them
 
 
@@ -92,9 +92,9 @@ def test_parent_recall_in_evaluate():
   ep = _episode()
   enc = embed.hashing_encoder(16)
   embs = evaluation.embed_episodes([ep], enc)
-  pipes = {'cos': pipeline.make_pipeline(legs=[{'score': pipeline.cosine_leg}], name='cos')}
+  pipes = {'cos': pipeline.make_pipeline(legs={'cos': {'op': 'cosine'}}, name='cos')}
   res = evaluation.evaluate([ep], embs, pipes, k=3, metrics=['parent_recall@3', 'recall@3'], seed=0,
-                            progress=False)
+                            progress=False, episode_metrics={'parent_recall': boundary.parent_recall_at})
   for i, q in enumerate(ep.questions):
     got = res.scores['cos']['parent_recall@3'][i]
     assert got == pytest.approx(boundary.parent_recall(res.retrieved['cos'][i], ep, q))

@@ -8,9 +8,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from engram_jax import fit, pipeline
+from engram_jax.ops import cosine
 from engram_jax.data import io, splits
 from engram_jax.data.locomo import load_locomo
-from experiments import checks, evaluate
+from experiments import checks, common, evaluate
 
 CONF = str(Path(__file__).resolve().parents[1] / 'conf')
 try:
@@ -48,30 +49,31 @@ def test_bad_evaluate_options_are_one_line_errors(overrides, match):
 
 
 @pytest.mark.parametrize('overrides, match', [
-    (['pipeline=[rrf_cos_bm25_cfs]', 'pipeline.rrf_cos_bm25_cfs.legs.2.score.sigma=-0.1'],
+    (['pipeline=[rrf_cos_bm25_cfs]', '+pipeline.rrf_cos_bm25_cfs.legs.cfs.sigma=-0.1'],
      r'pipeline rrf_cos_bm25_cfs, leg cfs: sigma must be > 0 \(a Gaussian width\), got -0.1'),
-    (['pipeline=[rrf_cos_bm25_cfs]', 'pipeline.rrf_cos_bm25_cfs.legs.2.score.beta=0'], 'beta must be > 0'),
-    (['pipeline=[bm25]', 'pipeline.bm25.legs.0.score.b=1.5'], r'b must be in \[0, 1\]'),
-    (['pipeline=[bm25]', 'pipeline.bm25.legs.0.score.k1=0'], 'k1 must be > 0'),
-    (['pipeline=[cfsr]', 'pipeline.cfsr.legs.0.score.w=2'], r'w must be in \[0, 1\]'),
-    (['pipeline=[cfsr]', 'pipeline.cfsr.legs.0.score.lam=-1'], 'lam must be > 0'),
-    (['pipeline=[cfsr]', 'pipeline.cfsr.legs.0.score.pool=0'], 'pool must be an integer >= 1'),
+    (['pipeline=[rrf_cos_bm25_cfs]', '+pipeline.rrf_cos_bm25_cfs.legs.cfs.beta=0'], 'beta must be > 0'),
+    (['pipeline=[bm25]', '+pipeline.bm25.legs.bm25.b=1.5'], r'b must be in \[0, 1\]'),
+    (['pipeline=[bm25]', '+pipeline.bm25.legs.bm25.k1=0'], 'k1 must be > 0'),
+    (['pipeline=[cfsr]', '+pipeline.cfsr.legs.cfsr.w=2'], r'w must be in \[0, 1\]'),
+    (['pipeline=[cfsr]', '+pipeline.cfsr.legs.cfsr.lam=-1'], 'lam must be > 0'),
+    (['pipeline=[cfsr]', '+pipeline.cfsr.legs.cfsr.pool=0'], 'pool must be an integer >= 1'),
     (['pipeline=[rrf_cos_bm25]', 'pipeline.rrf_cos_bm25.k0=0'], 'k0 must be > 0'),
-    (['pipeline=[rrf_cos_bm25]', 'pipeline.rrf_cos_bm25.legs.0.depth=0'], 'depth must be an integer >= 1'),
-    (['pipeline=[rrf_cos_bm25]', 'pipeline.rrf_cos_bm25.legs.0.weight=-1'], 'weight must be >= 0'),
+    (['pipeline=[rrf_cos_bm25]', '+pipeline.rrf_cos_bm25.legs.cos.depth=0'], 'depth must be an integer >= 1'),
+    (['pipeline=[rrf_cos_bm25]', '+pipeline.rrf_cos_bm25.legs.cos.weight=-1'], 'weight must be >= 0'),
+    (['pipeline=[bm25]', '+pipeline.bm25.legs.bm25.nope=1'], r'pipeline bm25, leg bm25: operator bm25 has no knob'),
+    (['pipeline=[bm25]', 'pipeline.bm25.legs.bm25.op=nope'], r"pipeline bm25, unknown operator 'nope'"),
 ])
 def test_bad_knobs_are_refused_when_the_pipeline_is_built(overrides, match):
   with pytest.raises(ValueError, match=match) as e:
-    evaluate.build_pipelines(_compose(overrides))
+    common.build_pipelines(_compose(overrides))
   assert '\n' not in str(e.value)
 
 
 def test_mmr_lam_is_a_trade_off_in_unit_interval():
-  leg = pipeline.make_pipeline(legs=[{'score': pipeline.cosine_leg}]).legs[0].score
-  assert leg is pipeline.cosine_leg
-  import functools  # pylint: disable=import-outside-toplevel
+  leg = pipeline.make_pipeline(legs={'cos': {'op': 'cosine'}}).legs[0]
+  assert leg.op == 'cosine' and leg.score.func is cosine.cosine_leg and leg.score.keywords == {}
   with pytest.raises(ValueError, match=r'lam must be in \[0, 1\] \(MMR'):
-    pipeline.make_pipeline(legs=[{'score': functools.partial(pipeline.mmr_leg, lam=1.5)}], name='m')
+    pipeline.make_pipeline(legs={'mmr': {'op': 'mmr', 'lam': 1.5}}, name='m')
 
 
 @pytest.mark.parametrize('overrides, match', [

@@ -1,4 +1,5 @@
-"""The defaults the published tables rely on are pinned: in the library functions and in every pipeline YAML.
+"""The defaults the published tables rely on are pinned: in the operator registry, in the library functions and in
+every pipeline YAML.
 
 Where the values come from:
 
@@ -11,22 +12,23 @@ Where the values come from:
   line 229).
 * BM25 k1 1.5, b 0.75, epsilon 0.25: no seed post states BM25's parameters (the posts only name "BM25"). They are
   rank_bm25's ``BM25Okapi`` defaults, which README.md ("BM25 is rank-bm25's BM25Okapi (k1 1.5, b 0.75,
-  epsilon 0.25) exactly") and engram_jax.lexical say we reproduce; pinned here to those values and to rank_bm25.
+  epsilon 0.25) exactly") and engram_jax.ops.bm25 say we reproduce; pinned here to those values and to rank_bm25.
 
-Each YAML leg is checked on its effective parameters: the values the YAML sets, else the function defaults (a leg
-that sets nothing inherits them), so changing a default or a YAML value breaks a test.
+A knob's default is declared once, in its operator's registry declaration (``engram_jax.ops.get(op).defaults``);
+the leg and math functions repeat it as their keyword defaults, and both are pinned. Each YAML leg is checked on its
+effective parameters (``LegSpec.options``): the values the YAML sets, else the registry defaults (a leg that sets
+nothing inherits them), so changing a default or a YAML value breaks a test.
 """
 
-import functools
 import inspect
 from pathlib import Path
 
 import pytest
-from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from rank_bm25 import BM25Okapi
 
-from engram_jax import diversity, fusion, lexical, pipeline, reconstruction, temporal
+from engram_jax import ops, pipeline
+from engram_jax.ops import bm25, cfs, cfsr, rrf, tcfsr, tide
 
 CONF = Path(__file__).resolve().parents[1] / 'conf' / 'pipeline'
 YAMLS = sorted(CONF.glob('*.yaml'))
@@ -37,14 +39,15 @@ CFSR = {'pool': 150, 'lam': 0.005, 'iterations': 80, 'w': 0.90}  # seeds/000_...
 RRF_K0 = 60.0  # seeds/000_bbc7b71999316dde.txt, the CFS post, line 229: 1 / (60 + rank)
 CFSR_DEPLOYED = {'depth': 50, 'weight': 3.0}  # seeds/000_..., the CFS-R post, line 81: CFS-R top-50, weighted 3x
 
-# Legs whose score uses BM25 with these keyword arguments (tide_leg only with base='bm25'; mem0_leg calls
-# bm25_leg with its defaults and takes no BM25 arguments itself).
-BM25_FUNCS = [pipeline.bm25_leg, lexical.bm25_scores, pipeline.tide_leg]
-CFS_FUNCS = [pipeline.cfs_leg, diversity.cfs_select, diversity.soft_cfs_select, diversity.soft_cfs_select_gram]
-CFSR_FUNCS = [pipeline.cfsr_leg, reconstruction.cfsr_scores, temporal.tcfsr_prior_leg, temporal.tcfsr_basis_leg,
-              temporal.tcfsr_gated_leg, temporal.tcfsr_prior_scores, temporal.tcfsr_basis_scores,
-              temporal.tcfsr_gated_scores]
-CFSR_LEGS = (pipeline.cfsr_leg, temporal.tcfsr_prior_leg, temporal.tcfsr_basis_leg, temporal.tcfsr_gated_leg)
+# Operators whose score uses BM25 with these knobs (tide only with base='bm25'; mem0 calls bm25_leg with its
+# defaults and has no BM25 knobs itself).
+BM25_OPS = ('bm25', 'tide')
+CFS_OPS = ('cfs',)
+CFSR_OPS = ('cfsr', 'tcfsr_prior', 'tcfsr_basis', 'tcfsr_gated')
+BM25_FUNCS = [bm25.bm25_leg, bm25.bm25_scores, tide.tide_leg]
+CFS_FUNCS = [cfs.cfs_leg, cfs.cfs_select, cfs.soft_cfs_select, cfs.soft_cfs_select_gram]
+CFSR_FUNCS = [cfsr.cfsr_leg, cfsr.cfsr_scores, tcfsr.tcfsr_prior_leg, tcfsr.tcfsr_basis_leg, tcfsr.tcfsr_gated_leg,
+              tcfsr.tcfsr_prior_scores, tcfsr.tcfsr_basis_scores, tcfsr.tcfsr_gated_scores]
 
 
 def _default(fn, name):
@@ -55,6 +58,25 @@ def _id(fn):
   return f'{fn.__module__}.{fn.__qualname__}'
 
 
+def _cases(op_names, values):
+  return [(op, name) for op in op_names for name in sorted(values)]
+
+
+@pytest.mark.parametrize('op,name', _cases(BM25_OPS, BM25), ids=lambda x: x)
+def test_registry_bm25_defaults(op, name):
+  assert ops.get(op).defaults[name] == BM25[name]
+
+
+@pytest.mark.parametrize('op,name', _cases(CFS_OPS, CFS), ids=lambda x: x)
+def test_registry_cfs_defaults(op, name):
+  assert ops.get(op).defaults[name] == CFS[name]
+
+
+@pytest.mark.parametrize('op,name', _cases(CFSR_OPS, CFSR), ids=lambda x: x)
+def test_registry_cfsr_defaults(op, name):
+  assert ops.get(op).defaults[name] == CFSR[name]
+
+
 @pytest.mark.parametrize('fn', BM25_FUNCS, ids=_id)
 @pytest.mark.parametrize('name', sorted(BM25))
 def test_bm25_defaults(fn, name):
@@ -63,7 +85,7 @@ def test_bm25_defaults(fn, name):
 
 @pytest.mark.parametrize('name', sorted(BM25))
 def test_bm25_defaults_are_rank_bm25s(name):
-  assert _default(BM25Okapi.__init__, name) == BM25[name] == _default(lexical.bm25_scores, name)
+  assert _default(BM25Okapi.__init__, name) == BM25[name] == _default(bm25.bm25_scores, name)
 
 
 @pytest.mark.parametrize('fn', CFS_FUNCS, ids=_id)
@@ -81,10 +103,10 @@ def test_cfsr_defaults(fn, name):
 @pytest.mark.parametrize('name', ['lam', 'w', 'iterations'])
 def test_cfsr_pool_scores_defaults(name):
   """The pool-level twin (used when fitting lambda and w) starts from the same values (it takes no pool size)."""
-  assert _default(reconstruction.cfsr_pool_scores, name) == CFSR[name]
+  assert _default(cfsr.cfsr_pool_scores, name) == CFSR[name]
 
 
-@pytest.mark.parametrize('fn', [pipeline.Pipeline, pipeline.make_pipeline, fusion.rrf_fuse, fusion.soft_rrf_fuse],
+@pytest.mark.parametrize('fn', [pipeline.Pipeline, pipeline.make_pipeline, rrf.rrf_fuse, rrf.soft_rrf_fuse],
                          ids=_id)
 def test_rrf_k0_default(fn):
   assert _default(fn, 'k0') == RRF_K0
@@ -95,35 +117,27 @@ def _build(path):
   name = path.stem
   node = OmegaConf.to_container(OmegaConf.load(path)[name])
   spec = {k: v for k, v in node.items() if k not in ('tune', 'replicate', 'skip_datasets')}
-  return pipeline.make_pipeline(name=name, **instantiate(spec)), node
-
-
-def _effective(score):
-  """A leg's keyword arguments as it runs: the YAML's values over the function defaults."""
-  assert isinstance(score, functools.partial), score
-  params = inspect.signature(score.func).parameters
-  return score.func, {**{n: p.default for n, p in params.items() if p.default is not p.empty}, **score.keywords}
+  return pipeline.make_pipeline(name=name, **spec), node
 
 
 def _varied(node):
-  """The parameter paths a YAML varies per run (tune grid, replicate values)."""
+  """The knob paths a YAML varies per run (tune grid, replicate values)."""
   return {node[key]['param'] for key in ('tune', 'replicate') if node.get(key)}
 
 
-def _legs_using(funcs):
+def _legs_using(op_names):
   out = []
   for path in YAMLS:
     built, _ = _build(path)
-    for i, leg in enumerate(built.legs):
-      func, kw = _effective(leg.score)
-      if func in funcs and (func is not pipeline.tide_leg or kw['base'] == 'bm25'):
-        out.append((path.stem, i))
+    for leg in built.legs:
+      if leg.op in op_names and (leg.op != 'tide' or leg.option('base') == 'bm25'):
+        out.append((path.stem, leg.name))
   return out
 
 
-BM25_LEGS = _legs_using((pipeline.bm25_leg, pipeline.tide_leg, pipeline.mem0_leg))
-CFS_LEG_IDS = _legs_using((pipeline.cfs_leg,))
-CFSR_LEG_IDS = _legs_using(CFSR_LEGS)
+BM25_LEGS = _legs_using(BM25_OPS + ('mem0',))
+CFS_LEG_IDS = _legs_using(CFS_OPS)
+CFSR_LEG_IDS = _legs_using(CFSR_OPS)
 RRF_YAMLS = [p.stem for p in YAMLS if _build(p)[0].fusion == 'rrf']
 
 
@@ -135,41 +149,40 @@ def test_the_yaml_lists_are_not_empty():
   assert {'rrf_cos_bm25', 'rrf_cos_bm25_cfs', 'rrf_cos_bm25_cfsr'} <= set(RRF_YAMLS)
 
 
-def _leg(stem, i):
+def _leg(stem, leg_name):
   built, node = _build(CONF / f'{stem}.yaml')
-  func, kw = _effective(built.legs[i].score)
-  return built, node, func, kw
+  leg = built.leg(leg_name)
+  return built, node, leg, dict(leg.options)
 
 
-@pytest.mark.parametrize('stem,i', BM25_LEGS, ids=[f'{p}-leg{i}' for p, i in BM25_LEGS])
-def test_yaml_bm25_legs(stem, i):
-  _, node, func, kw = _leg(stem, i)
-  if func is pipeline.mem0_leg:  # mem0_leg takes no BM25 arguments: it calls bm25_leg with its defaults
+@pytest.mark.parametrize('stem,leg_name', BM25_LEGS, ids=[f'{p}-{l}' for p, l in BM25_LEGS])
+def test_yaml_bm25_legs(stem, leg_name):
+  _, node, leg, kw = _leg(stem, leg_name)
+  if leg.op == 'mem0':  # mem0 has no BM25 knobs: its leg calls bm25_leg with bm25_leg's defaults
     assert not set(BM25) & set(kw)
-    kw = _effective(functools.partial(pipeline.bm25_leg))[1]
+    kw = {name: _default(bm25.bm25_leg, name) for name in BM25}
   for name, value in BM25.items():
-    assert kw[name] == value, (stem, i, name)
-    assert f'legs.{i}.score.{name}' not in _varied(node)
+    assert kw[name] == value, (stem, leg_name, name)
+    assert f'legs.{leg_name}.{name}' not in _varied(node)
 
 
-@pytest.mark.parametrize('stem,i', CFS_LEG_IDS, ids=[f'{p}-leg{i}' for p, i in CFS_LEG_IDS])
-def test_yaml_cfs_legs(stem, i):
-  _, node, _, kw = _leg(stem, i)
+@pytest.mark.parametrize('stem,leg_name', CFS_LEG_IDS, ids=[f'{p}-{l}' for p, l in CFS_LEG_IDS])
+def test_yaml_cfs_legs(stem, leg_name):
+  _, node, _, kw = _leg(stem, leg_name)
   for name, value in CFS.items():
-    assert kw[name] == value, (stem, i, name)
-    assert f'legs.{i}.score.{name}' not in _varied(node)
+    assert kw[name] == value, (stem, leg_name, name)
+    assert f'legs.{leg_name}.{name}' not in _varied(node)
 
 
-@pytest.mark.parametrize('stem,i', CFSR_LEG_IDS, ids=[f'{p}-leg{i}' for p, i in CFSR_LEG_IDS])
-def test_yaml_cfsr_legs(stem, i):
-  built, node, _, kw = _leg(stem, i)
+@pytest.mark.parametrize('stem,leg_name', CFSR_LEG_IDS, ids=[f'{p}-{l}' for p, l in CFSR_LEG_IDS])
+def test_yaml_cfsr_legs(stem, leg_name):
+  built, node, leg, kw = _leg(stem, leg_name)
   for name, value in CFSR.items():
-    assert kw[name] == value, (stem, i, name)
-    assert f'legs.{i}.score.{name}' not in _varied(node)
+    assert kw[name] == value, (stem, leg_name, name)
+    assert f'legs.{leg_name}.{name}' not in _varied(node)
   if built.fusion == 'rrf':  # the deployable form: RRF(cosine top-10, BM25 top-10, CFS-R top-50 weighted 3)
-    leg = built.legs[i]
     assert (leg.depth, leg.weight) == (CFSR_DEPLOYED['depth'], CFSR_DEPLOYED['weight'])
-    assert [(l.depth, l.weight) for j, l in enumerate(built.legs) if j != i] == [(10, 1.0), (10, 1.0)]
+    assert [(l.depth, l.weight) for l in built.legs if l.name != leg_name] == [(10, 1.0), (10, 1.0)]
 
 
 @pytest.mark.parametrize('stem', RRF_YAMLS)

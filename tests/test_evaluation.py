@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from engram_jax import evaluation, pipeline
+from engram_jax import batch, evaluation, pipeline
 from engram_jax.types import Episode, Item, Question
 
 
@@ -22,10 +22,10 @@ def _emb(ep, seed=0, d=8):
 
 
 def _pipes():
-  cos = pipeline.LegSpec(score=pipeline.cosine_leg, depth=10)
-  bm = pipeline.LegSpec(score=pipeline.bm25_leg, depth=10)
-  return {'cosine': pipeline.make_pipeline(legs=[cos]),
-          'rrf': pipeline.make_pipeline(legs=[cos, bm], fusion='rrf')}
+  cos = {'op': 'cosine', 'depth': 10}
+  bm = {'op': 'bm25', 'depth': 10}
+  return {'cosine': pipeline.make_pipeline(legs={'cos': cos}),
+          'rrf': pipeline.make_pipeline(legs={'cos': cos, 'bm25': bm}, fusion='rrf')}
 
 
 def test_equal_k_and_metrics_in_range():
@@ -53,7 +53,7 @@ def test_nan_embeddings_are_a_clear_error():
   docs, qs = _emb(ep)
   docs[3, 0] = np.nan
   with pytest.raises(ValueError, match='1 item embeddings contain NaN'):
-    pipeline.episode_arrays(ep, docs, qs)
+    batch.episode_arrays(ep, docs, qs)
 
 
 def test_tie_rule_end_to_end_prefers_recent_items():
@@ -66,10 +66,14 @@ def test_tie_rule_end_to_end_prefers_recent_items():
 
 
 def test_bad_pipeline_specs():
-  with pytest.raises(ValueError, match='unknown fusion'):
-    pipeline.make_pipeline(legs=[pipeline.LegSpec(score=pipeline.cosine_leg)], fusion='max')
+  with pytest.raises(ValueError, match=r"fusion must be one of \['none', 'rrf'\], got 'max'"):
+    pipeline.make_pipeline(legs={'cos': {'op': 'cosine'}}, fusion='max')
   with pytest.raises(ValueError, match='exactly one leg'):
-    pipeline.make_pipeline(legs=[pipeline.LegSpec(score=pipeline.cosine_leg)] * 2)
+    pipeline.make_pipeline(legs={'cos': {'op': 'cosine'}, 'cos2': {'op': 'cosine'}})
+  with pytest.raises(ValueError, match="unknown operator 'nope'"):
+    pipeline.make_pipeline(legs={'x': {'op': 'nope'}}, name='p')
+  with pytest.raises(ValueError, match='leg names must be unique'):
+    pipeline.make_pipeline(legs=[pipeline.LegSpec('cos', 'cosine')] * 2, fusion='rrf')
 
 
 def test_episode_validation():

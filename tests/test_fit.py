@@ -12,8 +12,10 @@ import optax
 import pytest
 from hydra import compose, initialize_config_dir
 
-from engram_jax import evaluation, fit, lexical
+from engram_jax import batch, evaluation, fit
 from engram_jax import pipeline as P
+from engram_jax.fit.splits import DEFAULT_SEED
+from engram_jax.ops import bm25 as bm25_ops
 from engram_jax.data import io
 from engram_jax.types import Episode, Item, Question
 
@@ -47,10 +49,10 @@ def _episodes(n_eps=2, n=60, q=48, d=16, seed=0, gold=None):
 def _planted(pipe, **kw):
   """Episodes whose gold item is the planted pipeline's hard top-1 (as a 1-element list)."""
   eps, embs = _episodes(**kw)
-  top1 = [np.asarray(P.pipeline_topk(pipe, P.episode_arrays(e, *x), jax.random.key(0), k=1))[:, 0]
+  top1 = [np.asarray(P.pipeline_topk(pipe, batch.episode_arrays(e, *x), jax.random.key(0), k=1))[:, 0]
           for e, x in zip(eps, embs)]
   eps, embs = _episodes(gold=lambda e: top1[e], **kw)
-  return eps, embs, [P.episode_arrays(e, *x) for e, x in zip(eps, embs)]
+  return eps, embs, [batch.episode_arrays(e, *x) for e, x in zip(eps, embs)]
 
 
 def _ndcg(pipe, eps, embs, arrays):
@@ -58,61 +60,63 @@ def _ndcg(pipe, eps, embs, arrays):
   return float(r.scores['p']['ndcg@10'].mean())
 
 
-def _tide(weight):
-  return P.make_pipeline(legs=[P.LegSpec(score=functools.partial(P.tide_leg, base='cosine', depth=30,
-                                                                  weight=weight))], name='tide')
+def _tide(recency):
+  return P.make_pipeline(legs={'tide': {'op': 'tide', 'base': 'cosine', 'pool': 30, 'recency': recency}}, name='tide')
 
 
 def _rrf(*legs, weights):
-  return P.make_pipeline(legs=[P.LegSpec(score=s, depth=d, weight=w) for (s, d), w in zip(legs, weights)],
+  """An RRF pipeline of ``(leg name, leg node, depth)`` legs with these weights."""
+  return P.make_pipeline(legs={n: {**node, 'depth': d, 'weight': w} for (n, node, d), w in zip(legs, weights)},
                          fusion='rrf', name='rrf')
+
+
+COS, BM25 = ('cos', {'op': 'cosine'}, 10), ('bm25', {'op': 'bm25'}, 10)
 
 
 def test_fit_recovers_a_planted_tide_weight():
   eps, embs, arrays = _planted(_tide(0.3), n_eps=2, n=60, q=48)
   start = _tide(0.0)
-  problem, knobs, every = fit.make_problem(start, ['legs.0.score.weight'])
-  rows = fit.build_rows(problem, start, eps, arrays)
+  problem, knobs, every = fit.make_problem(start, ['legs.tide.recency'])
+  rows = fit.build_rows(problem, start, eps, arrays, seed=DEFAULT_SEED)
   res = fit.fit(problem, knobs, every, rows, np.arange(96), optimizer=optax.adam(0.05), steps=60, batch_size=64)
-  assert 0.2 < res.values['legs.0.score.weight'] < 0.45, res.values
+  assert 0.2 < res.values['legs.tide.recency'] < 0.45, res.values
   assert np.mean(res.losses[-10:]) < np.mean(res.losses[:5])
-  assert _ndcg(fit.apply_values(start, res.values), eps, embs, arrays) > _ndcg(start, eps, embs, arrays) + 0.2
+  assert _ndcg(P.with_values(start, res.values), eps, embs, arrays) > _ndcg(start, eps, embs, arrays) + 0.2
 
 
 def test_fit_recovers_planted_rrf_weights():
-  legs = [(P.cosine_leg, 10), (P.bm25_leg, 10)]
-  eps, embs, arrays = _planted(_rrf(*legs, weights=[0.3, 1.7]), n_eps=2, n=60, q=48)
-  start = _rrf(*legs, weights=[1.0, 1.0])
-  problem, knobs, every = fit.make_problem(start, ['legs.0.weight', 'legs.1.weight'])
+  eps, embs, arrays = _planted(_rrf(COS, BM25, weights=[0.3, 1.7]), n_eps=2, n=60, q=48)
+  start = _rrf(COS, BM25, weights=[1.0, 1.0])
+  problem, knobs, every = fit.make_problem(start, ['legs.cos.weight', 'legs.bm25.weight'])
   assert problem.normalise_weights
-  rows = fit.build_rows(problem, start, eps, arrays)
+  rows = fit.build_rows(problem, start, eps, arrays, seed=DEFAULT_SEED)
   res = fit.fit(problem, knobs, every, rows, np.arange(96), optimizer=optax.adam(0.1), steps=25, batch_size=64)
   w = res.values
-  assert w['legs.1.weight'] / w['legs.0.weight'] > 1.5, w  # planted 1.7 / 0.3; a range of ratios gives the same top-1
-  np.testing.assert_allclose(w['legs.0.weight'] + w['legs.1.weight'], 2.0, rtol=1e-5)  # mean kept at 1
-  assert _ndcg(fit.apply_values(start, w), eps, embs, arrays) > _ndcg(start, eps, embs, arrays)
+  # planted 1.7 / 0.3; a range of ratios gives the same top-1
+  assert w['legs.bm25.weight'] / w['legs.cos.weight'] > 1.5, w
+  np.testing.assert_allclose(w['legs.cos.weight'] + w['legs.bm25.weight'], 2.0, rtol=1e-5)  # mean kept at 1
+  assert _ndcg(P.with_values(start, w), eps, embs, arrays) > _ndcg(start, eps, embs, arrays)
 
 
 @pytest.mark.parametrize('case', ['cfsr', 'cfs', 'mmr', 'bm25', 'tide'])
 def test_soft_pipeline_is_the_hard_one_when_cold(case):
   eps, embs = _episodes(n_eps=2, n=40, q=6, seed=3)
-  arrays = [P.episode_arrays(e, *x) for e, x in zip(eps, embs)]
-  cos, bm = (P.cosine_leg, 10), (P.bm25_leg, 10)
+  arrays = [batch.episode_arrays(e, *x) for e, x in zip(eps, embs)]
   if case == 'cfsr':
-    pipe = _rrf(cos, bm, (functools.partial(P.cfsr_leg, pool=20, iterations=10), 15), weights=[1.0, 0.7, 2.0])
-    params = ['legs.2.score.lam', 'legs.2.score.w', 'legs.0.weight', 'k0']
+    pipe = _rrf(COS, BM25, ('cfsr', {'op': 'cfsr', 'pool': 20, 'iterations': 10}, 15), weights=[1.0, 0.7, 2.0])
+    params = ['legs.cfsr.lam', 'legs.cfsr.w', 'legs.cos.weight', 'k0']
   elif case in ('cfs', 'mmr'):
-    leg = functools.partial(P.cfs_leg if case == 'cfs' else P.mmr_leg, k=6)
-    pipe = _rrf(cos, bm, (leg, 5), weights=[1.0, 0.7, 2.0])
-    params = ['legs.2.score.beta', 'legs.2.score.sigma'] if case == 'cfs' else ['legs.2.score.lam']
+    pipe = _rrf(COS, BM25, (case, {'op': case, 'k': 6}, 5), weights=[1.0, 0.7, 2.0])
+    params = ['legs.cfs.beta', 'legs.cfs.sigma'] if case == 'cfs' else ['legs.mmr.lam']
   elif case == 'bm25':
-    pipe = P.make_pipeline(legs=[P.LegSpec(score=functools.partial(P.bm25_leg, k1=1.1, b=0.6))])
-    params = ['legs.0.score.k1', 'legs.0.score.b']
+    pipe = P.make_pipeline(legs={'bm25': {'op': 'bm25', 'k1': 1.1, 'b': 0.6}})
+    params = ['legs.bm25.k1', 'legs.bm25.b']
   else:
     pipe = _tide(0.2)
-    params = ['legs.0.score.weight']
-  problem, knobs, every = fit.make_problem(pipe, params, temperatures=COLD, greedy_pool=64, candidates=30)
-  rows = fit.build_rows(problem, pipe, eps, arrays)
+    params = ['legs.tide.recency']
+  problem, knobs, every = fit.make_problem(pipe, params, temperatures=COLD,
+                                           settings=fit.Settings(greedy_pool=64, candidates=30))
+  rows = fit.build_rows(problem, pipe, eps, arrays, seed=DEFAULT_SEED)
   vals = fit.effective_values(problem, knobs.raw, every)
   soft = np.asarray(jax.jit(functools.partial(fit.soft_scores, problem))(vals, rows))
   hard_fn = jax.jit(functools.partial(P.pipeline_scores, pipe))
@@ -123,28 +127,29 @@ def test_soft_pipeline_is_the_hard_one_when_cold(case):
 
 def test_bm25_term_statistics_equal_bm25_scores():
   eps, embs = _episodes(n_eps=1, n=30, q=5, seed=4)
-  arr = P.episode_arrays(eps[0], *embs[0])
-  pipe = P.make_pipeline(legs=[P.LegSpec(score=P.bm25_leg)])
-  problem, _, _ = fit.make_problem(pipe, ['legs.0.score.k1', 'legs.0.score.b'])
-  rows = fit.build_rows(problem, pipe, eps, [arr])
+  arr = batch.episode_arrays(eps[0], *embs[0])
+  pipe = P.make_pipeline(legs={'bm25': {'op': 'bm25'}})
+  problem, _, _ = fit.make_problem(pipe, ['legs.bm25.k1', 'legs.bm25.b'])
+  rows = fit.build_rows(problem, pipe, eps, [arr], seed=DEFAULT_SEED)
+  stats = rows.legs[0]  # the BM25 soft twin's rows: per-question term statistics
   for k1, b in ((1.5, 0.75), (0.4, 0.1), (2.5, 1.0)):
-    got = fit.bm25_from_stats(rows.bm_tf, rows.bm_w, rows.bm_dlr, k1=k1, b=b)[:, :30]
-    want = lexical.bm25_scores(arr.query_tf, arr.doc_tf, where=arr.where, k1=k1, b=b)[:5, :30]
+    got = bm25_ops.bm25_from_stats(stats['tf'], stats['w'], stats['dlr'], k1=k1, b=b)[:, :30]
+    want = bm25_ops.bm25_scores(arr.query_tf, arr.doc_tf, where=arr.where, k1=k1, b=b)[:5, :30]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_step_does_not_recompile(caplog):
   eps, embs = _episodes(n_eps=1, n=40, q=8, seed=5)
-  arrays = [P.episode_arrays(e, *x) for e, x in zip(eps, embs)]
-  pipe = _rrf((P.cosine_leg, 10), (P.bm25_leg, 10), weights=[1.0, 1.0])
-  problem, knobs, every = fit.make_problem(pipe, ['legs.0.weight', 'legs.1.weight', 'k0'])
-  rows = fit.build_rows(problem, pipe, eps, arrays)
+  arrays = [batch.episode_arrays(e, *x) for e, x in zip(eps, embs)]
+  pipe = _rrf(COS, BM25, weights=[1.0, 1.0])
+  problem, knobs, every = fit.make_problem(pipe, ['legs.cos.weight', 'legs.bm25.weight', 'k0'])
+  rows = fit.build_rows(problem, pipe, eps, arrays, seed=DEFAULT_SEED)
   opt = optax.adam(0.1)
   step = fit.make_step(problem, opt, max_gold=4)
   fixed = {p: jnp.asarray(v, jnp.float32) for p, v in every.items()}
   state = fit.TrainState(raw=dict(knobs.raw), opt_state=opt.init(dict(knobs.raw)), step=jnp.zeros((), jnp.int32))
   state, _ = step(state, fixed, rows, jnp.arange(4), jnp.ones(4))
-  fixed['legs.1.score.k1'] = jnp.asarray(0.9, jnp.float32)  # another value of a traced knob
+  fixed['legs.bm25.k1'] = jnp.asarray(0.9, jnp.float32)  # another value of a traced knob
   idx, weight = jnp.arange(4, 8), jnp.array([1.0, 1.0, 0.0, 1.0])  # another batch
   with jax.log_compiles(True), caplog.at_level(logging.WARNING):
     caplog.clear()
@@ -169,10 +174,10 @@ def test_splits_are_seeded_and_disjoint_and_the_assertion_fires():
     fit.check_disjoint(qids, np.array([0, 1]), np.array([1, 2]))
   # a question id shared by two episodes: cross-fitting refuses to train on a scored question
   eps, embs = _episodes(n_eps=2, n=30, q=4, seed=6)
-  arrays = [P.episode_arrays(e, *x) for e, x in zip(eps, embs)]
+  arrays = [batch.episode_arrays(e, *x) for e, x in zip(eps, embs)]
   pipe = _tide(0.1)
-  problem, knobs, every = fit.make_problem(pipe, ['legs.0.score.weight'])
-  rows = fit.build_rows(problem, pipe, eps, arrays)
+  problem, knobs, every = fit.make_problem(pipe, ['legs.tide.recency'])
+  rows = fit.build_rows(problem, pipe, eps, arrays, seed=DEFAULT_SEED)
   qids = [q.id for e in eps for q in e.questions]
   qids[5] = qids[0]
   with pytest.raises(ValueError, match='overlap the scored ids'):
@@ -181,11 +186,15 @@ def test_splits_are_seeded_and_disjoint_and_the_assertion_fires():
 
 
 def test_unknown_knobs_are_clear_errors():
-  pipe = _rrf((P.cosine_leg, 10), (P.bm25_leg, 10), weights=[1.0, 1.0])
+  pipe = _rrf(COS, BM25, weights=[1.0, 1.0])
+  with pytest.raises(ValueError, match="no leg 'nope'"):
+    fit.make_problem(pipe, ['legs.nope.weight'])
   with pytest.raises(ValueError, match='no knob'):
-    fit.make_problem(pipe, ['legs.5.weight'])
+    fit.make_problem(pipe, ['legs.bm25.nope'])
+  with pytest.raises(ValueError, match="knob paths are 'k0' or 'legs.<leg>.<knob>'"):
+    fit.make_problem(pipe, ['legs.1.score.k1'])  # the old positional form
   with pytest.raises(ValueError, match='cannot fit'):
-    fit.make_problem(pipe, ['legs.1.score.epsilon'])
+    fit.make_problem(pipe, ['legs.bm25.epsilon'])
   with pytest.raises(ValueError, match='no fusion'):
     fit.make_problem(_tide(0.1), ['k0'])
 
@@ -201,7 +210,7 @@ def test_experiment_writes_fitted_json(tmp_path):
   res = fit_exp.run(cfg, tmp_path / 'out')
   fitted = json.loads((tmp_path / 'out' / 'fitted.json').read_text())
   assert fitted['pipeline'] == 'rrf_cos_bm25' and sorted(fitted['folds']) == ['conv-26', 'conv-30']
-  assert set(fitted['folds']['conv-30']) == {'legs.0.weight', 'legs.1.weight', 'k0'}
+  assert set(fitted['folds']['conv-30']) == {'legs.cos.weight', 'legs.bm25.weight', 'k0'}
   split = json.loads((tmp_path / 'out' / 'split.json').read_text())
   assert split['seed'] == 20261008 and len(split['folds']) == 2
   for f in split['folds']:
@@ -211,11 +220,10 @@ def test_experiment_writes_fitted_json(tmp_path):
 
 
 def test_search_config_composes_and_flattens():
-  from experiments import search_compare  # pylint: disable=import-outside-toplevel
+  from experiments import common, search_compare  # pylint: disable=import-outside-toplevel
   with initialize_config_dir(config_dir=CONF, version_base='1.3'):
-    cfg = compose(config_name='fit_search', overrides=['values.k0=30', '+values.legs.0.weight=0.5'])
+    cfg = compose(config_name='fit_search', overrides=['values.k0=30', '+values.legs.cos.weight=0.5'])
   assert cfg.fit.split == 'holdout' and list(cfg.pipeline) == ['rrf_cos_bm25']
-  assert search_compare.flat_values(cfg['values']) == {'legs.1.weight': 1.0, 'k0': 30.0, 'legs.0.weight': 0.5}
-  pipe = fit.apply_values(search_compare.fit_exp.hand_set_pipeline('rrf_cos_bm25'),
-                          search_compare.flat_values(cfg['values']))
-  assert pipe.k0 == 30.0 and pipe.legs[0].weight == 0.5
+  assert search_compare.flat_values(cfg['values']) == {'legs.bm25.weight': 1.0, 'k0': 30.0, 'legs.cos.weight': 0.5}
+  pipe = P.with_values(common.hand_set_pipeline('rrf_cos_bm25'), search_compare.flat_values(cfg['values']))
+  assert pipe.k0 == 30.0 and pipe.leg('cos').weight == 0.5 and pipe.leg('bm25').weight == 1.0

@@ -12,7 +12,7 @@ from hydra.utils import instantiate
 
 from engram_jax import pipeline
 from engram_jax.data import io
-from experiments import evaluate
+from experiments import common, evaluate
 
 CONF = str(Path(__file__).resolve().parents[1] / 'conf')
 PIPELINES = sorted(p.stem for p in Path(CONF, 'pipeline').glob('*.yaml'))
@@ -38,7 +38,7 @@ def test_default_config_composes_three_pipelines():
 @pytest.mark.parametrize('name', PIPELINES)
 def test_every_pipeline_instantiates(name):
   cfg = _compose([f'pipeline=[{name}]'])
-  pipes, tuned = evaluate.build_pipelines(cfg)
+  pipes, tuned = common.build_pipelines(cfg)
   assert all(isinstance(p, pipeline.Pipeline) for p in pipes.values())
   assert name in pipes or name in tuned
 
@@ -46,7 +46,7 @@ def test_every_pipeline_instantiates(name):
 @pytest.mark.parametrize('name', EXPERIMENTS)
 def test_every_experiment_composes(name):
   cfg = _compose([f'experiment={name}'])
-  assert evaluate.build_pipelines(cfg)[0]
+  assert common.build_pipelines(cfg)[0]
 
 
 @pytest.mark.parametrize('group', ['embedder=hashing', 'embedder=minilm'])
@@ -93,7 +93,7 @@ def test_multirun_one_run_per_pipeline(tmp_path):
 def test_fitted_parameters_are_applied_per_episode(tmp_path):
   fitted = tmp_path / 'fitted.json'
   fitted.write_text(json.dumps({'pipeline': 'rrf_cos_bm25', 'folds': {
-      'conv-30': {'legs.0.weight': 0.0, 'legs.1.weight': 1.0}, 'conv-26': {'legs.0.weight': 1.0}}}))
+      'conv-30': {'legs.cos.weight': 0.0, 'legs.bm25.weight': 1.0}, 'conv-26': {'legs.cos.weight': 1.0}}}))
   cfg = _compose(['embedder=hashing', 'dataset.loader.conversations=[conv-30,conv-26]', 'eval.n_resamples=100',
                   'eval.progress=false', f'paths.cache_dir={tmp_path}/cache', 'pipeline=[bm25,rrf_cos_bm25]',
                   f'fitted={fitted}'])
@@ -104,9 +104,12 @@ def test_fitted_parameters_are_applied_per_episode(tmp_path):
   assert all(r['retrieved']['rrf_cos_bm25'] == r['retrieved']['bm25'] for r in conv30)
   assert res['expanded']['rrf_cos_bm25']['variant_of_episode']['conv-26'] == 'rrf_cos_bm25[fold=conv-26]'
   bad = tmp_path / 'bad.json'
-  bad.write_text(json.dumps({'pipeline': 'rrf_cos_bm25', 'folds': {'conv-30': {'legs.7.weight': 1.0}}}))
+  bad.write_text(json.dumps({'pipeline': 'rrf_cos_bm25', 'folds': {'conv-30': {'legs.nope.weight': 1.0}}}))
   with pytest.raises(ValueError, match='does not exist'):
-    evaluate.build_pipelines(_compose(['pipeline=[rrf_cos_bm25]', f'fitted={bad}']))
+    common.build_pipelines(_compose(['pipeline=[rrf_cos_bm25]', f'fitted={bad}']))
+  bad.write_text(json.dumps({'pipeline': 'rrf_cos_bm25', 'folds': {'conv-30': {'legs.0.weight': 1.0}}}))
+  with pytest.raises(ValueError, match="episode conv-30: .*no leg '0'.*does not exist"):  # the old positional form
+    common.build_pipelines(_compose(['pipeline=[rrf_cos_bm25]', f'fitted={bad}']))
 
 
 @pytest.mark.parametrize('name', ['cfs_table', 'cfsr_table', 'tide_table'])

@@ -40,13 +40,13 @@ def _run(tmp_path, out, overrides):
 @pytest.mark.skipif(not HAVE, reason='LoCoMo not found under the data root')
 def test_research_notebook_executes(tmp_path):
   from nbclient import NotebookClient  # pylint: disable=import-outside-toplevel
-  run = _run(tmp_path, tmp_path / 'run', ['pipeline=[cosine,cfsr]', 'pipeline.cfsr.legs.0.score.pool=40'])
+  run = _run(tmp_path, tmp_path / 'run', ['pipeline=[cosine,cfsr]', '++pipeline.cfsr.legs.cfsr.pool=40'])
   sweep = tmp_path / 'sweep'
   for i, lam in enumerate(('0.005', '0.05')):  # a two-job "multirun", laid out as Hydra lays one out
-    job = _run(tmp_path, sweep / str(i), ['pipeline=[cfsr]', 'pipeline.cfsr.legs.0.score.pool=40',
-                                          f'pipeline.cfsr.legs.0.score.lam={lam}'])
+    job = _run(tmp_path, sweep / str(i), ['pipeline=[cfsr]', '++pipeline.cfsr.legs.cfsr.pool=40',
+                                          f'++pipeline.cfsr.legs.cfsr.lam={lam}'])
     (job / '.hydra').mkdir()
-    (job / '.hydra' / 'overrides.yaml').write_text(f'- pipeline.cfsr.legs.0.score.lam={lam}\n')
+    (job / '.hydra' / 'overrides.yaml').write_text(f'- ++pipeline.cfsr.legs.cfsr.lam={lam}\n')
   figs = tmp_path / 'figs'
   nb = nbformat.read(ROOT / 'notebooks' / 'research.ipynb', as_version=4)
   env = {'ENGRAM_RUN': str(run), 'ENGRAM_SWEEP': str(sweep), 'ENGRAM_FIGS': str(figs), 'ENGRAM_METRIC': '',

@@ -61,6 +61,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from engram_jax import boundary, official
 from engram_jax.data.io import dataset_file, duplicates, read_json, reject_duplicates, type_name
 from engram_jax.types import Episode, Item, LoadReport, Question
 
@@ -457,3 +458,26 @@ def load_factconsolidation(root: str | os.PathLike | None = None, *, size: str =
     raise ValueError(f'{path}: expected one row with source {source!r}, found {len(rows)}')
   report = LoadReport(source)
   return [episode_from_row(rows[0], report=report, path=str(path))], report
+
+
+# ---- dataset-owned metrics (name -> fn(episode, question, ranked indices, k)); evaluation.evaluate reads these ----
+
+def answer_at(ep: Episode, q: Question, ranked: list[int], k: int) -> float:
+  """``answer@k``: 1 if a top-``k`` fact contains a normalised acceptable answer (MemoryAgentBench SubEM per text)."""
+  texts = [ep.items[i].text for i in ranked]
+  return float(official.answer_in_topk(texts, answers_of(q), k=k))
+
+
+def newest_first_at(ep: Episode, q: Question, ranked: list[int], k: int) -> float:
+  """``newest_first@k``: 1 if the newest version of the asked fact outranks every superseded one in the top k;
+  questions whose asked fact has no older version score 1 if the newest version is in the top k (0 when no version
+  can be derived)."""
+  v = asked_fact_versions(ep, q)
+  ids = [ep.items[i].id for i in ranked]
+  if v is None:
+    return 0.0
+  ok = official.newest_outranks_superseded(ids, newest=v.newest, superseded=v.superseded, k=k)
+  return float(v.newest in ids[:k]) if ok is None else float(ok)
+
+
+METRICS = {'answer': answer_at, 'newest_first': newest_first_at, 'parent_recall': boundary.parent_recall_at}

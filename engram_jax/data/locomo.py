@@ -41,6 +41,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from engram_jax import boundary
 from engram_jax.data.io import dataset_file, read_json, reject_duplicates, type_name
 from engram_jax.types import Episode, Item, LoadReport, Question
 
@@ -310,3 +311,7 @@ def load_locomo(root: str | None = None, *, template: str = 'dated', filename: s
     if missing:
       raise ValueError(f'{path}: unknown conversations {sorted(missing)}')
   return episodes, report
+
+
+# dataset-owned metrics (name -> fn(episode, question, ranked indices, k)); evaluation.evaluate reads these
+METRICS = {'parent_recall': boundary.parent_recall_at}

@@ -1,5 +1,5 @@
-"""CFS-R: JAX equals the loop reference, the solver is a real NNLS solver, degenerate pools, grads."""
-
+"""CFS-R: JAX equals the loop reference, the solver is a real NNLS solver, degenerate pools, jit / vmap / chunks,
+grads; its soft twin on gathered pools equals it and has correct gradients; its registry declaration."""
 
 import functools
 
@@ -11,15 +11,16 @@ import pytest
 import scipy.optimize
 from hypothesis import given
 
-import reference_ops as ref
+import ops_testing
 import strategies
-from engram_jax import reconstruction
+from engram_jax import ranking
+from engram_jax.ops import cfsr
+from engram_jax.testing import reference as ref
 
 N_PAD, D_PAD, Q = 40, 16, 3
 POOLS = (5, 150)  # a real prefilter, and P > N (the pool is every real item)
 
-cfsr_jit = jax.jit(reconstruction.cfsr_scores,
-                   static_argnames=('pool', 'iterations', 'power_iterations', 'batch_size'))
+cfsr_jit = jax.jit(cfsr.cfsr_scores, static_argnames=('pool', 'iterations', 'power_iterations', 'batch_size'))
 
 
 episodes = functools.partial(strategies.padded_episodes, n_pad=N_PAD, d_pad=D_PAD, q=Q)
@@ -48,7 +49,7 @@ def test_solver_reaches_the_nnls_optimum():
   c = ref.unit_vectors(rng, 12, 6)
   z = ref.unit_vectors(rng, 1, 6)[0]
   lam = 0.05
-  a = np.asarray(reconstruction.nnls_ridge_pg(c @ c.T, c @ z, lam=lam, iterations=5000))
+  a = np.asarray(cfsr.nnls_ridge_pg(c @ c.T, c @ z, lam=lam, iterations=5000))
   # scipy: min ||[C^T; sqrt(lam) I] a - [z; 0]||, a >= 0 -- the same problem.
   want, _ = scipy.optimize.nnls(np.vstack([c.T, np.sqrt(lam) * np.eye(12)]), np.concatenate([z, np.zeros(12)]))
   np.testing.assert_allclose(a, want, atol=1e-6)
@@ -97,7 +98,7 @@ def test_jit_eager_vmap_loop_and_grads():
   where = rng.random(N_PAD) < 0.9
   kw = dict(pool=5, lam=0.005, w=0.9)
   jitted = cfsr_jit(qs, docs, where=where, **kw)
-  eager = reconstruction.cfsr_scores(qs, docs, where=where, **kw)
+  eager = cfsr.cfsr_scores(qs, docs, where=where, **kw)
   np.testing.assert_allclose(eager, jitted, rtol=1e-12)
   vmapped = jax.vmap(lambda q: cfsr_jit(q, docs, where=where, **kw))(qs)
   loop = np.stack([cfsr_jit(q, docs, where=where, **kw) for q in qs])
@@ -112,7 +113,7 @@ def test_jit_eager_vmap_loop_and_grads():
 
   # lam and w are traced: gradients exist, are finite, and changing them does not recompile.
   def loss(lam, w):
-    s = reconstruction.cfsr_scores(qs, docs, where=where, pool=5, lam=lam, w=w, iterations=20)
+    s = cfsr.cfsr_scores(qs, docs, where=where, pool=5, lam=lam, w=w, iterations=20)
     return jnp.sum(jnp.where(jnp.isfinite(s), s * jnp.arange(N_PAD), 0.0))
 
   g_lam, g_w = jax.jit(jax.grad(loss, argnums=(0, 1)))(0.005, 0.9)
@@ -120,3 +121,44 @@ def test_jit_eager_vmap_loop_and_grads():
   before = cfsr_jit._cache_size()
   cfsr_jit(qs, docs, where=where, pool=5, lam=0.01, w=0.5)
   assert cfsr_jit._cache_size() == before
+
+
+# ---- soft twin: the same operator on pools gathered once -------------------------------------------------------
+
+def test_cfsr_pool_scores_equal_cfsr_scores():
+  docs, qs = ops_testing.unit_episode(n=40, d=10, q=4)
+  where = np.arange(40) < 37
+  cos = qs @ docs.T
+  idx = np.asarray(ranking.top_k(cos, k=12, where=where)[0])
+  g = (docs @ docs.T)[idx[:, :, None], idx[:, None, :]]
+
+  @jax.jit
+  def both(lam, w):
+    full = cfsr.cfsr_scores(qs, docs, where=where, pool=12, iterations=30, lam=lam, w=w)
+    return [full] + [cfsr.cfsr_pool_scores(np.take_along_axis(cos, idx, -1), g, valid=where[idx], lam=lam, w=w,
+                                           iterations=30, batch_size=bs, lam_grad=mode)
+                     for mode, bs in (('reverse', None), ('forward', 3))]
+
+  full, *pooled = both(0.02, 0.7)
+  for p in pooled:
+    np.testing.assert_allclose(p, np.take_along_axis(np.asarray(full), idx, -1), rtol=1e-10)
+
+
+def test_check_grads_cfsr_pool_scores():
+  docs, qs = ops_testing.unit_episode(n=20, d=6, q=2, seed=5)
+  cos = qs @ docs.T
+  idx = np.asarray(ranking.top_k(cos, k=8)[0])
+  b, g = np.take_along_axis(cos, idx, -1), (docs @ docs.T)[idx[:, :, None], idx[:, None, :]]
+
+  def loss(lam, w, mode='reverse'):
+    s = cfsr.cfsr_pool_scores(b, g, lam=lam, w=w, iterations=15, lam_grad=mode)
+    return jnp.sum(s * np.arange(8))
+
+  ops_testing.grads_ok(loss, (0.05, 0.7), modes=['rev'])
+  ops_testing.grads_ok(functools.partial(loss, mode='forward'), (0.05, 0.7), modes=['rev'])
+  np.testing.assert_allclose(jax.jit(jax.grad(functools.partial(loss, mode='forward')))(0.05, 0.7),
+                             jax.jit(jax.grad(loss))(0.05, 0.7), rtol=1e-9)
+
+
+def test_declaration():
+  ops_testing.check_declaration('cfsr')

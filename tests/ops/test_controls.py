@@ -1,4 +1,5 @@
-"""Controls: cos2 (perturbed cosine) and mem0-style additive fusion against a dict-based reference."""
+"""Controls: cos2 (perturbed cosine) and mem0-style additive fusion against a dict-based reference; their registry
+declarations (no soft twin: they are not fitted)."""
 
 import hypothesis.strategies as st
 import jax
@@ -6,9 +7,10 @@ import numpy as np
 import pytest
 from hypothesis import given
 
-import reference_ops as ref
-from engram_jax import controls
-from engram_jax.similarity import cosine_scores
+import ops_testing
+from engram_jax.ops import controls
+from engram_jax.ops.cosine import cosine_scores
+from engram_jax.testing import reference as ref
 
 N_PAD, D_PAD, Q = 40, 16, 3
 POOLS = (1, 6, 60)
@@ -103,3 +105,18 @@ def test_jit_eager_vmap_loop():
   np.testing.assert_array_equal(vmapped, jitted)
   with pytest.raises(Exception):
     controls.additive_fuse(sem, bm25[:, :5], n_terms)
+
+
+def test_cos2_seed_selects_the_noise_draw():
+  """cos2's ``seed`` knob folds into the leg's key: another seed is another draw, the same seed the same one."""
+  arr = ops_testing.small_arrays()
+  key = jax.random.key(3)
+  a, b, c = (np.asarray(controls.cos2_leg(arr, key, eps=0.3, seed=s)) for s in (0, 1, 0))
+  np.testing.assert_array_equal(a, c)
+  fin = np.isfinite(a)
+  assert not np.allclose(a[fin], b[fin])
+
+
+@pytest.mark.parametrize('op', ['cos2', 'mem0'])
+def test_declaration(op):
+  ops_testing.check_declaration(op)

@@ -1,6 +1,7 @@
 """Time-aware CFS-R: each variant reduces to CFS-R at its zero knob, matches a plain NumPy reading of its
 definition, prefers the newer of two identical memories, and is jit/vmap/grad-safe; the soft gate tends to the hard
-one as the temperature goes to 0."""
+one as the temperature goes to 0; the soft twins on gathered pools equal the hard operators; the three registry
+declarations."""
 
 import functools
 
@@ -13,18 +14,20 @@ import scipy.optimize
 from hypothesis import given, settings
 from jax.test_util import check_grads
 
-import reference_ops as ref
+import ops_testing
 import strategies
-from engram_jax import pipeline, reconstruction, temporal
+from engram_jax import batch, pipeline, ranking
+from engram_jax.ops import cfsr, tcfsr
+from engram_jax.testing import reference as ref
 from engram_jax.types import Episode, Item, Question
 
 N_PAD, D_PAD, Q = 24, 8, 3
 STATIC = ('pool', 'iterations', 'power_iterations', 'batch_size')
-prior_jit = jax.jit(temporal.tcfsr_prior_scores, static_argnames=STATIC)
-basis_jit = jax.jit(temporal.tcfsr_basis_scores, static_argnames=STATIC)
-gated_jit = jax.jit(temporal.tcfsr_gated_scores, static_argnames=STATIC)
-soft_jit = jax.jit(temporal.soft_tcfsr_gated_scores, static_argnames=STATIC)
-cfsr_jit = jax.jit(reconstruction.cfsr_scores, static_argnames=STATIC)
+prior_jit = jax.jit(tcfsr.tcfsr_prior_scores, static_argnames=STATIC)
+basis_jit = jax.jit(tcfsr.tcfsr_basis_scores, static_argnames=STATIC)
+gated_jit = jax.jit(tcfsr.tcfsr_gated_scores, static_argnames=STATIC)
+soft_jit = jax.jit(tcfsr.soft_tcfsr_gated_scores, static_argnames=STATIC)
+cfsr_jit = jax.jit(cfsr.cfsr_scores, static_argnames=STATIC)
 
 episodes = functools.partial(strategies.padded_episodes, n_pad=N_PAD, d_pad=D_PAD, q=Q)
 POS = np.arange(N_PAD)
@@ -66,8 +69,8 @@ def test_basis_is_the_nnls_over_time_augmented_vectors():
   docs = ref.unit_vectors(rng, n, d)
   q = ref.unit_vectors(rng, 1, d)[0]
   t = np.arange(n) / (n - 1)
-  got = np.asarray(temporal.tcfsr_basis_scores(q, docs, np.arange(n), pool=n, iterations=20000, lam=lam, w=w,
-                                               alpha=alpha, anchor=anchor))
+  got = np.asarray(tcfsr.tcfsr_basis_scores(q, docs, np.arange(n), pool=n, iterations=20000, lam=lam, w=w,
+                                            alpha=alpha, anchor=anchor))
   aug = np.hstack([docs, alpha * t[:, None]])
   target = np.concatenate([q, [alpha * anchor]])
   a, _ = scipy.optimize.nnls(np.vstack([aug.T, np.sqrt(lam) * np.eye(n)]), np.concatenate([target, np.zeros(n)]))
@@ -145,7 +148,7 @@ def test_jit_eager_vmap_chunks_and_masked():
   docs = ref.pad(ref.unit_vectors(rng, N_PAD, 6), N_PAD, D_PAD)
   qs = ref.pad(ref.unit_vectors(rng, Q, 6), Q, D_PAD)
   where = rng.random(N_PAD) < 0.8
-  np.testing.assert_allclose(temporal.tcfsr_prior_scores(qs, docs, POS, where=where, pool=6, gamma=0.2),
+  np.testing.assert_allclose(tcfsr.tcfsr_prior_scores(qs, docs, POS, where=where, pool=6, gamma=0.2),
                              prior_jit(qs, docs, POS, where=where, pool=6, gamma=0.2), rtol=1e-12)  # eager == jit
   for jit_fn, kw in ((prior_jit, {'gamma': 0.2}), (basis_jit, {'alpha': 0.3}),
                      (gated_jit, {'gamma': 0.2, 'theta': 0.3}), (soft_jit, {'gamma': 0.2, 'theta': 0.3})):
@@ -170,16 +173,16 @@ def test_gradients_finite_and_check_grads():
     return jnp.sum(jnp.where(jnp.isfinite(s), s * weights, 0.0))
 
   def prior(lam, w, gamma):
-    return total(temporal.tcfsr_prior_scores(qs, docs, POS, where=where, pool=8, iterations=20, lam=lam, w=w,
-                                             gamma=gamma))
+    return total(tcfsr.tcfsr_prior_scores(qs, docs, POS, where=where, pool=8, iterations=20, lam=lam, w=w,
+                                          gamma=gamma))
 
   def basis(lam, w, alpha, anchor):
-    return total(temporal.tcfsr_basis_scores(qs, docs, POS, where=where, pool=8, iterations=20, lam=lam, w=w,
-                                             alpha=alpha, anchor=anchor))
+    return total(tcfsr.tcfsr_basis_scores(qs, docs, POS, where=where, pool=8, iterations=20, lam=lam, w=w,
+                                          alpha=alpha, anchor=anchor))
 
   def soft(gamma, theta, delta, rho0):
-    return total(temporal.soft_tcfsr_gated_scores(qs, docs, POS, where=where, pool=8, iterations=20, gamma=gamma,
-                                                  theta=theta, delta=delta, rho0=rho0, temperature=0.1))
+    return total(tcfsr.soft_tcfsr_gated_scores(qs, docs, POS, where=where, pool=8, iterations=20, gamma=gamma,
+                                               theta=theta, delta=delta, rho0=rho0, temperature=0.1))
 
   for fn, args in ((prior, (0.005, 0.9, 0.2)), (basis, (0.005, 0.9, 0.3, 1.0)), (soft, (0.3, 0.2, 0.3, 0.1))):
     grads = jax.jit(jax.grad(fn, argnums=tuple(range(len(args)))))(*args)
@@ -209,25 +212,62 @@ def _episode():
   return Episode(id='e', items=items, questions=qs)
 
 
-@pytest.mark.parametrize('leg', [temporal.tcfsr_prior_leg, temporal.tcfsr_basis_leg, temporal.tcfsr_gated_leg])
-def test_legs_in_a_pipeline(leg):
+@pytest.mark.parametrize('op', ['tcfsr_prior', 'tcfsr_basis', 'tcfsr_gated'])
+def test_legs_in_a_pipeline(op):
   ep = _episode()
   rng = np.random.default_rng(6)
-  arr = pipeline.episode_arrays(ep, ref.unit_vectors(rng, 12, 8).astype(np.float32),
-                                ref.unit_vectors(rng, 2, 8).astype(np.float32))
+  arr = batch.episode_arrays(ep, ref.unit_vectors(rng, 12, 8).astype(np.float32),
+                             ref.unit_vectors(rng, 2, 8).astype(np.float32))
+  leg = {'tcfsr_prior': tcfsr.tcfsr_prior_leg, 'tcfsr_basis': tcfsr.tcfsr_basis_leg,
+         'tcfsr_gated': tcfsr.tcfsr_gated_leg}[op]
   scores = leg(arr, jax.random.key(0), pool=6)
   assert scores.shape == arr.labels.shape
   assert (np.isfinite(np.asarray(scores)).sum(-1)[:2] == 6).all()
-  p = pipeline.make_pipeline(legs=[{'score': functools.partial(leg, pool=6), 'depth': 5},
-                                   {'score': pipeline.cosine_leg, 'depth': 10}], fusion='rrf', name='t')
+  p = pipeline.make_pipeline(legs={'t': {'op': op, 'pool': 6, 'depth': 5}, 'cos': {'op': 'cosine', 'depth': 10}},
+                             fusion='rrf', name='t')
   top = np.asarray(jax.jit(functools.partial(pipeline.pipeline_topk, p, k=4))(arr, jax.random.key(0)))
   pipeline.check_equal_k(top, 2, k=4, name='t', episode='e')
-  gate = np.asarray(temporal.revision_gate(arr, pool=6))
+  gate = np.asarray(tcfsr.revision_gate(arr, pool=6))
   assert gate.shape == (arr.queries.shape[0],) and set(np.unique(gate)) <= {0.0, 1.0}
 
 
 def test_bad_shapes_raise():
   with pytest.raises(ValueError, match='Shape mismatch'):
-    temporal.tcfsr_prior_scores(np.ones(3), np.ones((2, 4, 3)), np.arange(4))
+    tcfsr.tcfsr_prior_scores(np.ones(3), np.ones((2, 4, 3)), np.arange(4))
   with pytest.raises(ValueError, match='Shape mismatch'):
-    temporal.tcfsr_basis_scores(np.ones(3), np.ones((4, 3)), np.arange(5))
+    tcfsr.tcfsr_basis_scores(np.ones(3), np.ones((4, 3)), np.arange(5))
+
+
+# ---- soft twins: the same operators on pools gathered once ----------------------------------------------------
+
+@pytest.mark.parametrize('variant', ['prior', 'basis', 'gated'])
+def test_pool_scores_equal_the_hard_operators(variant):
+  """:func:`tcfsr.pool_scores` on the cosine top-P (gathered as the fitter gathers it) equals the hard operator
+  after its pool step; at a cold temperature the relaxed gate equals the hard one."""
+  docs, qs = ops_testing.unit_episode(n=24, d=6, q=4, seed=7)
+  docs[20] = docs[3]  # a restated fact, so that the revision gate opens for some query
+  qs[0] = (docs[3] + 0.2 * docs[9]) / np.linalg.norm(docs[3] + 0.2 * docs[9])
+  where = np.arange(24) < 22
+  knobs = {'prior': dict(gamma=0.3), 'basis': dict(alpha=0.4, anchor=0.8),
+           'gated': dict(gamma=0.3, theta=0.6, delta=0.2, rho0=0.1)}[variant]
+  hard_fn = {'prior': tcfsr.tcfsr_prior_scores, 'basis': tcfsr.tcfsr_basis_scores,
+             'gated': tcfsr.tcfsr_gated_scores}[variant]
+  hard = np.asarray(hard_fn(qs, docs, np.arange(24), where=where, pool=10, iterations=30, lam=0.02, w=0.7, **knobs))
+  cos = np.where(where, qs @ docs.T, -np.inf)
+  idx = np.asarray(ranking.top_k(cos, k=10, where=np.broadcast_to(where, cos.shape))[0])
+  t = np.asarray(tcfsr.write_time(np.arange(24), where))
+  args = (np.take_along_axis(cos, idx, -1), (docs @ docs.T)[idx[:, :, None], idx[:, None, :]], t[idx], where[idx])
+  want = np.take_along_axis(hard, idx, -1)
+  for temperature in ([None, 1e-9] if variant == 'gated' else [None]):
+    got = np.asarray(tcfsr.pool_scores(*args, variant=variant, lam=0.02, w=0.7, iterations=30,
+                                       temperature=temperature, **knobs))
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+  if variant == 'gated':  # the case above exercises an open gate
+    sol_open = np.asarray(hard_fn(qs, docs, np.arange(24), where=where, pool=10, iterations=30, lam=0.02, w=0.7,
+                                  **{**knobs, 'gamma': 0.0}))
+    assert not np.allclose(hard, sol_open)
+
+
+@pytest.mark.parametrize('op', ['tcfsr_prior', 'tcfsr_basis', 'tcfsr_gated'])
+def test_declaration(op):
+  ops_testing.check_declaration(op)

@@ -1,4 +1,5 @@
-"""Tide: JAX equals the loop reference, equal k, the tie rule at the cut, N_real edge cases."""
+"""Tide: JAX equals the loop reference, equal k, the tie rule at the cut, N_real edge cases, gradient in the recency
+weight; its registry declaration (knobs ``recency``, ``pool``, ``base``)."""
 
 import hypothesis.strategies as st
 import jax
@@ -6,13 +7,14 @@ import numpy as np
 import pytest
 from hypothesis import given
 
-import reference_ops as ref
-from engram_jax import recency
+import ops_testing
+from engram_jax.ops import tide
+from engram_jax.testing import reference as ref
 
 N_PAD, Q = 40, 3
 DEPTHS = (1, 7, 60)  # 60 > N: every real item
 
-tide_jit = jax.jit(recency.tide_scores, static_argnames=('depth',))
+tide_jit = jax.jit(tide.tide_scores, static_argnames=('depth',))
 
 
 @st.composite
@@ -72,7 +74,7 @@ def test_jit_eager_vmap_loop():
   where = rng.random(N_PAD) < 0.7
   kw = dict(weight=0.2, depth=7, where=where)
   jitted = tide_jit(base, pos, **kw)
-  np.testing.assert_allclose(recency.tide_scores(base, pos, **kw), jitted, rtol=1e-12)
+  np.testing.assert_allclose(tide.tide_scores(base, pos, **kw), jitted, rtol=1e-12)
   vmapped = jax.vmap(lambda b: tide_jit(b, pos, **kw))(base)
   np.testing.assert_array_equal(vmapped, np.stack([tide_jit(b, pos, **kw) for b in base]))
   np.testing.assert_array_equal(vmapped, jitted)
@@ -81,4 +83,31 @@ def test_jit_eager_vmap_loop():
                      where=np.broadcast_to(where, base.shape))
   np.testing.assert_array_equal(per_row, jitted)
   with pytest.raises(ValueError):
-    recency.tide_scores(base, pos, weight=0.1, depth=0)
+    tide.tide_scores(base, pos, weight=0.1, depth=0)
+
+
+# ---- soft twin: the hard operator on precomputed base scores ---------------------------------------------------
+
+def test_check_grads_tide():
+  docs, qs = ops_testing.unit_episode(n=20, d=6, q=2, seed=5)
+  cos = qs @ docs.T
+  ops_testing.grads_ok(lambda w: tide.tide_scores(cos, np.arange(20), weight=w, depth=6), (0.2,), modes=['rev'])
+
+
+@pytest.mark.parametrize('base', ['cosine', 'bm25'])
+def test_leg_is_the_base_top_pool_plus_recency(base):
+  """The leg's knobs (``recency``, ``pool``, ``base``) reach tide_scores: its scores are the base leg's top-``pool``
+  plus ``recency * position / (N - 1)``."""
+  arr = ops_testing.small_arrays()
+  key = jax.random.key(0)
+  got = np.asarray(tide.tide_leg(arr, key, recency=0.4, pool=5, base=base, k1=1.2))
+  s = np.asarray(tide.base_scores(arr, key, base=base, k1=1.2, b=0.75, epsilon=0.25))
+  want = np.asarray(tide.tide_scores(s, arr.positions, weight=0.4, depth=5, where=arr.where))
+  np.testing.assert_array_equal(got, want)
+  assert (np.isfinite(got[:ops_testing.N_QUESTIONS]).sum(-1) == 5).all()
+  with pytest.raises(ValueError, match="unknown base 'nope'"):
+    tide.tide_leg(arr, key, base='nope')
+
+
+def test_declaration():
+  ops_testing.check_declaration('tide')

@@ -1,0 +1,19 @@
+"""Fit a pipeline's knobs by gradient: its soft twin (built from the operator registry), approx-NDCG@k, optax,
+seeded disjoint splits.
+
+Modules: :mod:`~engram_jax.fit.knobs` (transforms), :mod:`~engram_jax.fit.problem` (the soft problem and its rows),
+:mod:`~engram_jax.fit.train` (loss, jitted step, fit, cross-fit), :mod:`~engram_jax.fit.splits` (folds). Every
+registered operator with a soft twin is fittable (:func:`~engram_jax.fit.problem.fittable_paths`).
+"""
+
+from engram_jax.fit.knobs import FORWARD, Knobs, inverse
+from engram_jax.fit.problem import (LegInfo, Problem, Rows, Settings, SoftContext, Temperatures, build_rows,
+                                    effective_values, fittable_paths, leg_values, make_problem, soft_leg,
+                                    soft_scores)
+from engram_jax.fit.splits import check_disjoint, episode_folds, holdout_split
+from engram_jax.fit.train import FitResult, TrainState, crossfit, fit, loss_fn, make_step, max_gold_of
+
+__all__ = ['FORWARD', 'FitResult', 'Knobs', 'LegInfo', 'Problem', 'Rows', 'Settings', 'SoftContext', 'Temperatures',
+           'TrainState', 'build_rows', 'check_disjoint', 'crossfit', 'effective_values', 'episode_folds', 'fit',
+           'fittable_paths', 'holdout_split', 'inverse', 'leg_values', 'loss_fn', 'make_problem', 'make_step',
+           'max_gold_of', 'soft_leg', 'soft_scores']

@@ -1,0 +1,159 @@
+"""Control legs: a noisy second cosine vote (cos2) and mem0-style additive fusion.
+
+These are the baselines a new operator has to beat: ``perturbed_cosine`` separates "a third RRF vote
+that is correlated with cosine" from a genuinely new signal, and ``additive_fuse`` reproduces mem0's
+published additive scoring of semantic and keyword evidence.
+
+Neither is fitted (no soft twin): they are fixed controls. Registered as operators ``cos2`` and ``mem0``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+from jax.typing import ArrayLike
+
+from engram_jax import ranking
+from engram_jax.ops.bm25 import bm25_leg
+from engram_jax.ops.cosine import cosine_scores
+from engram_jax.ops.registry import Knob, Operator, register
+
+if TYPE_CHECKING:  # a type only: engram_jax.batch imports the BM25 tokenizers from here
+  from engram_jax.batch import EpisodeArrays
+
+# mem0/utils/scoring.py get_bm25_params: (upper bound on query terms, midpoint, steepness).
+MEM0_BM25_PARAMS = ((3, 5.0, 0.7), (6, 7.0, 0.6), (9, 9.0, 0.5), (15, 10.0, 0.5), (None, 12.0, 0.5))
+
+
+def perturbed_cosine(query: Array, docs: Array, *, key: Array, eps: ArrayLike, where: Array | None = None) -> Array:
+  r"""cos2: cosine plus Gaussian noise, a cosine-correlated control vote.
+
+  Definition:
+    .. math:: s_i = \langle q, d_i \rangle + \varepsilon\, \xi_i, \quad \xi_i \sim \mathcal N(0, 1) \text{ i.i.d.}
+
+  Args:
+    query: ``[..., D]`` unit-norm queries; leading axes are batch.
+    docs: ``[N, D]`` unit-norm items.
+    key: PRNG key; the noise has the shape of the scores ``[..., N]``. Stochastic: run on 5 seeds.
+    eps: noise scale (0.30, 0.50, 1.00 in the CFS ablation); traced.
+    where: ``[N]`` True for real items; masked items score ``-inf``.
+
+  Returns:
+    ``[..., N]`` scores.
+  """
+  s = cosine_scores(query, docs, where=where)
+  noise = jax.random.normal(key, s.shape, s.dtype)
+  return s + jnp.asarray(eps, s.dtype) * noise
+
+
+def mem0_bm25_params(n_query_terms: Array) -> tuple[Array, Array]:
+  """mem0's query-length-adaptive sigmoid parameters ``(midpoint, steepness)``.
+
+  From ``mem0/utils/scoring.py: get_bm25_params``: up to 3 terms (5.0, 0.7), up to 6 (7.0, 0.6),
+  up to 9 (9.0, 0.5), up to 15 (10.0, 0.5), more (12.0, 0.5). mem0 counts the whitespace terms of the
+  lemmatised query (1 for an empty query).
+
+  Args:
+    n_query_terms: ``[...]`` integer term counts.
+
+  Returns:
+    ``(midpoint [...], steepness [...])`` as float arrays.
+  """
+  n = jnp.asarray(n_query_terms)
+  mid = jnp.full(n.shape, MEM0_BM25_PARAMS[-1][1])
+  steep = jnp.full(n.shape, MEM0_BM25_PARAMS[-1][2])
+  for bound, m, s in reversed(MEM0_BM25_PARAMS[:-1]):
+    mid = jnp.where(n <= bound, m, mid)
+    steep = jnp.where(n <= bound, s, steep)
+  return mid, steep
+
+
+def additive_fuse(semantic: Array, bm25: Array, n_query_terms: Array, *, where: Array | None = None,
+                  threshold: ArrayLike = 0.1, pool: int = 60) -> Array:
+  r"""mem0-style additive fusion of semantic and sigmoid-normalised BM25 scores.
+
+  Transcribes the semantics of mem0's hybrid search (``mem0/utils/scoring.py``: ``normalize_bm25``,
+  ``get_bm25_params``, ``score_and_rank``; driven by ``mem0/memory/core/search.py:
+  search_vector_store``, github.com/mem0ai/mem0) with no entity boost and no recency signal:
+
+  * candidates are the semantic top-``pool`` real items (mem0 over-fetches
+    ``max(4 * limit, 60)``) whose semantic score is ``>= threshold`` (mem0's default 0.1);
+    every other item scores ``-inf``. BM25 alone never adds a candidate.
+  * BM25 evidence: the keyword top-``pool`` items with a raw score ``> 0`` get
+    :math:`\sigma(k\,(\mathrm{bm25} - m))` with :math:`(m, k)` from the query length
+    (:func:`mem0_bm25_params`); every other item gets 0.
+  * the semantic score is used as the vector store returns it (cosine for unit-norm embeddings).
+  * the sum is divided by the number of active signals (mem0's ``max_possible``): 2 when any real
+    item has a positive BM25 score for this query, else 1, and capped at 1.
+
+  Definition:
+    .. math::
+      s_i = \min\!\left(1, \frac{\mathrm{sem}_i + [i \in \text{kw-pool}, \mathrm{bm25}_i > 0]\,
+      \sigma(k(\mathrm{bm25}_i - m))}{1 + [\exists j: \mathrm{bm25}_j > 0]}\right)
+
+  Args:
+    semantic: ``[..., N]`` semantic scores (cosine).
+    bm25: ``[..., N]`` raw BM25 scores (:func:`engram_jax.ops.bm25.bm25_scores`).
+    n_query_terms: ``[...]`` number of query terms (selects the sigmoid midpoint / steepness).
+    where: ``[N]`` or ``[..., N]`` True for real items.
+    threshold: semantic gate; traced.
+    pool: static over-fetch size of both the semantic and the keyword search.
+
+  Returns:
+    ``[..., N]`` fused scores in ``(-inf, 1]``; ``-inf`` for non-candidates and masked items.
+  """
+  semantic = jnp.asarray(semantic)
+  bm25 = jnp.asarray(bm25, semantic.dtype)
+  n = semantic.shape[-1]
+  shape = jnp.broadcast_shapes(semantic.shape, bm25.shape)
+  real = jnp.ones((n,), bool) if where is None else jnp.asarray(where, bool)
+  real = jnp.broadcast_to(real, shape)
+  semantic = jnp.broadcast_to(semantic, shape)
+  bm25 = jnp.broadcast_to(bm25, shape)
+  p = min(pool, n)
+
+  def in_top(scores):
+    idx, vals = ranking.top_k(scores, k=p, where=real)
+    hit = (idx[..., :, None] == jnp.arange(n)) & jnp.isfinite(vals)[..., :, None]
+    return jnp.any(hit, axis=-2)
+
+  sem_cand = in_top(semantic) & (semantic >= threshold)
+  bm25_pos = real & (bm25 > 0)
+  kw = in_top(bm25) & bm25_pos
+  mid, steep = mem0_bm25_params(n_query_terms)
+  mid = jnp.asarray(mid, semantic.dtype)[..., None]
+  steep = jnp.asarray(steep, semantic.dtype)[..., None]
+  bm25_norm = jnp.where(kw, jax.nn.sigmoid(steep * (bm25 - mid)), 0.0)
+  active = 1.0 + jnp.any(bm25_pos, axis=-1, keepdims=True).astype(semantic.dtype)
+  fused = jnp.minimum((semantic + bm25_norm) / active, 1.0)
+  return jnp.where(sem_cand, fused, -jnp.inf)
+
+
+def cos2_leg(ep: EpisodeArrays, key: Array, *, eps: float = 0.30, seed: int = 0) -> Array:
+  """Perturbed cosine ("cos2"): cosine plus ``eps`` Gaussian noise; ``seed`` selects the noise draw."""
+  return perturbed_cosine(ep.queries, ep.docs, key=jax.random.fold_in(key, seed), eps=eps, where=ep.where)
+
+
+def mem0_leg(ep: EpisodeArrays, key: Array, *, threshold: float = 0.1, pool: int = 60) -> Array:
+  """mem0-style additive fusion of cosine and sigmoid-normalised BM25 (one score, use with fusion none).
+
+  mem0 may return fewer than k candidates (semantic gate, pool); for equal k the remaining real items
+  follow every candidate in cosine order (a backfill that mem0 itself does not do).
+  """
+  cos = cosine_scores(ep.queries, ep.docs, where=ep.where)
+  fused = additive_fuse(cos, bm25_leg(ep, key), jnp.maximum(ep.query_len, 1), where=ep.where,
+                        threshold=threshold, pool=pool)
+  backfill = -10.0 + cos  # below any fused score (>= -1 for candidates, since cosine >= -1)
+  return jnp.where(jnp.isneginf(fused) & ep.where, backfill, fused)
+
+
+COS2 = register(Operator(
+    name='cos2', leg=cos2_leg, doc='control: cosine + eps Gaussian noise',
+    knobs=(Knob('eps', 0.30, check='>=0', doc='noise scale'), Knob('seed', 0, static=True, doc='noise draw'))))
+MEM0 = register(Operator(
+    name='mem0', leg=mem0_leg, doc='control: mem0-style additive fusion of cosine and BM25',
+    knobs=(Knob('threshold', 0.1, check='[0,1]', doc='semantic gate'),
+           Knob('pool', 60, static=True, check='int>=1', doc='over-fetch of both searches'))))

@@ -1,0 +1,140 @@
+"""MMR (Maximal Marginal Relevance, Carbonell & Goldstein 1998): the hard greedy picker, its soft twin, its leg and
+its declaration.
+
+Hard: :func:`mmr_select` (argmax steps; scored). Soft twin: :func:`soft_mmr_select_gram` (softmax-relaxed steps on
+the precomputed cosine pool; fitting only). Leg: picks as RRF leg scores (:func:`engram_jax.ops.greedy.selection_scores`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+from jax.typing import ArrayLike
+
+from engram_jax import relax
+from engram_jax.ops import pools
+from engram_jax.ops.greedy import (Selection, SoftSelection, greedy, map_pool_batch, map_queries, pool_inputs,
+                                   scatter_probs, selection_scores, soft_greedy, soft_pool_inputs)
+from engram_jax.ops.registry import Knob, Operator, SoftTwin, register
+
+if TYPE_CHECKING:  # a type only: engram_jax.batch imports the BM25 tokenizers from here
+  from engram_jax.batch import EpisodeArrays
+
+
+def mmr_select(query: Array, docs: Array, *, k: int, lam: ArrayLike = 0.5, where: Array | None = None,
+               pool: int | None = None, gram: Array | None = None) -> Selection:
+  r"""Maximal Marginal Relevance (Carbonell & Goldstein 1998), greedy.
+
+  Definition:
+    .. math::
+      c_t = \arg\max_{c \notin S_{t-1}} \lambda \cos(q, c)
+            - (1 - \lambda) \max_{s \in S_{t-1}} \cos(c, s)
+
+    with :math:`c_1 = \arg\max_c \cos(q, c)` (the penalty is 0 while :math:`S` is empty).
+
+  Args:
+    query: ``[..., D]`` unit-norm queries; leading axes are batch.
+    docs: ``[N, D]`` or ``[..., N, D]`` unit-norm candidates.
+    k: number of picks; static. ``k > N`` pads with -1.
+    lam: relevance / diversity trade-off in [0, 1]; traced.
+    where: ``[N]`` or ``[..., N]`` True for real candidates; masked ones are never picked.
+    pool: optional static prefilter: only the cosine top-``pool`` real candidates are considered
+      (``pool >= N`` means all).
+    gram: optional ``[N, N]`` (or ``[..., N, N]``) precomputed ``docs @ docs.T``; item-item
+      similarities are then gathered instead of recomputed.
+
+  Returns:
+    :class:`Selection` with ``indices [..., K]`` (ties go to the later item) and ``scores [..., K]``
+    (the MMR objective at each pick; the first is :math:`\lambda \cos(q, c_1)`).
+  """
+  def one(q, d, wh, g):
+    rel, valid, idx, _, sims = pool_inputs(q, d, wh, g, pool)
+    lam_ = jnp.asarray(lam, rel.dtype)
+    objective = lambda state, count: lam_ * rel - (1 - lam_) * jnp.where(count > 0, state, 0.0)
+    update = lambda state, s, count: jnp.where(count > 0, jnp.maximum(state, s), s)
+    return greedy(rel, valid, idx, sims, k=k, init=jnp.zeros_like(rel), objective=objective,
+                   update=update)
+
+  return map_queries(one, query, docs, where, gram)
+
+
+def soft_mmr_select_gram(rel: Array, gram: Array, *, k: int, lam: ArrayLike = 0.5,
+                         temperature: ArrayLike = 0.01, where: Array | None = None) -> SoftSelection:
+  r"""Relaxed MMR from relevance ``rel [..., P]`` and item similarities ``gram [..., P, P]``.
+
+  The relaxed penalty after picks :math:`p_1..p_t` is :math:`\max_{u \le t} G p_u` (elementwise), the
+  hard :math:`\max_{s \in S} \cos(c, s)` when every :math:`p_u` is one-hot. See :func:`soft_greedy`.
+  Differentiable in ``rel``, ``gram``, ``lam`` and ``temperature`` (objective units; scalar or ``[...]``).
+  """
+  rel = jnp.asarray(rel)
+  where = jnp.ones(rel.shape, bool) if where is None else jnp.broadcast_to(jnp.asarray(where, bool), rel.shape)
+  batch = rel.shape[:-1]
+  p = rel.shape[-1]
+  temperature = jnp.broadcast_to(jnp.asarray(temperature, rel.dtype), batch)
+
+  def one(r, g, wh, t):
+    lam_ = jnp.asarray(lam, r.dtype)
+    r = jnp.where(wh, r, 0.0)  # padded slots may hold -inf; lam * -inf would poison d/d lam with 0 * inf = NaN
+    objective = lambda state, count: lam_ * r - (1 - lam_) * jnp.where(count > 0, state, 0.0)
+    update = lambda state, pk, count: jnp.where(count > 0, jnp.maximum(state, g @ pk), g @ pk)
+    probs, scores = soft_greedy(r, wh, k=k, temperature=t, init=jnp.zeros_like(r), objective=objective,
+                                 update=update)
+    return SoftSelection(probs, scores)
+
+  return map_pool_batch(one, rel, gram, where, temperature)
+
+
+def soft_mmr_select(query: Array, docs: Array, *, k: int, lam: ArrayLike = 0.5, temperature: ArrayLike = 0.01,
+                    where: Array | None = None, pool: int | None = None, gram: Array | None = None,
+                    batch_size: int | None = None) -> SoftSelection:
+  r"""Relaxed twin of :func:`mmr_select` (softmax-relaxed greedy steps, see :func:`soft_mmr_select_gram`).
+
+  Args: as :func:`mmr_select`, plus ``temperature`` (objective units, scalar; traced) and ``batch_size``.
+
+  Returns:
+    :class:`SoftSelection` with ``probs [..., K, N]``. As ``temperature -> 0`` (no ties), ``probs`` tends to
+    the one-hot of the hard picks and ``scores`` to the hard scores.
+  """
+  def one(q, d, wh, g):
+    rel, gp, valid, idx = soft_pool_inputs(q, d, wh, g, pool)
+    sel = soft_mmr_select_gram(rel, gp, k=k, lam=lam, temperature=temperature, where=valid)
+    return SoftSelection(scatter_probs(sel.probs, idx, d.shape[0]), sel.scores)
+
+  return map_queries(one, query, docs, where, gram, batch_size=batch_size)
+
+
+
+def mmr_leg(ep: EpisodeArrays, key: Array, *, k: int = 10, lam: float = 0.5, pool: int | None = None) -> Array:
+  """MMR picks as leg scores ``[Q, N]`` (picked items ranked in pick order, others ``-inf``)."""
+  del key
+  sel = mmr_select(ep.queries, ep.docs, k=k, lam=lam, where=ep.where, pool=pool, gram=ep.docs @ ep.docs.T)
+  return selection_scores(sel, n=ep.docs.shape[0])
+
+
+def _rows(ep: EpisodeArrays, n_questions: int, n_pad: int, options, settings) -> dict:
+  del options
+  return pools.cosine_pool_rows(ep, n_questions, n_pad, settings.greedy_pool)
+
+
+def _soft(rows, values, ctx) -> SoftSelection:
+  """Softmax-relaxed MMR on the precomputed cosine pool (temperature: ``greedy`` x the pool's gap scale x the
+  stop-gradient lambda, so that it is in objective units)."""
+  idx, valid, b, g = rows['pool_idx'], rows['pool_valid'], rows['pool_cos'], rows['pool_gram']
+  k = int(values['k'])
+  temp = ctx.temperatures.greedy * relax.gap_scale(b, k=k, where=valid) * jax.lax.stop_gradient(values['lam'])
+  sel = soft_mmr_select_gram(b, g, k=k, lam=values['lam'], temperature=temp, where=valid)
+  n = ctx.where.shape[-1]
+  probs = jax.vmap(lambda pr, i: jnp.zeros((k, n), pr.dtype).at[:, i].set(pr, unique_indices=True))(sel.probs, idx)
+  return SoftSelection(probs, sel.scores)
+
+
+MMR = register(Operator(
+    name='mmr', leg=mmr_leg, doc='Maximal Marginal Relevance picks',
+    knobs=(Knob('k', 10, static=True, check='int>=1', doc='number of picks'),
+           Knob('lam', 0.5, transform='logit', check='[0,1]', doc='MMR relevance/diversity trade-off'),
+           Knob('pool', None, static=True, check='int>=1', doc='cosine prefilter (None = all items)')),
+    soft=SoftTwin(rows=_rows, scores=_soft, selection=True)))

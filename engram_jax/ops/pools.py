@@ -1,0 +1,75 @@
+"""Per-question cosine pools for the soft twins: what no fitted knob moves, computed once before training.
+
+The CFS-R family and the greedy pickers all work on the cosine top-``P`` of each question (shared tie rule, no
+knob moves it), so their soft twins precompute, per question, the pool's item indices, validity, cosines and Gram
+block (and write-time fractions for the time-aware variants), padded to one item count ``n_pad`` across episodes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from engram_jax import ranking
+from engram_jax.ops.cosine import cosine_scores
+
+if TYPE_CHECKING:  # a type only: engram_jax.batch imports the BM25 tokenizers from here
+  from engram_jax.batch import EpisodeArrays
+
+
+def pad_items(x: np.ndarray, n_pad: int, fill) -> np.ndarray:
+  """Pad the last (item) axis of ``x`` to ``n_pad`` with ``fill``."""
+  widths = [(0, 0)] * (x.ndim - 1) + [(0, n_pad - x.shape[-1])]
+  return np.pad(x, widths, constant_values=fill)
+
+
+_COSINE = jax.jit(lambda q, d, w: cosine_scores(q, d, where=w))
+
+
+def question_cosines(ep: EpisodeArrays, n_questions: int, n_pad: int) -> np.ndarray:
+  """Cosine of each real question to every item ``[Q, n_pad]`` (the cosine leg's scores), ``-inf`` for masked or
+  padded items."""
+  s = np.asarray(_COSINE(ep.queries, ep.docs, ep.where))[:n_questions]
+  return pad_items(s, n_pad, -np.inf)
+
+
+def write_time(positions: np.ndarray, where: np.ndarray) -> np.ndarray:
+  """Write-order fraction ``[N]``: ``p_i / max(N_real - 1, 1)``, 0 for padded items (as
+  :func:`engram_jax.ops.tcfsr.write_time`)."""
+  where = np.asarray(where, bool)
+  t = np.asarray(positions, np.float32) / max(int(where.sum()) - 1, 1)
+  return np.where(where, t, 0.0).astype(np.float32)
+
+
+def cosine_pool_rows(ep: EpisodeArrays, n_questions: int, n_pad: int, pool: int, *,
+                     cos: np.ndarray | None = None, times: bool = False) -> dict[str, np.ndarray]:
+  """The cosine top-``pool`` of every real question of one episode.
+
+  Returns ``{'pool_idx': [Q, P] int32, 'pool_valid': [Q, P] bool, 'pool_cos': [Q, P], 'pool_gram': [Q, P, P]}``
+  (plus ``'pool_t': [Q, P]`` write-time fractions when ``times``), ``P = min(pool, n_pad)``; the episode Gram is
+  computed once and gathered into blocks. ``cos`` may pass precomputed :func:`question_cosines`.
+  """
+  cos = question_cosines(ep, n_questions, n_pad) if cos is None else cos
+  where = pad_items(np.broadcast_to(np.asarray(ep.where), (n_questions, ep.where.shape[0])), n_pad, False)
+  p = min(int(pool), n_pad)
+  idx, _ = ranking.top_k(jnp.asarray(cos), k=p, where=jnp.asarray(where))
+  idx = np.asarray(idx)
+  docs = np.asarray(ep.docs)
+  docs = np.pad(docs, [(0, n_pad - docs.shape[0]), (0, 0)])
+  gram = docs @ docs.T
+  out = {'pool_idx': idx.astype(np.int32), 'pool_valid': np.take_along_axis(where, idx, axis=-1),
+         'pool_cos': np.take_along_axis(cos, idx, axis=-1),
+         'pool_gram': gram[idx[:, :, None], idx[:, None, :]].astype(np.float32)}
+  if times:
+    t = pad_items(write_time(np.asarray(ep.positions), np.asarray(ep.where)), n_pad, 0.0)
+    out['pool_t'] = t[idx]
+  return out
+
+
+def scatter_rows(values, idx, n: int, fill: float):
+  """``values [B, P]`` at item indices ``idx [B, P]`` into ``[B, n]`` filled with ``fill``."""
+  rows = jnp.arange(values.shape[0])[:, None]
+  return jnp.full((values.shape[0], n), fill, values.dtype).at[rows, idx].set(values, unique_indices=True)

@@ -1,0 +1,172 @@
+"""The operator registry: operator name -> its one declaration (hard leg, knobs, soft twin).
+
+An operator module (``engram_jax/ops/<family>.py``) declares each operator once with :func:`register`:
+
+* ``leg(ep, key, **knobs) -> [Q, N]`` scores of every question of a padded episode (``-inf`` = not ranked);
+* its knobs (:class:`Knob`): name, default (written only here), the unconstrained transform used for fitting,
+  whether it is static (sets shapes: k, pool, iterations) and its allowed range;
+* its soft twin (:class:`SoftTwin`) for fitting, or ``smooth`` saying why the hard leg already is one.
+
+The pipeline builder (:mod:`engram_jax.pipeline`), the fitter (:mod:`engram_jax.fit`) and the bench iterate this
+registry; none of them branches on operator kind. Adding an operator is one module that calls :func:`register`
+(imported by ``engram_jax.ops`` for the built-in ones, or named in a run's ``ops_modules`` config option).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+# Leg-level keys of a pipeline YAML leg node; an operator's knobs may not use them.
+LEG_KEYS = ('op', 'depth', 'weight')
+TRANSFORMS = ('log', 'logit', 'softplus', 'identity')
+
+
+@dataclasses.dataclass(frozen=True)
+class Knob:
+  """One knob of an operator.
+
+  Attributes:
+    name: keyword of the leg function.
+    default: the value used when a pipeline does not set it (the one place it is written).
+    transform: how a fitted value is parametrised (``log`` for positive scales, ``logit`` for [0, 1],
+      ``softplus``, ``identity``), or None when the knob cannot be fitted.
+    static: True when it sets shapes or control flow (never traced, never fitted).
+    check: allowed range: ``'>0'``, ``'>=0'``, ``'[0,1]'``, ``'int>=1'``, ``'int>=0'``, a tuple of allowed values,
+      or None (unchecked).
+    doc: one line for error messages and docs.
+  """
+
+  name: str
+  default: Any
+  transform: str | None = None
+  static: bool = False
+  check: str | tuple[Any, ...] | None = None
+  doc: str = ''
+
+  def __post_init__(self) -> None:
+    if self.name in LEG_KEYS:
+      raise ValueError(f'knob name {self.name!r} is reserved for the leg ({LEG_KEYS})')
+    if self.transform is not None and self.transform not in TRANSFORMS:
+      raise ValueError(f'knob {self.name}: unknown transform {self.transform!r}; allowed {TRANSFORMS}')
+    if self.transform is not None and self.static:
+      raise ValueError(f'knob {self.name}: a static knob cannot be fitted')
+
+  def validate(self, value: Any, where: str) -> None:
+    """Raise a one-line ValueError naming ``where``, the knob, its allowed range and ``value``."""
+    c = self.check
+    if c is None:
+      return
+    what = f' ({self.doc})' if self.doc else ''
+    if isinstance(c, tuple):
+      if value not in c:
+        raise ValueError(f'{where}: {self.name} must be one of {list(c)}{what}, got {value!r}')
+      return
+    if value is None and not self.static:
+      raise ValueError(f'{where}: {self.name} must be a number{what}, got None')
+    if value is None:
+      return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+      raise ValueError(f'{where}: {self.name} must be a number{what}, got {value!r}')
+    ok = {'>0': value > 0, '>=0': value >= 0, '[0,1]': 0 <= value <= 1,
+          'int>=1': value >= 1 and float(value).is_integer(), 'int>=0': value >= 0 and float(value).is_integer()}
+    if c not in ok:
+      raise ValueError(f'knob {self.name}: unknown check {c!r}')
+    if not ok[c]:
+      allowed = {'>0': '> 0', '>=0': '>= 0', '[0,1]': 'in [0, 1]', 'int>=1': 'an integer >= 1',
+                 'int>=0': 'an integer >= 0'}[c]
+      raise ValueError(f'{where}: {self.name} must be {allowed}{what}, got {value!r}')
+
+
+@dataclasses.dataclass(frozen=True)
+class SoftTwin:
+  """What the fitter needs to relax an operator.
+
+  Attributes:
+    rows: ``(ep, n_questions, n_pad, options, settings) -> {name: [Q, ...] array}``: everything per question that
+      no fitted knob moves (the cosine pool and its Gram, BM25 term statistics, ...), computed once before
+      training, with every item axis padded to ``n_pad``. ``options`` are all the leg's knob values (hand-set),
+      ``settings`` the fit's :class:`engram_jax.fit.problem.Settings` (greedy pool, solve batch).
+    scores: ``(rows, values, ctx) -> scores [B, N]`` or a ``SoftSelection``: the relaxed leg on a batch of rows,
+      differentiable in the fitted knobs; ``values`` maps every knob name to its value (fitted ones traced),
+      ``ctx`` is a :class:`engram_jax.fit.problem.SoftContext` (where, cosine, positions, temperatures).
+    selection: True when ``scores`` returns a soft selection (greedy pickers: CFS, MMR), which RRF fuses by its
+      pick probabilities and which needs an RRF fusion around it.
+    fill: the padding value of each rows entry when episodes of different shapes are stacked (default 0).
+  """
+
+  rows: Callable[..., dict[str, Any]]
+  scores: Callable[..., Any]
+  selection: bool = False
+  fill: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Operator:
+  """One registered operator.
+
+  Attributes:
+    name: registry key (a pipeline YAML leg says ``op: <name>``).
+    leg: the hard leg ``(ep: EpisodeArrays, key, **knobs) -> [Q, N]``.
+    knobs: its knobs, in signature order.
+    soft: its soft twin, or None when it cannot be fitted.
+    doc: one line (for listings and docs).
+    needs: optional ``options -> {build option: value}`` for :func:`engram_jax.batch.episode_arrays` (e.g. the
+      term counts of a BM25 tokenizer).
+  """
+
+  name: str
+  leg: Callable[..., Any]
+  knobs: tuple[Knob, ...]
+  soft: SoftTwin | None = None
+  doc: str = ''
+  needs: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
+
+  def knob(self, name: str) -> Knob:
+    for k in self.knobs:
+      if k.name == name:
+        return k
+    raise KeyError(name)
+
+  @property
+  def defaults(self) -> dict[str, Any]:
+    return {k.name: k.default for k in self.knobs}
+
+  @property
+  def fittable(self) -> tuple[str, ...]:
+    """Knobs that a gradient fit can move (a transform and a soft twin)."""
+    if self.soft is None:
+      return ()
+    return tuple(k.name for k in self.knobs if k.transform is not None)
+
+  def options(self, given: Mapping[str, Any], *, where: str) -> dict[str, Any]:
+    """Every knob's value: ``given`` over the defaults, each validated; unknown names are a one-line error."""
+    unknown = sorted(set(given) - {k.name for k in self.knobs})
+    if unknown:
+      raise ValueError(f'{where}: operator {self.name} has no knob {unknown}; its knobs: '
+                       f'{[k.name for k in self.knobs]} (leg keys: {list(LEG_KEYS)})')
+    out = self.defaults
+    out.update(given)
+    for k in self.knobs:
+      k.validate(out[k.name], where)
+    return out
+
+
+OPERATORS: dict[str, Operator] = {}
+
+
+def register(op: Operator, *, replace: bool = False) -> Operator:
+  """Add ``op`` to the registry (a second operator of the same name is an error unless ``replace``)."""
+  if op.name in OPERATORS and not replace and OPERATORS[op.name] is not op:
+    raise ValueError(f'operator {op.name!r} is already registered')
+  OPERATORS[op.name] = op
+  return op
+
+
+def get(name: str) -> Operator:
+  """The operator registered as ``name``; a one-line error listing the known names otherwise."""
+  if name not in OPERATORS:
+    raise ValueError(f'unknown operator {name!r}; registered: {sorted(OPERATORS)}')
+  return OPERATORS[name]

@@ -1,0 +1,370 @@
+r"""Time-aware CFS-R: three ways to put write order into Conditional Field Reconstruction.
+
+CFS-R (:mod:`engram_jax.ops.cfsr`) reconstructs the query from a cosine pool and knows nothing about
+when an item was written; its post names temporal questions as its weakest spot. Each variant here keeps the
+CFS-R pool (cosine top-``P``), solver (:func:`~engram_jax.ops.cfsr.nnls_ridge_pg`) and blend, and adds
+time in one place. Time is the item's write-order fraction
+
+.. math:: t_i = p_i / \max(N_{real} - 1, 1) \in [0, 1]   \qquad (0 = \text{oldest}, 1 = \text{newest})
+
+computed from ``positions`` and ``where``, the only time the padded arrays carry (the Tide convention).
+
+* :func:`tcfsr_prior_scores` -- a **recency prior inside the blend**:
+  :math:`s = w\,\mathrm{mm}(a) + (1-w)\,\mathrm{mm}(\cos) + \gamma\, t`.
+* :func:`tcfsr_basis_scores` -- **time appended to the basis**: every pool row gets an extra coordinate
+  :math:`\alpha t_i`, the query gets :math:`\alpha \tau` (``anchor`` :math:`\tau`, 1 = "now"), so the non-negative
+  reconstruction must also explain *when*: among near-collinear candidates the one written nearer the anchor
+  takes the coefficient mass (an old and a new version of the same fact stop sharing it). In Gram form
+  :math:`G \leftarrow G + \alpha^2 t t^\top`, :math:`b \leftarrow b + \alpha^2 \tau t`.
+* :func:`tcfsr_gated_scores` -- **recency gated by a revision detector**: the recency prior applies only to
+  queries whose pool holds near-duplicate relevant items written far apart (the asked fact was restated, so it
+  may have changed):
+  :math:`r_q = \max_{i \ne j} \rho_i \rho_j\, [G_{ij} \ge \theta]\, |t_i - t_j|`, gate :math:`g_q = [r_q \ge \rho_0]`,
+  :math:`s = s^{\text{CFS-R}} + \gamma\, g_q\, t` (:math:`\rho_i` = 1 at the best pool cosine falling to 0 at
+  ``delta`` below it, :func:`revision_signal`). The detector
+  reads only embeddings and positions (the padded arrays carry no question text), so it detects a *changed
+  topic*, not the wording of a question about change.
+
+Soft twins (for the fitter: on cosine pools gathered once, :func:`pool_scores`). The prior and basis variants
+are differentiable in every knob (``lam``, ``w``, ``gamma``, ``alpha``,
+``anchor``) as they stand -- like CFS-R and Tide, each is its own soft twin (the cosine pool cut is a hard top-P
+in all of them). The gated variant thresholds twice; :func:`soft_tcfsr_gated_scores` replaces both indicators
+by sigmoids at ``temperature`` (differentiable in ``theta``, ``rho0``, ``gamma``, ``lam``, ``w``) and tends to the
+hard operator as ``temperature -> 0``.
+
+All functions score a shared corpus (``docs [N, D]``, ``positions [N]``, ``where [N]``) for queries ``[..., D]``
+and return ``[..., N]`` scores, ``-inf`` outside the pool. No jit inside; legs (``*_leg``) adapt them to
+:class:`~engram_jax.batch.EpisodeArrays`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+from jax.typing import ArrayLike
+
+from engram_jax.ops import pools
+from engram_jax.ops.cfsr import cosine_pool, minmax, nnls_ridge_pg
+from engram_jax.ops.greedy import map_queries
+from engram_jax.ops.registry import Knob, Operator, SoftTwin, register
+
+if TYPE_CHECKING:  # a type only: engram_jax.batch imports the BM25 tokenizers from here
+  from engram_jax.batch import EpisodeArrays
+
+
+def write_time(positions: Array, where: Array) -> Array:
+  r"""Write-order fraction ``[N]``: :math:`t_i = p_i / \max(N_{real} - 1, 1)`, 0 for padded items."""
+  where = jnp.asarray(where, bool)
+  n_real = jnp.sum(where)
+  t = jnp.asarray(positions).astype(jnp.result_type(float)) / jnp.maximum(n_real - 1, 1)
+  return jnp.where(where, t, 0.0)
+
+
+class PoolSolve(NamedTuple):
+  """One query's CFS-R pool and solution (shapes ``[P]``, ``[P, P]``)."""
+
+  idx: Array    # [P] item index of each pool slot
+  valid: Array  # [P] real pool slots
+  a: Array      # [P] non-negative coefficients
+  cos: Array    # [P] pool cosines
+  t: Array      # [P] write-order fractions
+  gram: Array   # [P, P] semantic pool Gram (without time features)
+
+
+def _solve(q: Array, d: Array, wh: Array, g: Array | None, t_all: Array, *, pool: int, iterations: int,
+           lam: ArrayLike, power_iterations: int, alpha: ArrayLike = 0.0, anchor: ArrayLike = 1.0) -> PoolSolve:
+  cos, idx, valid, gp = cosine_pool(q, d, wh, g, pool=pool)
+  both = valid[:, None] & valid[None, :]
+  gp = jnp.where(both, gp, 0.0)  # padded rows may hold junk or NaN: keep them out of every product
+  b, tp = jnp.where(valid, cos[idx], 0.0), jnp.where(valid, t_all[idx], 0.0)
+  a2 = jnp.square(jnp.asarray(alpha, cos.dtype))
+  a = nnls_ridge_pg(gp + a2 * tp[:, None] * tp[None, :], b + a2 * jnp.asarray(anchor, cos.dtype) * tp,
+                    lam=lam, iterations=iterations, valid=valid, power_iterations=power_iterations)
+  return PoolSolve(idx, valid, a, b, tp, gp)
+
+
+def _scatter(n: int, sol: PoolSolve, s: Array) -> Array:
+  s = jnp.where(sol.valid, s, -jnp.inf)
+  return jnp.full((n,), -jnp.inf, s.dtype).at[sol.idx].set(s, unique_indices=True)
+
+
+def _blend(sol: PoolSolve, w: ArrayLike) -> Array:
+  w_ = jnp.asarray(w, sol.cos.dtype)
+  return w_ * minmax(sol.a, sol.valid) + (1.0 - w_) * minmax(sol.cos, sol.valid)
+
+
+def _check(docs: Array, positions: Array, pool: int, iterations: int) -> None:
+  if jnp.ndim(docs) != 2:
+    raise ValueError(f'Shape mismatch: temporal CFS-R scores one shared corpus docs [N, D], got {jnp.shape(docs)}; '
+                     'vmap over episodes')
+  if jnp.shape(positions) != jnp.shape(docs)[:1]:
+    raise ValueError(f'Shape mismatch: positions {jnp.shape(positions)} vs N={jnp.shape(docs)[0]}')
+  if pool < 1 or iterations < 0:
+    raise ValueError(f'pool must be >= 1 and iterations >= 0, got {pool}, {iterations}')
+
+
+def _run(one, query, docs, positions, where, gram, batch_size):
+  n = docs.shape[0]
+  where = jnp.ones((n,), bool) if where is None else jnp.asarray(where, bool)
+  t_all = write_time(positions, where)
+  return map_queries(lambda q, d, wh, g: one(q, d, wh, g, t_all), query, docs, where, gram, batch_size=batch_size)
+
+
+def tcfsr_prior_scores(query: Array, docs: Array, positions: Array, *, where: Array | None = None,
+                       gram: Array | None = None, pool: int = 150, iterations: int = 80, lam: ArrayLike = 0.005,
+                       w: ArrayLike = 0.90, gamma: ArrayLike = 0.1, power_iterations: int = 20,
+                       batch_size: int | None = None) -> Array:
+  r"""CFS-R with a recency prior inside the blend.
+
+  Definition (pool :math:`\mathcal P` and :math:`a^\star` as :func:`~engram_jax.ops.cfsr.cfsr_scores`):
+    .. math::
+      s_i = w\, \mathrm{mm}(a^\star)_i + (1 - w)\, \mathrm{mm}(\cos(q, \cdot))_i + \gamma\, t_i
+      \;\; (i \in \mathcal P), \qquad s_i = -\infty \;\; (i \notin \mathcal P)
+
+  ``gamma = 0`` is CFS-R exactly. Differentiable in ``lam``, ``w``, ``gamma`` (its own soft twin).
+
+  Args:
+    query: ``[..., D]`` unit-norm queries.
+    docs: ``[N, D]`` unit-norm items (one shared corpus).
+    positions: ``[N]`` write order, ``0..N_real-1`` for real items.
+    where: ``[N]`` True for real items.
+    gram: optional ``[N, N]`` ``docs @ docs.T``.
+    pool, iterations, power_iterations, batch_size: static, as CFS-R.
+    lam, w: CFS-R's ridge weight and blend; traced.
+    gamma: recency weight on the [0, 1] blend scale; traced.
+
+  Returns:
+    ``[..., N]`` scores, ``-inf`` outside the pool or masked.
+  """
+  _check(docs, positions, pool, iterations)
+
+  def one(q, d, wh, g, t_all):
+    sol = _solve(q, d, wh, g, t_all, pool=pool, iterations=iterations, lam=lam, power_iterations=power_iterations)
+    return _scatter(d.shape[0], sol, _blend(sol, w) + jnp.asarray(gamma, sol.cos.dtype) * sol.t)
+
+  return _run(one, query, docs, positions, where, gram, batch_size)
+
+
+def tcfsr_basis_scores(query: Array, docs: Array, positions: Array, *, where: Array | None = None,
+                       gram: Array | None = None, pool: int = 150, iterations: int = 80, lam: ArrayLike = 0.005,
+                       w: ArrayLike = 0.90, alpha: ArrayLike = 0.2, anchor: ArrayLike = 1.0,
+                       power_iterations: int = 20, batch_size: int | None = None) -> Array:
+  r"""CFS-R over a time-augmented basis: reconstruct ``[z_q, alpha * anchor]`` from rows ``[c_i, alpha * t_i]``.
+
+  Definition:
+    .. math::
+      a^\star = \arg\min_{a \ge 0} \|z_q - C^\top a\|^2 + \alpha^2 (\tau - t^\top a)^2 + \lambda \|a\|^2
+
+      s_i = w\, \mathrm{mm}(a^\star)_i + (1 - w)\, \mathrm{mm}(\cos(q, \cdot))_i \;\; (i \in \mathcal P)
+
+    i.e. the CFS-R solve with :math:`G + \alpha^2 t t^\top` and :math:`b + \alpha^2 \tau t`; the pool and the
+    cosine term are unchanged, so ``alpha = 0`` is CFS-R exactly. ``anchor`` :math:`\tau = 1` asks for
+    "now"; 0 would ask for the oldest.
+
+  Args: as :func:`tcfsr_prior_scores`, with ``alpha`` (time-feature scale) and ``anchor`` (target time)
+    instead of ``gamma``; both traced (its own soft twin).
+
+  Returns:
+    ``[..., N]`` scores in [0, 1] for pool items, ``-inf`` elsewhere.
+  """
+  _check(docs, positions, pool, iterations)
+
+  def one(q, d, wh, g, t_all):
+    sol = _solve(q, d, wh, g, t_all, pool=pool, iterations=iterations, lam=lam, power_iterations=power_iterations,
+                 alpha=alpha, anchor=anchor)
+    return _scatter(d.shape[0], sol, _blend(sol, w))
+
+  return _run(one, query, docs, positions, where, gram, batch_size)
+
+
+def revision_signal(sol: PoolSolve, *, theta: ArrayLike, delta: ArrayLike = 0.1,
+                    temperature: ArrayLike | None = None) -> Array:
+  r"""The revision detector's statistic for one query's pool (a scalar >= 0).
+
+  .. math:: r = \max_{i \ne j \in \mathcal P} \rho_i \rho_j\, h(G_{ij} - \theta)\, |t_i - t_j|,
+            \qquad \rho_i = \max\!\left(0,\, 1 - \frac{\max_{\mathcal P} \cos - \cos_i}{\delta}\right)
+
+  :math:`\rho` is 1 for the best cosine and 0 for items more than :math:`\delta` below it, so only pairs of
+  near-top, mutually near-duplicate items written far apart count; :math:`h` is the step function (hard,
+  ``temperature=None``) or :math:`\sigma(\cdot / T)` (soft).
+  """
+  top = jnp.max(jnp.where(sol.valid, sol.cos, -jnp.inf))
+  rho = jnp.where(sol.valid, jax.nn.relu(1.0 - (top - sol.cos) / jnp.asarray(delta, sol.cos.dtype)), 0.0)
+  x = sol.gram - jnp.asarray(theta, sol.gram.dtype)
+  near = (x >= 0).astype(sol.gram.dtype) if temperature is None else jax.nn.sigmoid(x / temperature)
+  p = sol.valid.shape[0]
+  pair = sol.valid[:, None] & sol.valid[None, :] & ~jnp.eye(p, dtype=bool)
+  v = rho[:, None] * rho[None, :] * near * jnp.abs(sol.t[:, None] - sol.t[None, :])
+  return jnp.max(jnp.where(pair, v, 0.0), initial=0.0)
+
+
+def _gated(query, docs, positions, *, where, gram, pool, iterations, lam, w, gamma, theta, delta, rho0,
+           power_iterations, batch_size, temperature):
+  _check(docs, positions, pool, iterations)
+
+  def one(q, d, wh, g, t_all):
+    sol = _solve(q, d, wh, g, t_all, pool=pool, iterations=iterations, lam=lam, power_iterations=power_iterations)
+    r = revision_signal(sol, theta=theta, delta=delta, temperature=temperature)
+    x = r - jnp.asarray(rho0, r.dtype)
+    gate = (x >= 0).astype(r.dtype) if temperature is None else jax.nn.sigmoid(x / temperature)
+    return _scatter(d.shape[0], sol, _blend(sol, w) + jnp.asarray(gamma, r.dtype) * gate * sol.t)
+
+  return _run(one, query, docs, positions, where, gram, batch_size)
+
+
+def tcfsr_gated_scores(query: Array, docs: Array, positions: Array, *, where: Array | None = None,
+                       gram: Array | None = None, pool: int = 150, iterations: int = 80, lam: ArrayLike = 0.005,
+                       w: ArrayLike = 0.90, gamma: ArrayLike = 0.2, theta: ArrayLike = 0.7, delta: ArrayLike = 0.1,
+                       rho0: ArrayLike = 0.1, power_iterations: int = 20, batch_size: int | None = None) -> Array:
+  r"""CFS-R plus a recency prior for queries whose pool shows a revised fact.
+
+  Definition:
+    .. math::
+      s_i = w\, \mathrm{mm}(a^\star)_i + (1 - w)\, \mathrm{mm}(\cos)_i + \gamma\, [r_q \ge \rho_0]\, t_i
+
+    with :math:`r_q` from :func:`revision_signal` (near-duplicates: pool Gram :math:`\ge \theta`).
+    ``gamma = 0`` (or a gate that never opens) is CFS-R exactly.
+
+  Not differentiable in ``theta`` / ``rho0`` (steps); :func:`soft_tcfsr_gated_scores` is its relaxed twin.
+
+  Args: as :func:`tcfsr_prior_scores`, plus ``theta`` (near-duplicate cosine), ``delta`` (how far below the
+    best pool cosine an item still counts) and ``rho0`` (gate threshold on :math:`r_q`, in units of the
+    write-order fraction).
+  """
+  return _gated(query, docs, positions, where=where, gram=gram, pool=pool, iterations=iterations, lam=lam, w=w,
+                gamma=gamma, theta=theta, delta=delta, rho0=rho0, power_iterations=power_iterations,
+                batch_size=batch_size, temperature=None)
+
+
+def soft_tcfsr_gated_scores(query: Array, docs: Array, positions: Array, *, where: Array | None = None,
+                            gram: Array | None = None, pool: int = 150, iterations: int = 80,
+                            lam: ArrayLike = 0.005, w: ArrayLike = 0.90, gamma: ArrayLike = 0.2,
+                            theta: ArrayLike = 0.7, delta: ArrayLike = 0.1, rho0: ArrayLike = 0.1,
+                            temperature: ArrayLike = 0.05,
+                            power_iterations: int = 20, batch_size: int | None = None) -> Array:
+  r"""Relaxed :func:`tcfsr_gated_scores`: both steps become :math:`\sigma(x / T)` at ``temperature`` T > 0.
+
+  Differentiable in ``lam``, ``w``, ``gamma``, ``theta``, ``rho0`` and ``temperature``; tends to the hard
+  operator as ``temperature -> 0`` (away from exact ties at the thresholds).
+  """
+  return _gated(query, docs, positions, where=where, gram=gram, pool=pool, iterations=iterations, lam=lam, w=w,
+                gamma=gamma, theta=theta, delta=delta, rho0=rho0, power_iterations=power_iterations,
+                batch_size=batch_size, temperature=jnp.asarray(temperature))
+
+
+# ---- legs -------------------------------------------------------------------------------------------
+
+def _leg_args(ep: EpisodeArrays) -> dict:
+  return {'where': ep.where, 'gram': ep.docs @ ep.docs.T}
+
+
+def tcfsr_prior_leg(ep: EpisodeArrays, key: Array, *, pool: int = 150, iterations: int = 80, lam: float = 0.005,
+                    w: float = 0.90, gamma: float = 0.1, batch_size: int | None = 16) -> Array:
+  """:func:`tcfsr_prior_scores` as a leg ``[Q, N]``."""
+  del key
+  return tcfsr_prior_scores(ep.queries, ep.docs, ep.positions, **_leg_args(ep), pool=pool, iterations=iterations,
+                            lam=lam, w=w, gamma=gamma, batch_size=batch_size)
+
+
+def tcfsr_basis_leg(ep: EpisodeArrays, key: Array, *, pool: int = 150, iterations: int = 80, lam: float = 0.005,
+                    w: float = 0.90, alpha: float = 0.2, anchor: float = 1.0, batch_size: int | None = 16) -> Array:
+  """:func:`tcfsr_basis_scores` as a leg ``[Q, N]``."""
+  del key
+  return tcfsr_basis_scores(ep.queries, ep.docs, ep.positions, **_leg_args(ep), pool=pool, iterations=iterations,
+                            lam=lam, w=w, alpha=alpha, anchor=anchor, batch_size=batch_size)
+
+
+def tcfsr_gated_leg(ep: EpisodeArrays, key: Array, *, pool: int = 150, iterations: int = 80, lam: float = 0.005,
+                    w: float = 0.90, gamma: float = 0.2, theta: float = 0.7, delta: float = 0.1, rho0: float = 0.1,
+                    batch_size: int | None = 16) -> Array:
+  """:func:`tcfsr_gated_scores` as a leg ``[Q, N]``."""
+  del key
+  return tcfsr_gated_scores(ep.queries, ep.docs, ep.positions, **_leg_args(ep), pool=pool, iterations=iterations,
+                            lam=lam, w=w, gamma=gamma, theta=theta, delta=delta, rho0=rho0, batch_size=batch_size)
+
+
+def revision_gate(ep: EpisodeArrays, *, pool: int = 150, iterations: int = 80, lam: float = 0.005,
+                  theta: float = 0.7, delta: float = 0.1, rho0: float = 0.1) -> Array:
+  """Per-question gate ``[Q]`` (1 where the revision detector opens), for analysis of the gated leg."""
+  where = jnp.asarray(ep.where, bool)
+  t_all = write_time(ep.positions, where)
+
+  def one(q, d, wh, g):
+    sol = _solve(q, d, wh, g, t_all, pool=pool, iterations=iterations, lam=lam, power_iterations=20)
+    return (revision_signal(sol, theta=theta, delta=delta) >= rho0).astype(jnp.float32)
+
+  return map_queries(one, ep.queries, ep.docs, where, ep.docs @ ep.docs.T, batch_size=16)
+
+
+# ---- soft twins on precomputed pools (the fitter's rows) -------------------------------------------------
+
+def pool_scores(b: Array, g: Array, t: Array, valid: Array, *, variant: str, lam: ArrayLike, w: ArrayLike,
+                iterations: int, power_iterations: int = 20, gamma: ArrayLike = 0.0, alpha: ArrayLike = 0.0,
+                anchor: ArrayLike = 1.0, theta: ArrayLike = 0.7, delta: ArrayLike = 0.1, rho0: ArrayLike = 0.1,
+                temperature: ArrayLike | None = None) -> Array:
+  """One variant's scores on gathered pools: ``b [B, P]`` pool cosines, ``g [B, P, P]`` pool Gram, ``t [B, P]``
+  write-time fractions, ``valid [B, P]`` -> ``[B, P]`` (``-inf`` for invalid slots). The same computation as the
+  hard operators after their pool step; ``temperature`` relaxes the gated variant's two steps (None = hard)."""
+  def one(bi, gi, ti, vi):
+    both = vi[:, None] & vi[None, :]
+    gp = jnp.where(both, gi, 0.0)
+    bb, tp = jnp.where(vi, bi, 0.0), jnp.where(vi, ti, 0.0)
+    a2 = jnp.square(jnp.asarray(alpha if variant == 'basis' else 0.0, bb.dtype))
+    a = nnls_ridge_pg(gp + a2 * tp[:, None] * tp[None, :], bb + a2 * jnp.asarray(anchor, bb.dtype) * tp, lam=lam,
+                      iterations=iterations, valid=vi, power_iterations=power_iterations)
+    sol = PoolSolve(jnp.zeros(bb.shape, jnp.int32), vi, a, bb, tp, gp)
+    s = _blend(sol, w)
+    if variant == 'prior':
+      s = s + jnp.asarray(gamma, s.dtype) * sol.t
+    elif variant == 'gated':
+      r = revision_signal(sol, theta=theta, delta=delta, temperature=temperature)
+      x = r - jnp.asarray(rho0, r.dtype)
+      gate = (x >= 0).astype(r.dtype) if temperature is None else jax.nn.sigmoid(x / temperature)
+      s = s + jnp.asarray(gamma, s.dtype) * gate * sol.t
+    return jnp.where(vi, s, -jnp.inf)
+
+  return jax.vmap(one)(b, g, t, valid)
+
+
+def _rows(ep: EpisodeArrays, n_questions: int, n_pad: int, options, settings) -> dict:
+  del settings
+  return pools.cosine_pool_rows(ep, n_questions, n_pad, options['pool'], times=True)
+
+
+def _soft(variant: str):
+  def scores(rows, values, ctx) -> Array:
+    extra = {name: values[name] for name in ('gamma', 'alpha', 'anchor', 'theta', 'delta', 'rho0') if name in values}
+    sp = pool_scores(rows['pool_cos'], rows['pool_gram'], rows['pool_t'], rows['pool_valid'], variant=variant,
+                     lam=values['lam'], w=values['w'], iterations=int(values['iterations']),
+                     temperature=ctx.temperatures.gate if variant == 'gated' else None, **extra)
+    return pools.scatter_rows(sp, rows['pool_idx'], ctx.where.shape[-1], -jnp.inf)
+  return scores
+
+
+def _cfsr_knobs() -> tuple[Knob, ...]:
+  return (Knob('pool', 150, static=True, check='int>=1', doc='cosine pool P'),
+          Knob('iterations', 80, static=True, check='int>=0', doc='projected-gradient steps'),
+          Knob('lam', 0.005, transform='log', check='>0', doc='ridge strength'),
+          Knob('w', 0.90, transform='logit', check='[0,1]', doc='blend weight'))
+
+
+_BATCH = Knob('batch_size', 16, static=True, doc='queries solved at a time (None = all)')
+TCFSR_PRIOR = register(Operator(
+    name='tcfsr_prior', leg=tcfsr_prior_leg, doc='CFS-R + recency prior gamma * t in the blend',
+    knobs=_cfsr_knobs() + (Knob('gamma', 0.1, transform='identity', doc='recency weight'), _BATCH),
+    soft=SoftTwin(rows=_rows, scores=_soft('prior'))))
+TCFSR_BASIS = register(Operator(
+    name='tcfsr_basis', leg=tcfsr_basis_leg, doc='CFS-R over a time-augmented basis',
+    knobs=_cfsr_knobs() + (Knob('alpha', 0.2, transform='softplus', check='>=0', doc='time-feature scale'),
+                           Knob('anchor', 1.0, transform='identity', doc='target time'), _BATCH),
+    soft=SoftTwin(rows=_rows, scores=_soft('basis'))))
+TCFSR_GATED = register(Operator(
+    name='tcfsr_gated', leg=tcfsr_gated_leg, doc='CFS-R + recency gated by a revision detector',
+    knobs=_cfsr_knobs() + (Knob('gamma', 0.2, transform='identity', doc='recency weight'),
+                           Knob('theta', 0.7, transform='logit', check='[0,1]', doc='near-duplicate cosine'),
+                           Knob('delta', 0.1, static=True, check='>=0', doc='relevance band below the best cosine'),
+                           Knob('rho0', 0.1, transform='logit', check='[0,1]', doc='gate threshold'), _BATCH),
+    soft=SoftTwin(rows=_rows, scores=_soft('gated'))))

@@ -1,0 +1,116 @@
+"""Tide: a base leg's top candidates re-scored with a linear write-order (recency) bonus.
+
+Hard: :func:`tide_scores`. Soft twin: the hard operator is already smooth in its one fitted knob (the recency
+weight enters linearly; the base's top-``pool`` cut does not move with it), so the twin is :func:`tide_scores` on
+the precomputed base scores. Knobs: ``recency`` (the weight :math:`w`, fitted), ``pool`` (base candidates
+re-scored, static), ``base`` (``cosine`` or ``bm25``) and BM25's ``k1``/``b``/``epsilon`` for a BM25 base.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+from jax.typing import ArrayLike
+
+from engram_jax import ranking
+from engram_jax.ops import bm25 as bm25_ops
+from engram_jax.ops import pools
+from engram_jax.ops.cosine import cosine_scores
+from engram_jax.ops.registry import Knob, Operator, SoftTwin, register
+
+if TYPE_CHECKING:  # a type only: engram_jax.batch imports the BM25 tokenizers from here
+  from engram_jax.batch import EpisodeArrays
+
+BASES = ('cosine', 'bm25')
+
+
+def tide_scores(base: Array, positions: Array, *, weight: ArrayLike, depth: int,
+                where: Array | None = None) -> Array:
+  r"""Tide: the base leg's top-``depth`` candidates plus a linear recency bonus.
+
+  Definition:
+    .. math::
+      s_i = b_i + w \, \frac{p_i}{N_{real} - 1} \quad (i \in \text{top-}depth(b)),
+      \qquad s_i = -\infty \text{ otherwise}
+
+  where :math:`b` is the base leg's scores (cosine or BM25), :math:`p_i` the item's position in write
+  order (0 = oldest) and :math:`N_{real}` the number of real items, so the bonus runs from 0 (oldest)
+  to :math:`w` (newest). With :math:`N_{real} = 1` the single item (position 0) gets bonus 0
+  (the denominator is taken as 1); with :math:`N_{real} = 0` everything is ``-inf``.
+
+  Equal k: only the base's top-``depth`` candidates (shared tie rule: the later item wins ties at
+  the cut) are re-scored, so Tide never returns an item the base would not have returned at that
+  depth. Ties in the Tide score are left to the shared rule of whoever ranks them (the more recently
+  written item first). Base scores of ``-inf`` (items the base does not rank) stay ``-inf``.
+
+  Args:
+    base: ``[..., N]`` base leg scores; leading axes are batch.
+    positions: ``[N]`` or ``[..., N]`` write-order positions, ``0..N_real-1`` for real items.
+    weight: recency weight :math:`w`; traced (fit on a training split).
+    depth: static number of base candidates re-scored (``depth >= N`` means all).
+    where: ``[N]`` or ``[..., N]`` True for real items.
+
+  Returns:
+    ``[..., N]`` scores; ``-inf`` outside the base's top-``depth`` and for masked items.
+  """
+  base = jnp.asarray(base)
+  n = base.shape[-1]
+  real = jnp.ones((n,), bool) if where is None else jnp.asarray(where, bool)
+  real = jnp.broadcast_to(real, base.shape)
+  d = min(depth, n)
+  if d < 1:
+    raise ValueError(f'depth must be >= 1, got {depth}')
+  idx, vals = ranking.top_k(base, k=d, where=real)
+  hit = (idx[..., :, None] == jnp.arange(n)) & jnp.isfinite(vals)[..., :, None]  # [..., d, N]
+  cand = jnp.any(hit, axis=-2)
+  n_real = jnp.sum(real, axis=-1, keepdims=True)
+  denom = jnp.maximum(n_real - 1, 1).astype(base.dtype)
+  pos = jnp.asarray(positions, base.dtype)
+  s = base + jnp.asarray(weight, base.dtype) * pos / denom
+  return jnp.where(cand, s, -jnp.inf)
+
+
+
+def base_scores(ep: EpisodeArrays, key: Array, *, base: str, k1: float, b: float, epsilon: float) -> Array:
+  """The base leg's scores ``[Q, N]``: cosine, or BM25 with ``k1``/``b``/``epsilon``."""
+  if base == 'cosine':
+    return cosine_scores(ep.queries, ep.docs, where=ep.where)
+  if base == 'bm25':
+    return bm25_ops.bm25_leg(ep, key, k1=k1, b=b, epsilon=epsilon)
+  raise ValueError(f'tide: unknown base {base!r}; allowed: {list(BASES)}')
+
+
+def tide_leg(ep: EpisodeArrays, key: Array, *, recency: float = 0.15, pool: int = 10, base: str = 'cosine',
+             k1: float = 1.5, b: float = 0.75, epsilon: float = 0.25) -> Array:
+  """Tide ``[Q, N]``: the base leg's (``cosine`` or ``bm25``) top-``pool`` re-scored with ``+ recency * position
+  / (N - 1)``."""
+  s = base_scores(ep, key, base=base, k1=k1, b=b, epsilon=epsilon)
+  return tide_scores(s, ep.positions, weight=recency, depth=pool, where=ep.where)
+
+
+def _rows(ep: EpisodeArrays, n_questions: int, n_pad: int, options: Mapping[str, Any], settings) -> dict:
+  del settings
+  fn = jax.jit(lambda e: base_scores(e, jax.random.key(0), base=options['base'], k1=options['k1'],
+                                     b=options['b'], epsilon=options['epsilon']))
+  return {'base': pools.pad_items(np.asarray(fn(ep))[:n_questions], n_pad, -np.inf)}
+
+
+def _soft(rows: Mapping[str, Array], values: Mapping[str, Array], ctx) -> Array:
+  return tide_scores(rows['base'], ctx.positions, weight=values['recency'], depth=int(values['pool']),
+                     where=ctx.where)
+
+
+TIDE = register(Operator(
+    name='tide', leg=tide_leg, doc='base top-pool + recency * write-order fraction (Tide)',
+    knobs=(Knob('recency', 0.15, transform='identity', doc='recency weight w'),
+           Knob('pool', 10, static=True, check='int>=1', doc='base candidates re-scored'),
+           Knob('base', 'cosine', static=True, check=BASES, doc='base leg'),
+           Knob('k1', 1.5, static=True, check='>0', doc='BM25 term saturation of a BM25 base'),
+           Knob('b', 0.75, static=True, check='[0,1]', doc='BM25 length normalisation of a BM25 base'),
+           Knob('epsilon', 0.25, static=True, check='>=0', doc='BM25 idf floor factor of a BM25 base')),
+    soft=SoftTwin(rows=_rows, scores=_soft, fill={'base': -np.inf})))

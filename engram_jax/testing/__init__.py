@@ -1,0 +1,1 @@
+"""Test support: plain NumPy references of the operators (:mod:`engram_jax.testing.reference`)."""

@@ -1,0 +1,312 @@
+"""Plain NumPy references for every operator and the core metrics, transcribed from their definitions (float64,
+loops), independent of the JAX code on purpose.
+
+One query at a time, Python loops over picks / iterations, the literal formulas (e.g. the CFS-R gradient as
+``2 C (C^T a - z) + 2 lambda a``, the CFS distance as ``||c - s||^2``). Used by the tests (JAX == reference on
+random inputs) and by ``experiments/bench.py`` (speed ratios). Shared tie rule: among equal values the later item
+(larger index) wins. Test support only: nothing in the library's run path imports this module.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+
+def order_with_ties(scores, where=None):
+  """Indices sorted by score descending; equal scores: larger index first; masked items excluded."""
+  n = len(scores)
+  idx = [i for i in range(n) if where is None or where[i]]
+  return sorted(idx, key=lambda i: (-scores[i], -i))
+
+
+def cosine(query, docs):
+  return np.array([sum(q * d for q, d in zip(query, doc)) for doc in docs])
+
+
+def bm25(query_tokens, docs_tokens, k1=1.5, b=0.75, epsilon=0.25):
+  """Okapi BM25 exactly as rank_bm25 0.2.2 describes it, written out with loops."""
+  n = len(docs_tokens)
+  avgdl = sum(len(d) for d in docs_tokens) / n
+  df = {}
+  for d in docs_tokens:
+    for t in set(d):
+      df[t] = df.get(t, 0) + 1
+  idf = {t: math.log(n - f + 0.5) - math.log(f + 0.5) for t, f in df.items()}
+  mean_idf = sum(idf.values()) / len(idf) if idf else 0.0
+  idf = {t: (epsilon * mean_idf if v < 0 else v) for t, v in idf.items()}
+  out = []
+  for d in docs_tokens:
+    s = 0.0
+    for t in query_tokens:
+      f = d.count(t)
+      if t in idf and f:
+        s += idf[t] * f * (k1 + 1) / (f + k1 * (1 - b + b * len(d) / avgdl))
+    out.append(s)
+  return np.array(out)
+
+
+def rrf(leg_scores, weights, depths, k0=60.0, where=None):
+  """Weighted RRF; a leg ranks only its finite, unmasked items, and only its top ``depth`` count."""
+  n = len(leg_scores[0])
+  fused = np.zeros(n)
+  for scores, w, depth in zip(leg_scores, weights, depths):
+    ok = [(where is None or where[i]) and np.isfinite(scores[i]) for i in range(n)]
+    for r, i in enumerate(order_with_ties(scores, ok)[:depth], start=1):
+      fused[i] += w / (k0 + r)
+  if where is not None:
+    fused = np.where(where, fused, -np.inf)
+  return fused
+
+
+def ndcg(ranked, gold, k):
+  dcg = sum(1.0 / math.log2(i + 2) for i, d in enumerate(ranked[:k]) if d in gold)
+  idcg = sum(1.0 / math.log2(i + 2) for i in range(min(len(gold), k)))
+  return dcg / idcg if idcg else 0.0
+
+
+def recall(ranked, gold, k):
+  return len(set(ranked[:k]) & set(gold)) / len(gold) if gold else 0.0
+
+
+
+def _real(n, where):
+  return [i for i in range(n) if where is None or bool(where[i])]
+
+
+def order_later_wins(scores, items):
+  """``items`` sorted by score descending, ties to the larger index."""
+  return sorted(items, key=lambda i: (-scores[i], -i))
+
+
+def argmax_later_wins(values, items):
+  """The item of ``items`` with the largest value; ties to the larger index. ``None`` if empty."""
+  best = None
+  for i in items:
+    if best is None or values[i] > values[best] or (values[i] == values[best] and i > best):
+      best = i
+  return best
+
+
+# ----------------------------------------------------------------------------------------------
+# Similarity, fusion (for the benchmark).
+
+
+def cosine_scores_ref(query, docs, where=None):
+  """``[N]`` cosine of one unit-norm query with unit-norm docs; masked items ``-inf``."""
+  query = np.asarray(query, np.float64)
+  docs = np.asarray(docs, np.float64)
+  out = np.full(docs.shape[0], -np.inf)
+  for i in _real(docs.shape[0], where):
+    out[i] = float(docs[i] @ query)
+  return out
+
+
+def rrf_fuse_ref(leg_scores, weights, depths, where=None, k0=60.0):
+  """Weighted RRF of ``L`` legs ``[L, N]`` for one query; ``-inf`` leg scores are unranked."""
+  leg_scores = np.asarray(leg_scores, np.float64)
+  n = leg_scores.shape[-1]
+  real = _real(n, where)
+  out = np.full(n, -np.inf)
+  out[real] = 0.0
+  for l, depth in enumerate(depths):
+    ranked = [i for i in real if np.isfinite(leg_scores[l, i])]
+    for r, i in enumerate(order_later_wins(leg_scores[l], ranked), start=1):
+      if r <= depth:
+        out[i] += weights[l] / (k0 + r)
+  return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Diversity.
+
+
+def _pool_ref(rel, real, pool):
+  if pool is None or pool >= len(rel):
+    return list(real)
+  return order_later_wins(rel, real)[:pool]
+
+
+def mmr_select_ref(query, docs, *, k, lam=0.5, where=None, pool=None):
+  """MMR picks ``(indices [K], scores [K])``; -1 / -inf past the real candidates."""
+  docs = np.asarray(docs, np.float64)
+  query = np.asarray(query, np.float64)
+  n = docs.shape[0]
+  rel = docs @ query
+  cand = _pool_ref(rel, _real(n, where), pool)
+  selected, scores = [], []
+  pen = {c: 0.0 for c in cand}  # max over the selected set of cos(c, s); 0 while it is empty
+  for _ in range(k):
+    left = [i for i in cand if i not in selected]
+    if not left:
+      scores.append(-np.inf)
+      continue
+    obj = {c: lam * rel[c] - (1.0 - lam) * pen[c] for c in left}
+    pick = argmax_later_wins(rel if not selected else obj, left)
+    for c in left:
+      sim = float(docs[c] @ docs[pick])
+      pen[c] = sim if not selected else max(pen[c], sim)
+    selected.append(pick)
+    scores.append(obj[pick])
+  idx = selected + [-1] * (k - len(selected))
+  return np.array(idx, np.int64), np.array(scores, np.float64)
+
+
+def cfs_select_ref(query, docs, *, k, beta=0.20, sigma=0.40, where=None, floor=1e-6, pool=None):
+  """CFS picks ``(indices [K], scores [K])``; -1 / -inf past the real candidates."""
+  docs = np.asarray(docs, np.float64)
+  query = np.asarray(query, np.float64)
+  n = docs.shape[0]
+  rel = docs @ query
+  cand = _pool_ref(rel, _real(n, where), pool)
+  selected, scores = [], []
+  field = {c: 0.0 for c in cand}  # sum over the selected set of exp(-||c - s||^2 / 2 sigma^2)
+  for _ in range(k):
+    left = [i for i in cand if i not in selected]
+    if not left:
+      scores.append(-np.inf)
+      continue
+    obj = {c: math.log(max(rel[c], floor)) - beta * field[c] for c in left}
+    pick = argmax_later_wins(rel if not selected else obj, left)
+    for c in left:
+      field[c] += math.exp(-float(np.sum((docs[c] - docs[pick]) ** 2)) / (2.0 * sigma ** 2))
+    selected.append(pick)
+    scores.append(obj[pick])
+  idx = selected + [-1] * (k - len(selected))
+  return np.array(idx, np.int64), np.array(scores, np.float64)
+
+
+def selection_scores_ref(indices, n):
+  """``[N]``: K - j for pick j, ``-inf`` for unpicked items."""
+  k = len(indices)
+  out = np.full(n, -np.inf)
+  for j, i in enumerate(indices):
+    if i >= 0:
+      out[i] = k - j
+  return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Reconstruction.
+
+
+def _minmax_ref(x):
+  lo, hi = min(x), max(x)
+  if hi > lo:
+    return [(v - lo) / (hi - lo) for v in x]
+  return [0.0 for _ in x]
+
+
+def cfsr_scores_ref(query, docs, *, where=None, pool=150, iterations=80, lam=0.005, w=0.90,
+                    power_iterations=20):
+  """CFS-R scores ``[N]`` for one query (``-inf`` outside the pool).
+
+  Solver: a_0 = 0, a <- max(0, a - grad / L), grad = 2 C (C^T a - z) + 2 lam a,
+  L = 2 (lmax + lam), lmax = Rayleigh quotient after ``power_iterations`` power iterations on C C^T
+  from the normalised all-ones vector.
+  """
+  docs = np.asarray(docs, np.float64)
+  z = np.asarray(query, np.float64)
+  n = docs.shape[0]
+  cos = docs @ z
+  members = order_later_wins(cos, _real(n, where))[:pool]
+  out = np.full(n, -np.inf)
+  if not members:
+    return out
+  c = docs[members]  # [P, D]
+  gram = c @ c.T
+  v = np.ones(len(members)) / math.sqrt(len(members))
+  for _ in range(power_iterations):
+    v = gram @ v
+    norm = float(np.linalg.norm(v))
+    if norm > 0:
+      v = v / norm
+  lmax = float(v @ gram @ v)
+  lip = 2.0 * (lmax + lam)
+  a = np.zeros(len(members))
+  for _ in range(iterations):
+    grad = 2.0 * c @ (c.T @ a - z) + 2.0 * lam * a
+    a = np.maximum(a - grad / lip, 0.0)
+  mm_a = _minmax_ref(list(a))
+  mm_c = _minmax_ref([cos[i] for i in members])
+  for j, i in enumerate(members):
+    out[i] = w * mm_a[j] + (1.0 - w) * mm_c[j]
+  return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Recency.
+
+
+def tide_scores_ref(base, positions, *, weight, depth, where=None):
+  """Tide scores ``[N]`` for one query: base top-``depth`` + weight * position / (N_real - 1)."""
+  base = np.asarray(base, np.float64)
+  n = base.shape[0]
+  real = _real(n, where)
+  ranked = [i for i in real if np.isfinite(base[i])]
+  top = order_later_wins(base, ranked)[:depth]
+  denom = len(real) - 1 if len(real) > 1 else 1
+  out = np.full(n, -np.inf)
+  for i in top:
+    out[i] = base[i] + weight * positions[i] / denom
+  return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Controls.
+
+
+def mem0_bm25_params_ref(num_terms):
+  """mem0/utils/scoring.py get_bm25_params, by query term count."""
+  if num_terms <= 3:
+    return 5.0, 0.7
+  if num_terms <= 6:
+    return 7.0, 0.6
+  if num_terms <= 9:
+    return 9.0, 0.5
+  if num_terms <= 15:
+    return 10.0, 0.5
+  return 12.0, 0.5
+
+
+def additive_fuse_ref(semantic, bm25, n_query_terms, *, where=None, threshold=0.1, pool=60):
+  """mem0 additive scoring for one query, in mem0's own dict-based shape (no entity, no recency)."""
+  semantic = np.asarray(semantic, np.float64)
+  bm25 = np.asarray(bm25, np.float64)
+  n = semantic.shape[0]
+  real = _real(n, where)
+  semantic_results = order_later_wins(semantic, real)[:pool]
+  keyword_results = order_later_wins(bm25, real)[:pool]
+  mid, steep = mem0_bm25_params_ref(n_query_terms)
+  bm25_scores = {}
+  for i in keyword_results:
+    if bm25[i] > 0:
+      bm25_scores[i] = 1.0 / (1.0 + math.exp(-steep * (bm25[i] - mid)))
+  max_possible = 1.0 + (1.0 if bm25_scores else 0.0)
+  out = np.full(n, -np.inf)
+  for i in semantic_results:
+    if semantic[i] < threshold:
+      continue
+    out[i] = min((semantic[i] + bm25_scores.get(i, 0.0)) / max_possible, 1.0)
+  return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Test data (plain NumPy).
+
+
+def unit_vectors(rng, n, d):
+  """``[n, d]`` float64 rows uniform on the unit sphere."""
+  x = rng.normal(size=(n, d))
+  return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def pad(x, n_pad, d_pad=None):
+  """Zero-pads rows to ``n_pad`` (and columns to ``d_pad``); zero columns keep inner products."""
+  x = np.asarray(x)
+  d_pad = x.shape[1] if d_pad is None else d_pad
+  out = np.zeros((n_pad, d_pad), x.dtype)
+  out[:x.shape[0], :x.shape[1]] = x
+  return out

@@ -1,0 +1,139 @@
+"""Public helpers of the entry points: config -> plain library values (operators' modules, pipelines, datasets,
+the embedder) and a run's files. Every entry point (evaluate, fit, bench, research scripts) uses these instead of
+another entry point's internals.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from engram_jax import embed, pipeline
+from engram_jax.types import Episode, LoadReport
+
+log = logging.getLogger(__name__)
+CONF = Path(__file__).resolve().parents[1] / 'conf'
+PIPELINE_EXTRAS = ('tune', 'replicate', 'skip_datasets')
+
+
+def import_ops_modules(cfg: DictConfig) -> list[str]:
+  """Import the modules named in ``cfg.ops_modules`` (each registers its operators); returns their names."""
+  names = list(cfg.get('ops_modules') or [])
+  for name in names:
+    importlib.import_module(name)
+  return names
+
+
+def pipeline_from_node(name: str, node: Mapping[str, Any] | DictConfig) -> pipeline.Pipeline:
+  """The hand-set pipeline of one YAML node ``{fusion, k0, legs: {name: {op, depth, weight, knobs}}}``, ignoring
+  ``tune`` / ``replicate`` / ``skip_datasets``."""
+  node = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+  for key in PIPELINE_EXTRAS:
+    node.pop(key, None)
+  return pipeline.make_pipeline(name=name, **node)
+
+
+def hand_set_pipeline(name: str, node: Mapping[str, Any] | DictConfig | None = None) -> pipeline.Pipeline:
+  """The hand-set pipeline ``name``: from ``node``, else from ``conf/pipeline/NAME.yaml``."""
+  if node is None:
+    path = CONF / 'pipeline' / f'{name}.yaml'
+    if not path.is_file():
+      known = sorted(p.stem for p in (CONF / 'pipeline').glob('*.yaml'))
+      raise ValueError(f'unknown pipeline {name!r}; known: {known}')
+    node = OmegaConf.load(path)[name]
+  return pipeline_from_node(name, node)
+
+
+def variant_name(name: str, param: str, value: Any) -> str:
+  return f'{name}[{param.rsplit(".", 1)[-1]}={value}]'
+
+
+def build_pipelines(cfg: DictConfig) -> tuple[dict[str, pipeline.Pipeline], dict[str, tuple[str, list[str], Any]]]:
+  """Every selected pipeline config as a library Pipeline.
+
+  A pipeline node may expand into variants, one per value of one knob (named ``name[knob=value]``), merged after
+  evaluation: ``tune: {param, grid, metric}`` is cross-fitted by episode (``evaluation.merge_tuned``);
+  ``replicate: {param, values}`` (seeds of a stochastic leg) is averaged (``evaluation.merge_replicates``);
+  ``cfg.fitted`` (a fitted.json of ``experiments.fit``) gives one variant per episode. Knob paths are
+  ``legs.<leg>.<knob>`` / ``k0`` (:func:`engram_jax.pipeline.split_path`).
+
+  Returns:
+    ``(pipelines, expanded)`` with ``expanded[name] = (kind, variant names, tuning metric or variant_of)``.
+  """
+  import_ops_modules(cfg)
+  pipes: dict[str, pipeline.Pipeline] = {}
+  expanded: dict[str, tuple[str, list[str], Any]] = {}
+  fitted = json.loads(Path(cfg.fitted).read_text()) if cfg.get('fitted') else None
+  if fitted is not None and fitted['pipeline'] not in cfg.pipeline:
+    raise ValueError(f'fitted parameters are for pipeline {fitted["pipeline"]!r}, which is not selected')
+  for name, node in cfg.pipeline.items():
+    base = pipeline_from_node(name, node)
+    if fitted is not None and name == fitted['pipeline']:
+      variant_of = {}
+      for episode, params in fitted['folds'].items():
+        vname = f'{name}[fold={episode}]'
+        try:
+          pipes[vname] = pipeline.with_values(base, params, name=vname)
+        except ValueError as e:
+          raise ValueError(f'fitted parameters of episode {episode}: {e} (does not exist in pipeline {name})') from None
+        variant_of[episode] = vname
+      expanded[name] = ('fitted', list(variant_of.values()), variant_of)
+      continue
+    tune, rep = node.get('tune'), node.get('replicate')
+    if tune is None and rep is None:
+      pipes[name] = base
+      continue
+    if tune is not None and rep is not None:
+      raise ValueError(f'pipeline {name}: tune and replicate cannot be combined')
+    kind, spec = ('tune', tune) if tune is not None else ('replicate', rep)
+    values = spec['grid'] if kind == 'tune' else spec['values']
+    variants = []
+    for value in values:
+      vname = variant_name(name, spec['param'], value)
+      pipes[vname] = pipeline.with_values(base, {spec['param']: value}, name=vname)
+      variants.append(vname)
+    expanded[name] = (kind, variants, spec.get('metric', cfg.eval.metrics[0]))
+  return pipes, expanded
+
+
+def make_embedder(cfg: DictConfig):
+  """``texts -> [T, D]`` through the embedding cache, keyed by the instantiated encoder's spec (read from files:
+  a warm cache never loads the model). ``embed_fn.cache_reports`` collects each call's ``CacheReport.as_dict()``
+  (texts cached / embedded, bad shards rebuilt) for the run's files."""
+  e = cfg.embedder
+  encoder = instantiate(e.encoder)
+  reports: list[dict[str, Any]] = []
+
+  def embed_fn(texts):
+    vecs, report = embed.embed_with_report(texts, cache_dir=cfg.paths.cache_dir, model_id=e.model_id,
+                                           encoder=encoder, progress=cfg.eval.progress)
+    reports.append(report.as_dict())
+    return vecs
+  embed_fn.cache_reports = reports
+  return embed_fn
+
+
+def dataset_metrics(ds: Mapping[str, Any] | DictConfig) -> dict[str, Any]:
+  """The dataset-owned metrics of dataset config ``ds``: the ``METRICS`` of its ``metrics_module`` (empty when it
+  names none)."""
+  name = ds.get('metrics_module')
+  if not name:
+    return {}
+  module = importlib.import_module(str(name))
+  if not hasattr(module, 'METRICS'):
+    raise ValueError(f'metrics_module {name} declares no METRICS')
+  return dict(module.METRICS)
+
+
+def load_dataset(cfg: DictConfig, ds: DictConfig) -> tuple[list[Episode], LoadReport]:
+  """Load one dataset config node (``ds.loader``) under the run's data root; logs the load report."""
+  episodes, load_report = instantiate(ds.loader, root=cfg.paths.data_root)
+  log.info('%s', load_report.summary())
+  return episodes, load_report
