@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from collections.abc import Callable, Mapping, Sequence
 
 import jax
@@ -14,6 +15,7 @@ from engram_jax import metrics as metrics_lib
 from engram_jax.data import splits
 from engram_jax.batch import EpisodeArrays, episode_arrays
 from engram_jax.pipeline import Pipeline, build_options, check_equal_k, pipeline_topk
+from engram_jax.timing import RunTimer
 from engram_jax.types import Episode, Question
 
 
@@ -53,12 +55,16 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
              pipelines: Mapping[str, Pipeline], *, k: int, metrics: Sequence[str], seed: int,
              progress: bool = True, arrays: Sequence[EpisodeArrays] | None = None,
              only: Mapping[str, set[str]] | None = None,
-             episode_metrics: Mapping[str, EpisodeMetric] | None = None) -> EvalResult:
+             episode_metrics: Mapping[str, EpisodeMetric] | None = None,
+             timer: RunTimer | None = None) -> EvalResult:
   """Run each pipeline on each episode, assert equal ``k``, and score every question.
 
   ``metrics`` are label metrics (:data:`engram_jax.metrics.METRICS`) or the dataset-owned metrics of
   ``episode_metrics`` (name -> ``fn(episode, question, ranked indices, k)``, declared by the dataset module as its
   ``METRICS``: ``answer@k``, ``newest_first@k``, ``parent_recall@k``, ...).
+
+  ``timer`` (optional) receives the time of the jitted retrieval calls (phase ``retrieve``, compilation included)
+  and of the metric computation (phase ``score``).
 
   ``only[name]`` restricts pipeline ``name`` to those episode ids (its other questions get NaN scores and
   no retrieved ids; used for per-episode fitted variants, see :func:`merge_by_episode`).
@@ -95,7 +101,9 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
         result.scores[name][m].append(np.full(nq, np.nan))
       result.retrieved[name].extend([[] for _ in range(nq)])
       continue
+    t0 = time.perf_counter()
     topk = np.asarray(fns[name](arr, jax.random.fold_in(base_key, e)))
+    t1 = time.perf_counter()
     check_equal_k(topk, nq, k=k, name=name, episode=ep.id)
     labels = np.asarray(arr.labels)
     for m, base, cut in parsed:
@@ -105,6 +113,9 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
         vals = np.asarray(metrics_lib.METRICS[base](topk, labels, k=cut))[:nq]
       result.scores[name][m].append(vals)
     result.retrieved[name].extend([[ep.items[i].id for i in row] for row in topk[:nq].tolist()])
+    if timer is not None:
+      timer.add('retrieve', t1 - t0)
+      timer.add('score', time.perf_counter() - t1)
   for name in pipelines:
     for m in result.scores[name]:
       result.scores[name][m] = np.concatenate(result.scores[name][m]).astype(np.float64)

@@ -23,6 +23,20 @@ CONF = Path(__file__).resolve().parents[1] / 'conf'
 PIPELINE_EXTRAS = ('tune', 'replicate', 'skip_datasets')
 
 
+def enable_compile_cache(cfg: DictConfig) -> str | None:
+  """Turn on JAX's persistent compilation cache in ``cfg.paths.compile_cache_dir`` (null: off), so that a warm
+  rerun of the same configuration compiles nothing; returns the folder used."""
+  folder = cfg.paths.get('compile_cache_dir')
+  if not folder:
+    return None
+  import jax  # pylint: disable=import-outside-toplevel
+  Path(folder).mkdir(parents=True, exist_ok=True)
+  jax.config.update('jax_compilation_cache_dir', str(folder))
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
+  jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
+  return str(folder)
+
+
 def import_ops_modules(cfg: DictConfig) -> list[str]:
   """Import the modules named in ``cfg.ops_modules`` (each registers its operators); returns their names."""
   names = list(cfg.get('ops_modules') or [])

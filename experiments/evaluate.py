@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from engram_jax import analysis, evaluation, report
+from engram_jax import analysis, evaluation, report, timing
 from engram_jax.data import splits
 from experiments import checks, common
 
@@ -60,7 +61,7 @@ def fit_on_train(cfg: DictConfig, pipes: dict, expanded: dict, embed_fn, scored:
 
 
 def run_dataset(cfg: DictConfig, ds: DictConfig, episodes, load_report, pipes: dict, expanded: dict, embed_fn,
-                ) -> tuple[dict[str, Any], str]:
+                timer: timing.RunTimer | None = None) -> tuple[dict[str, Any], str]:
   """Evaluate the pipelines on one dataset; returns (results dict, Markdown table)."""
   metrics = checks.metrics_for(cfg, ds)
   baselines = checks.resolve_baselines(cfg)
@@ -68,11 +69,14 @@ def run_dataset(cfg: DictConfig, ds: DictConfig, episodes, load_report, pipes: d
   pipes = {n: p for n, p in pipes.items() if n.split('[')[0] not in skip}
   if any(kind == 'tune' for kind, _, _ in expanded.values()):
     splits.assert_distinct_episodes(episodes)  # cross-fitting by episode: no content on both sides
-  embeddings = evaluation.embed_episodes(episodes, embed_fn)
+  timer = timer or timing.RunTimer()
+  with timer.phase('embed'):
+    embeddings = evaluation.embed_episodes(episodes, embed_fn)
   only = {v: {ep for ep, vv in extra.items() if vv == v}
           for kind, variants, extra in expanded.values() if kind == 'fitted' for v in variants}
   result = evaluation.evaluate(episodes, embeddings, pipes, k=cfg.eval.k, metrics=metrics, seed=cfg.seed,
-                               progress=cfg.eval.progress, only=only, episode_metrics=common.dataset_metrics(ds))
+                               progress=cfg.eval.progress, only=only, episode_metrics=common.dataset_metrics(ds),
+                               timer=timer)
   merged = {}
   for name, (kind, variants, extra) in expanded.items():
     if name in skip:
@@ -87,6 +91,7 @@ def run_dataset(cfg: DictConfig, ds: DictConfig, episodes, load_report, pipes: d
   result.scores = {n: result.scores[n] for n in order}
   result.retrieved = {n: result.retrieved[n] for n in order}
   categories = OmegaConf.to_container(ds.categories) if ds.get('categories') else {}
+  stats_t0 = time.perf_counter()
   summary = report.summarize(result, category_names=categories, seed=cfg.seed, n_resamples=cfg.eval.n_resamples,
                              baselines=baselines)
   reference = OmegaConf.to_container(cfg.reference) if cfg.get('reference') else None
@@ -102,6 +107,7 @@ def run_dataset(cfg: DictConfig, ds: DictConfig, episodes, load_report, pipes: d
                                     baselines=baselines, seed=cfg.seed,
                                     n_resamples=cfg.eval.n_resamples)
     table += analysis.pileup_markdown(pileup, categories)
+  timer.add('statistics', time.perf_counter() - stats_t0)
   results = {'dataset': ds.name, 'n_questions': len(result.question_ids), 'k': cfg.eval.k,
              'seed': cfg.seed, 'metrics': metrics, 'load_report': load_report.to_dict(), 'pipelines': summary,
              'reference': reference, 'expanded': merged, 'pileup': pileup, 'not_run': sorted(skip),
@@ -112,15 +118,20 @@ def run_dataset(cfg: DictConfig, ds: DictConfig, episodes, load_report, pipes: d
 def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   """Evaluate ``cfg.pipeline`` on ``cfg.dataset`` (or on every entry of ``cfg.datasets``) and write the results."""
   checks.check_evaluate(cfg)
+  timer = timing.RunTimer()
+  compile_cache = common.enable_compile_cache(cfg)
   datasets = checks.datasets_of(cfg)
   pipes, expanded = common.build_pipelines(cfg)
   embed_fn = common.make_embedder(cfg)
-  loaded = {name: common.load_dataset(cfg, ds) for name, ds in datasets.items()}
-  fits = fit_on_train(cfg, pipes, expanded, embed_fn, {n: eps for n, (eps, _) in loaded.items()})
+  with timer.phase('load'):
+    loaded = {name: common.load_dataset(cfg, ds) for name, ds in datasets.items()}
+  with timer.phase('fit_on_train'):
+    fits = fit_on_train(cfg, pipes, expanded, embed_fn, {n: eps for n, (eps, _) in loaded.items()})
   per_ds, tables = {}, []
   for name, ds in datasets.items():
-    per_ds[name], table = run_dataset(cfg, ds, *loaded[name], pipes, expanded, embed_fn)
+    per_ds[name], table = run_dataset(cfg, ds, *loaded[name], pipes, expanded, embed_fn, timer)
     tables.append(table)
+  report_t0 = time.perf_counter()
   if len(datasets) == 1:
     results = next(iter(per_ds.values()))
     results['fitted'] = fits
@@ -133,11 +144,16 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   if fits:
     tables.append(report.fits_markdown(fits))
   text = '\n'.join(tables)
-  run_info = {'embedding_cache': embed_fn.cache_reports}  # varies between a cold and a warm run
-  report.write_files(out_dir, {'results.json': json.dumps(results, indent=1), 'results.md': text,
-                               'run_info.json': json.dumps(run_info, indent=1),
-                               'config_resolved.yaml': OmegaConf.to_yaml(cfg, resolve=True)})
+  files = {'results.json': json.dumps(results, indent=1), 'results.md': text,
+           'config_resolved.yaml': OmegaConf.to_yaml(cfg, resolve=True)}
+  report.write_files(out_dir, files)
+  timer.add('report', time.perf_counter() - report_t0)
+  spent = timer.stop()
+  # what varies between runs (cold/warm caches, wall times) stays out of results.json, so reruns are byte-identical
+  run_info = {'timing': spent, 'compile_cache': compile_cache, 'embedding_cache': embed_fn.cache_reports}
+  report.write_files(out_dir, {'run_info.json': json.dumps(run_info, indent=1)})
   print(text)
+  print(timing.markdown(spent))
   log.info('wrote %s', out_dir / 'results.json')
   return results
 

@@ -75,6 +75,9 @@ def test_run_writes_results_json(tmp_path):
   assert 'vs cosine' in saved['pipelines']['rrf_cos_bm25']['paired']
   assert len(saved['per_question']) == 105 and len(saved['per_question'][0]['retrieved']['bm25']) == 10
   assert (tmp_path / 'out' / 'results.md').read_text().startswith('### locomo')
+  info = json.loads((tmp_path / 'out' / 'run_info.json').read_text())  # timing stays out of results.json
+  assert info['timing']['phases_s']['retrieve'] > 0 and info['timing']['compile_requests'] >= 1
+  assert 'timing' not in saved
 
 
 @real
