@@ -268,7 +268,7 @@ def sentence_transformer_spec(folder: Path, *, device: str = 'cpu') -> Spec:
   model_config = _read_json(folder / 'config_sentence_transformers.json') or {}
   return {
       'kind': 'sentence-transformers',
-      'model': folder.name,  # the fingerprint identifies the content; no absolute path, so the cache survives a moved venv
+      'model': folder.name,  # the fingerprint identifies the content; no absolute path (a moved venv keeps its cache)
       'fingerprint': folder_fingerprint(folder),
       'dim': dim,
       'modules': types,

@@ -1,8 +1,9 @@
-"""Speed: every registered operator's hard leg in JAX (jitted, after warm-up, median of repeats) vs its NumPy
-reference, plus RRF fusion.
+"""Speed: every registered operator's hard leg in JAX (jitted, after warm-up) vs its NumPy reference, timed
+interleaved in rounds, plus RRF fusion and BM25 against its peer libraries (rank_bm25, bm25s).
 
     python -m experiments.bench                       # 10 synthetic LoCoMo-sized episodes, every operator
-    python -m experiments.bench --episodes 2 --repeats 2 --ops cosine,cfsr,rrf
+    python -m experiments.bench --episodes 2 --repeats 2 --rounds 3 --ops cosine,cfsr,rrf
+    python -m experiments.bench --ops bm25        # BM25 vs rank_bm25 and bm25s (pip install "engram_jax[bench]")
     python -m experiments.bench --data locomo         # the real LoCoMo episodes (MiniLM, cached)
     python -m experiments.bench --ref-queries 0       # time the references on every query (slow)
     python -m experiments.bench --set tide.pool=10    # change one operator's knob
@@ -14,11 +15,18 @@ pages (greedy pool 50, Tide pool 50 / recency 0.1). A benchmark episode is a :cl
 ``(episode, docs [N, D], queries [Q, D])``, padded by :func:`engram_jax.batch.episode_arrays` exactly as
 ``experiments.evaluate`` pads it, so any loader's episodes can be benched.
 
-What is timed, per episode (times are summed over episodes):
+Rounds: every episode is padded, compiled and warmed up first; then, in each of ``--rounds`` rounds (5), every
+episode and operator is timed on the JAX side and the reference side back to back (JAX first in even rounds, the
+reference first in odd ones), so that a change in machine load falls on both sides. A round's sample is the time
+summed over episodes; the table gives, per side and for the ratio (per round ``reference / JAX``), the median and
+(min-max) over rounds, with the XLA / BLAS thread settings under it.
+
+What is timed, per episode and round:
 
 * JAX: the operator's leg ``(EpisodeArrays, key) -> [Q, N]`` over all Q queries of the episode, one jitted call,
   arrays padded to buckets (N to a multiple of 128, Q of 32, vocabulary of 512) so that a handful of shapes
-  compile; compile + one warm-up call are excluded, the median of ``--repeats`` calls is reported. float32.
+  compile; compile + one warm-up call are excluded; the round's sample is the median of ``--repeats`` calls.
+  float32.
   Legs compute what they need inside the call (the CFS-R family its episode Gram, Tide its base scores).
 * Reference: the loop-based float64 NumPy code of :mod:`engram_jax.testing.reference`, one query at a time, via
   the adapters of :data:`REFERENCES` (an operator without an adapter is timed on the JAX side only and printed
@@ -26,8 +34,15 @@ What is timed, per episode (times are summed over episodes):
   scaled by Q / R (the references are per query, so the cost is linear in Q).
 * ``rrf``: :func:`engram_jax.ops.rrf.rrf_fuse` (not a leg operator) over the legs of :data:`RRF_STACK` (the CFS-R
   page's stack: cosine, BM25, CFS-R top-50 weighted 3), whose leg scores are computed outside the timer.
+* BM25 peers (with ``bm25`` in ``--ops``): ``rank_bm25.BM25Okapi.get_scores`` and bm25s (an optional extra:
+  ``engram_jax[bench]``; without it the row says unavailable) on all queries of the episode, one query at a time,
+  with the bm25 row's tokens (:func:`engram_jax.ops.bm25.tokenize`), k1 and b; their indexes are built outside
+  the timer; ratio = peer / JAX bm25. bm25s runs ``method='atire', idf_method='robertson'``, the closest of its
+  variants to BM25Okapi: equal scores except for terms in more than half the documents (idf 0 there, rank_bm25
+  ``epsilon * mean idf``), so its agreement is top-10, not equality (see :func:`_bm25s_peer`).
 * ``agree``: the fraction of reference-timed queries whose JAX top-10 ids (in order, ties to the later item)
-  equal the reference's: the same picks for the greedy operators; float32 vs float64 can flip near-ties.
+  equal the reference's (the peer's for a peer row), from the first round: the same picks for the greedy
+  operators; float32 vs float64 can flip near-ties.
 """
 
 from __future__ import annotations
@@ -199,19 +214,83 @@ def top_ids(scores: np.ndarray, k: int = TOP) -> list[int]:
 
 
 # ----------------------------------------------------------------------------------------------
+# BM25 peers: other BM25 implementations timed on the same queries as the JAX ``bm25`` row.
+
+
+class Peer(NamedTuple):
+  """A BM25 peer: ``build(doc_tokens, k1, b, epsilon) -> score(query_tokens) -> [N]`` (the index is built outside
+  the timer), or None with ``why`` when the library is not importable."""
+
+  name: str
+  build: Callable[[list[list[str]], float, float, float], Callable[[list[str]], np.ndarray]] | None
+  why: str = ''
+
+
+def _rank_bm25_peer() -> Peer:
+  name = 'bm25 (rank_bm25)'
+  try:
+    import rank_bm25
+  except ImportError as e:
+    return Peer(name, None, f'rank_bm25 not importable ({e})')
+
+  def build(docs, k1, b, epsilon):
+    return rank_bm25.BM25Okapi(docs, k1=k1, b=b, epsilon=epsilon).get_scores
+  return Peer(name, build)
+
+
+def _bm25s_peer() -> Peer:
+  """bm25s: a sparse (CSC) matrix of precomputed per-(term, doc) scores; a query sums its terms' columns.
+
+  ``method='atire'`` (term part ``tf (k1 + 1) / (tf + k1 (1 - b + b |d| / avgdl))``, as Okapi) with
+  ``idf_method='robertson'`` (``log((n - df + 0.5) / (df + 0.5))``) is the closest of its variants to
+  ``BM25Okapi``: equal scores, except that a term in more than half the documents gets idf 0 where rank_bm25
+  gives it ``epsilon * mean idf``. (``method='robertson'`` also drops the constant ``k1 + 1``; ``'lucene'`` uses
+  ``log(1 + ...)``.) Timed path: ``get_scores(tokens)`` per query (the full ``[N]`` scores, like the other rows;
+  its batched ``retrieve`` adds top-k selection and a thread pool, and is slower on these small episodes).
+  """
+  name = 'bm25 (bm25s)'
+  try:
+    import bm25s
+  except ImportError as e:
+    return Peer(name, None, f'bm25s not installed ({e}); pip install "engram_jax[bench]"')
+
+  def build(docs, k1, b, epsilon):
+    del epsilon  # bm25s floors negative idf at 0
+    index = bm25s.BM25(k1=k1, b=b, method='atire', idf_method='robertson')
+    index.index(docs, show_progress=False)
+    zeros = np.zeros(len(docs), np.float32)
+    return lambda q: index.get_scores(q) if q else zeros
+  return Peer(name, build)
+
+
+PEERS: dict[str, Callable[[], Peer]] = {'rank_bm25': _rank_bm25_peer, 'bm25s': _bm25s_peer}
+PEER_OF = 'bm25'  # the JAX row the peers are compared with
+
+
+def available_peers() -> list[Peer]:
+  return [make() for make in PEERS.values()]
+
+
+# ----------------------------------------------------------------------------------------------
 # The benchmark.
 
 
-def _median_time(fn: Callable[[], jax.Array], repeats: int) -> tuple[float, jax.Array]:
-  """Median seconds of ``repeats`` calls after one warm-up call (which compiles a new shape), and the last
-  output."""
-  out = jax.block_until_ready(fn())
+def _time_jax(fn: Callable[[], jax.Array], repeats: int) -> tuple[float, jax.Array]:
+  """Median seconds of ``repeats`` calls (compiled and warmed up beforehand), and the last output."""
   times = []
+  out = None
   for _ in range(max(repeats, 1)):
     t = time.perf_counter()
     out = jax.block_until_ready(fn())
     times.append(time.perf_counter() - t)
   return float(np.median(times)), out
+
+
+def _time_ref(fn: Callable[[int], np.ndarray], n_queries: int) -> tuple[float, list[np.ndarray]]:
+  """Seconds of one pass of ``fn`` over queries ``0 .. n_queries - 1``, and the outputs."""
+  t = time.perf_counter()
+  out = [fn(i) for i in range(n_queries)]
+  return time.perf_counter() - t, out
 
 
 def operator_options(name: str, overrides: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
@@ -221,29 +300,53 @@ def operator_options(name: str, overrides: Mapping[str, Mapping[str, Any]] | Non
   return OPERATORS[name].options(given, where=f'bench {name}')
 
 
-def _row(name: str, options: Mapping[str, Any], has_ref: bool) -> dict[str, Any]:
+def _row(name: str, options: Mapping[str, Any], has_ref: bool, rounds: int) -> dict[str, Any]:
   return {'op': name, 'options': dict(options), 'jax_s': 0.0, 'ref_s': 0.0 if has_ref else None, 'agree': 0,
-          'checked': 0, 'ratio': None, 'episodes': 0, 'queries': 0}
+          'checked': 0, 'ratio': None, 'episodes': 0, 'queries': 0, 'peer_of': None, 'unavailable': None,
+          'jax_rounds': [0.0] * rounds, 'ref_rounds': [0.0] * rounds if has_ref else None, 'ratio_rounds': None}
+
+
+def spread(values: Sequence[float] | None) -> dict[str, float] | None:
+  """Median, min, max, quartiles of ``values`` (None for None / empty)."""
+  if not values:
+    return None
+  v = np.asarray(values, np.float64)
+  q1, med, q3 = np.percentile(v, [25, 50, 75])
+  return {'median': float(med), 'min': float(v.min()), 'max': float(v.max()), 'q1': float(q1), 'q3': float(q3)}
 
 
 def time_operators(episodes: Sequence[BenchEpisode], names: Sequence[str] | None = None, *, repeats: int = 5,
-                   ref_queries: int = 40, overrides: Mapping[str, Mapping[str, Any]] | None = None,
-                   seed: int = 0, log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-  """Time operators (registered names, or :data:`FUSION` for RRF) on every episode; one row per name.
+                   rounds: int = 5, ref_queries: int = 40, overrides: Mapping[str, Mapping[str, Any]] | None = None,
+                   peers: bool = True, seed: int = 0,
+                   log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+  """Time operators (registered names, or :data:`FUSION` for RRF) on every episode; one row per name, then the
+  BM25 peer rows.
+
+  The two sides are interleaved: all episodes are prepared (padded, compiled, warmed up) first; then, in each of
+  ``rounds`` rounds, every episode and operator is timed on the JAX side and on the reference side back to back,
+  JAX first in even rounds and the reference first in odd ones (so a drift in machine load hits both). A round's
+  time is the sum over episodes; each row reports the median over rounds, and the per-round samples.
 
   Args:
     episodes: the benchmark episodes.
     names: registered operator names and/or ``'rrf'``; None = every registered operator, then ``'rrf'``.
-    repeats: timed calls per operator and episode (median reported).
+    repeats: JAX calls per operator, episode and round (their median is the round's JAX sample).
+    rounds: interleaved rounds (samples per side).
     ref_queries: reference-timed queries per episode (0 = all); the time is scaled to all queries.
     overrides: ``{operator: {knob: value}}`` over the bench's knob values (:func:`operator_options`).
+    peers: with ``'bm25'`` in ``names``, also time the :data:`PEERS` (rank_bm25, bm25s) on all queries of every
+      episode, with the bm25 row's k1 / b / epsilon and tokens; a peer that is not importable gets a row with
+      ``unavailable`` set and no times.
     seed: the PRNG key of the legs (only stochastic legs such as cos2 read it).
-    log: called with one progress line per episode.
+    log: called with one progress line per episode and per round.
 
   Returns:
-    One dict per name, in order: ``op``, ``options`` (knob values), ``jax_s`` (summed over episodes), ``ref_s``
-    (scaled to all queries; None without a reference), ``ratio`` (``ref_s / jax_s`` or None), ``agree`` /
-    ``checked`` (queries whose top-10 ids agree / queries compared), ``episodes``, ``queries``.
+    One dict per name, in order, then one per peer: ``op``, ``options`` (knob values), ``jax_s`` (median over
+    rounds of the time summed over episodes), ``ref_s`` (the same for the reference, scaled to all queries, or the
+    peer; None without one), ``ratio`` (median over rounds of ``ref / jax``, or None), ``jax_rounds`` /
+    ``ref_rounds`` / ``ratio_rounds`` (the per-round samples), ``agree`` / ``checked`` (queries whose top-10 ids
+    agree / queries compared, first round), ``episodes``, ``queries``, ``peer_of`` (``'bm25'`` for a peer row,
+    whose JAX side is the bm25 row's), ``unavailable`` (why a peer was not timed).
 
   Raises:
     ValueError: an unknown operator name (listing the registered ones) or an invalid knob value.
@@ -255,6 +358,7 @@ def time_operators(episodes: Sequence[BenchEpisode], names: Sequence[str] | None
   unknown = sorted(set(overrides or {}) - set(OPERATORS))
   if unknown:
     raise ValueError(f'knob overrides for unknown operators {unknown}; registered: {sorted(OPERATORS)}')
+  rounds = max(int(rounds), 1)
   key = jax.random.key(seed)
   legs = {n: pipeline.make_pipeline(name=n, legs={n: {'op': n, **operator_options(n, overrides)}}).legs[0]
           for n in names if n != FUSION}
@@ -262,7 +366,7 @@ def time_operators(episodes: Sequence[BenchEpisode], names: Sequence[str] | None
   built = pipeline.build_options([pipeline.Pipeline(legs=(leg,)) for leg in legs.values()]
                                  + ([stack] if stack is not None else []))
   fns = {n: jax.jit(leg.score) for n, leg in legs.items()}
-  rows = {n: _row(n, legs[n].options if n in legs else {}, n in REFERENCES or n == FUSION) for n in names}
+  rows = {n: _row(n, legs[n].options if n in legs else {}, n in REFERENCES or n == FUSION, rounds) for n in names}
   if stack is not None:
     stack_fns = [jax.jit(leg.score) for leg in stack.legs]
     weights = jnp.asarray([leg.weight for leg in stack.legs])
@@ -270,41 +374,105 @@ def time_operators(episodes: Sequence[BenchEpisode], names: Sequence[str] | None
     fuse = jax.jit(lambda s, where: rrf_ops.rrf_fuse(s, weights=weights, depths=depths, where=where, k0=stack.k0))
     rows[FUSION]['options'] = {'legs': {leg.name: leg.op for leg in stack.legs}, 'weights': weights.tolist(),
                                'depths': depths, 'k0': stack.k0}
+  peer_list = available_peers() if peers and PEER_OF in legs else []
+  peer_rows = {}
+  for p in peer_list:
+    opts = {k: dict(legs[PEER_OF].options)[k] for k in ('k1', 'b', 'epsilon')}
+    row = _row(p.name, opts, p.build is not None, rounds)
+    row['peer_of'] = PEER_OF
+    row['jax_rounds'] = None
+    if p.build is None:
+      row['unavailable'] = p.why
+    peer_rows[p.name] = row
+  if peer_list and dict(legs[PEER_OF].options).get('tokenizer', 'words') != 'words':
+    raise ValueError('the BM25 peers tokenise with the words tokenizer only')
+
+  # Preparation: pad, compile and warm up every (episode, operator); build the peers' indexes.
+  prepared = []  # per episode: (q, r_q, {name: (jax thunk, reference fn or None)}, {peer: score fn})
   for e_i, b in enumerate(episodes):
     arr = batch.episode_arrays(b.episode, b.docs, b.queries, **PAD, **built)
     n, q = b.episode.n_items, len(b.episode.questions)
     r_q = q if ref_queries <= 0 else min(q, ref_queries)
     e_ref = ref_episode(b)
+    timed = {}
     for name in names:
-      row = rows[name]
       if name == FUSION:
         stacked = jnp.stack([f(arr, key) for f in stack_fns])  # outside the timer
-        jax_s, out = _median_time(lambda: fuse(stacked, arr.where), repeats)
         s64 = np.asarray(stacked, np.float64)[:, :q, :n]
-        fn_ref = lambda i: ref.rrf_fuse_ref(s64[:, i], [l.weight for l in stack.legs], depths, k0=stack.k0)
+        thunk = (lambda st, w: lambda: fuse(st, w))(stacked, arr.where)
+        fn_ref = (lambda s: lambda i: ref.rrf_fuse_ref(s[:, i], [l.weight for l in stack.legs], depths,
+                                                      k0=stack.k0))(s64)
       else:
-        jax_s, out = _median_time(lambda: fns[name](arr, key), repeats)
+        thunk = (lambda f, a: lambda: f(a, key))(fns[name], arr)
         adapter = REFERENCES.get(name)
         opts = dict(legs[name].options)
-        fn_ref = None if adapter is None else (lambda i: adapter(e_ref, i, opts))
-      row['jax_s'] += jax_s
+        fn_ref = None if adapter is None else (lambda ad, ee, o: lambda i: ad(ee, i, o))(adapter, e_ref, opts)
+      jax.block_until_ready(thunk())  # compile + warm-up
+      timed[name] = (thunk, fn_ref)
+      rows[name]['episodes'] += 1
+      rows[name]['queries'] += q
+    scorers = {}
+    for p in peer_list:
+      row = peer_rows[p.name]
       row['episodes'] += 1
       row['queries'] += q
-      if fn_ref is None:
-        continue
-      got = np.asarray(out)[:q, :n]
-      t = time.perf_counter()
-      want = [fn_ref(i) for i in range(r_q)]
-      row['ref_s'] += (time.perf_counter() - t) * q / r_q
-      row['agree'] += sum(top_ids(got[i]) == top_ids(want[i]) for i in range(r_q))
-      row['checked'] += r_q
+      if p.build is not None:
+        o = row['options']
+        score = p.build(e_ref.doc_tokens, o['k1'], o['b'], o['epsilon'])  # the index, outside the timer
+        scorers[p.name] = (lambda s, toks: lambda i: s(toks[i]))(score, e_ref.query_tokens)
+    prepared.append((n, q, r_q, timed, scorers))
     if log is not None:
       log(f'episode {e_i + 1}/{len(episodes)}: N={n} (padded {arr.docs.shape[0]}), Q={q} (padded '
           f'{arr.queries.shape[0]}), reference on {r_q} queries')
+
+  # Interleaved rounds.
+  for r in range(rounds):
+    jax_first = r % 2 == 0
+    for n, q, r_q, timed, scorers in prepared:
+      for name in names:
+        row = rows[name]
+        thunk, fn_ref = timed[name]
+        got = want = None
+        if fn_ref is not None and not jax_first:
+          ref_s, want = _time_ref(fn_ref, r_q)
+        jax_s, out = _time_jax(thunk, repeats)
+        if fn_ref is not None and jax_first:
+          ref_s, want = _time_ref(fn_ref, r_q)
+        row['jax_rounds'][r] += jax_s
+        if fn_ref is not None:
+          row['ref_rounds'][r] += ref_s * q / r_q
+        if r == 0:
+          got = np.asarray(out)[:q, :n]
+          if fn_ref is not None:
+            row['agree'] += sum(top_ids(got[i]) == top_ids(want[i]) for i in range(r_q))
+            row['checked'] += r_q
+        if name == PEER_OF:
+          for p_name, fn_peer in scorers.items():
+            p_s, p_out = _time_ref(fn_peer, q)
+            peer_rows[p_name]['ref_rounds'][r] += p_s
+            if r == 0:
+              peer_rows[p_name]['agree'] += sum(top_ids(got[i]) == top_ids(p_out[i]) for i in range(q))
+              peer_rows[p_name]['checked'] += q
+    if log is not None:
+      log(f'round {r + 1}/{rounds} ({"JAX" if jax_first else "reference"} first)')
+
   for row in rows.values():
-    if row['ref_s'] is not None and row['jax_s'] > 0:
-      row['ratio'] = row['ref_s'] / row['jax_s']
-  return [rows[n] for n in names]
+    row['jax_s'] = spread(row['jax_rounds'])['median']
+    if row['ref_rounds'] is not None:
+      row['ref_s'] = spread(row['ref_rounds'])['median']
+      if all(t > 0 for t in row['jax_rounds']):
+        row['ratio_rounds'] = [a / t for a, t in zip(row['ref_rounds'], row['jax_rounds'])]
+        row['ratio'] = spread(row['ratio_rounds'])['median']
+  for row in peer_rows.values():
+    base = rows[PEER_OF]
+    row['jax_s'] = base['jax_s']
+    row['jax_rounds'] = list(base['jax_rounds'])
+    if row['ref_rounds'] is not None:
+      row['ref_s'] = spread(row['ref_rounds'])['median']
+      if all(t > 0 for t in row['jax_rounds']):
+        row['ratio_rounds'] = [a / t for a, t in zip(row['ref_rounds'], row['jax_rounds'])]
+        row['ratio'] = spread(row['ratio_rounds'])['median']
+  return [rows[n] for n in names] + list(peer_rows.values())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -332,17 +500,57 @@ def environment() -> list[str]:
   return lines
 
 
-def format_table(rows: Sequence[Mapping[str, Any]], *, n_episodes: int, n_queries: int) -> str:
-  """Markdown: one line per row; ``n/a`` where an operator has no reference."""
-  lines = [f'{n_episodes} episodes, {n_queries} queries; times are totals over all queries '
-           f'(JAX float32 jitted median; NumPy float64 reference)',
-           '| op | JAX ms | NumPy ms | ratio | agree |', '|---|---:|---:|---:|---:|']
+def thread_settings() -> str:
+  """One line: the XLA / BLAS thread settings the times depend on (printed beside the table)."""
+  try:
+    usable = len(os.sched_getaffinity(0))
+  except AttributeError:  # not on Linux
+    usable = os.cpu_count()
+  env = ', '.join(f'{k}={os.environ.get(k, "unset")}' for k in ('XLA_FLAGS', 'OMP_NUM_THREADS',
+                                                                  'OPENBLAS_NUM_THREADS', 'MKL_NUM_THREADS'))
+  try:
+    from threadpoolctl import threadpool_info
+    pools = ', '.join(f'{p.get("internal_api")}={p.get("num_threads")}' for p in threadpool_info()) or 'none loaded'
+  except ImportError:
+    pools = 'unknown (threadpoolctl not installed)'
+  return f'threads: {usable}/{os.cpu_count()} CPUs usable; {env}; BLAS pools: {pools}'
+
+
+def _cell(values: Sequence[float] | None, scale: float = 1e3, fmt: str = '{:.1f}', unit: str = '') -> str:
+  s = spread(values)
+  if s is None:
+    return 'n/a'
+  f = lambda v: fmt.format(scale * v) + unit
+  return f'{f(s["median"])} ({f(s["min"])}-{f(s["max"])})'
+
+
+def format_table(rows: Sequence[Mapping[str, Any]], *, n_episodes: int, n_queries: int,
+                 threads: str | None = None) -> str:
+  """Markdown: one line per row, median over rounds with (min-max); ``n/a`` where an operator has no reference.
+  A peer row (``peer_of`` set) compares the JAX row it names with the peer library; ``threads``
+  (:func:`thread_settings` by default) is printed under the table."""
+  n_rounds = max((len(r['jax_rounds'] or []) for r in rows), default=0)
+  lines = [f'{n_episodes} episodes, {n_queries} queries, {n_rounds} interleaved rounds; times are totals over all '
+           'queries, median (min-max) over rounds (JAX float32 jitted; NumPy float64 reference, or the peer library)',
+           '| op | JAX ms | reference / peer ms | ratio | agree |', '|---|---:|---:|---:|---:|']
   for r in rows:
+    if r.get('unavailable'):
+      lines.append(f'| {r["op"]} | {_cell(r["jax_rounds"])} | unavailable | n/a | n/a |')
+      continue
     has = r['ref_s'] is not None
-    ref_ms = f'{1e3 * r["ref_s"]:.1f}' if has else 'n/a'
-    ratio = f'{r["ratio"]:.1f}x' if r['ratio'] is not None else 'n/a'
     agree = f'{r["agree"]}/{r["checked"]}' if has else 'n/a'
-    lines.append(f'| {r["op"]} | {1e3 * r["jax_s"]:.1f} | {ref_ms} | {ratio} | {agree} |')
+    jax_cell = _cell(r['jax_rounds']) if r['jax_rounds'] is not None else 'n/a'
+    if r.get('peer_of'):
+      jax_cell = f'({r["peer_of"]}) {jax_cell}'
+    lines.append(f'| {r["op"]} | {jax_cell} | {_cell(r["ref_rounds"])} | '
+                 f'{_cell(r["ratio_rounds"], 1.0, "{:.1f}", "x")} | {agree} |')
+  notes = [f'- {r["op"]}: unavailable: {r["unavailable"]}' for r in rows if r.get('unavailable')]
+  if any(r.get('peer_of') for r in rows):
+    notes.append('- peer rows: ratio = peer time / JAX bm25 time on the same queries (all of them), index built '
+                 'outside the timer; agree = JAX top-10 ids equal to the peer\'s. bm25s: method=atire, '
+                 'idf_method=robertson, get_scores per query; it floors the idf of terms in more than half the '
+                 'documents at 0 (rank_bm25: epsilon x mean idf), so its scores differ on queries with such terms.')
+  lines += notes + [threads if threads is not None else thread_settings()]
   return '\n'.join(lines)
 
 
@@ -369,7 +577,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
   ap.add_argument('--cache-dir', default='.cache', help='embedding cache for --data locomo')
   ap.add_argument('--episodes', type=int, default=10, help='synthetic episodes (or the first E of LoCoMo)')
   ap.add_argument('--queries', type=int, default=200, help='synthetic queries per episode')
-  ap.add_argument('--repeats', type=int, default=5)
+  ap.add_argument('--repeats', type=int, default=5, help='JAX calls per operator, episode and round (median)')
+  ap.add_argument('--rounds', type=int, default=5, help='interleaved rounds (JAX and reference back to back); the '
+                                                        'table gives the median and min-max over rounds')
+  ap.add_argument('--no-peers', action='store_true', help='skip the BM25 peers (rank_bm25, bm25s)')
   ap.add_argument('--ref-queries', type=int, default=40,
                   help='reference-timed queries per episode (0: all), time scaled to all queries')
   ap.add_argument('--cfsr-batch', type=int, default=None,
@@ -406,8 +617,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
   else:
     episodes = locomo_episodes(args.root, cache_dir=args.cache_dir)[:args.episodes]
   print(f'{len(episodes)} {args.data} episodes', file=sys.stderr)
-  rows = time_operators(episodes, names, repeats=args.repeats, ref_queries=args.ref_queries, overrides=overrides,
-                        log=lambda s: print(s, file=sys.stderr))
+  rows = time_operators(episodes, names, repeats=args.repeats, rounds=args.rounds, ref_queries=args.ref_queries,
+                        overrides=overrides, peers=not args.no_peers, log=lambda s: print(s, file=sys.stderr))
   print(format_table(rows, n_episodes=len(episodes), n_queries=sum(len(b.episode.questions) for b in episodes)))
   return rows
 

@@ -1,7 +1,8 @@
 """Splits for fitting: cross-fitting folds and hold-out splits by episode, asserted disjoint in code.
 
-Content-level disjointness (question text, corpus fingerprint) is :func:`engram_jax.data.splits.assert_disjoint_content`,
-which every fit path calls on the episodes; :func:`check_disjoint` asserts the rows by question id.
+Content-level disjointness (question text, corpus fingerprint) is
+:func:`engram_jax.data.splits.assert_disjoint_content`, which every fit path calls on the episodes;
+:func:`check_disjoint` asserts the rows by question id.
 """
 
 from __future__ import annotations

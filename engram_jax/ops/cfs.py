@@ -1,8 +1,8 @@
-"""CFS (Conditional Field Subtraction): the hard greedy picker, its soft twin, its leg and
-its declaration.
+"""CFS (Conditional Field Subtraction): greedy picks under a summed Gaussian coverage field.
 
-Hard: :func:`cfs_select` (argmax steps; scored). Soft twin: :func:`soft_cfs_select_gram` (softmax-relaxed steps on
-the precomputed cosine pool; fitting only). Leg: picks as RRF leg scores (:func:`engram_jax.ops.greedy.selection_scores`).
+Hard: :func:`cfs_select` (argmax steps; what is scored). Soft twin: :func:`soft_cfs_select_gram`, each argmax
+relaxed to a softmax over the precomputed cosine pool (fitting ``beta`` and ``sigma`` only). The leg turns picks into
+RRF leg scores (:func:`engram_jax.ops.greedy.selection_scores`), so CFS is used inside an RRF fusion.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from jax.typing import ArrayLike
 from engram_jax import relax
 from engram_jax.ops import pools
 from engram_jax.ops.greedy import (Selection, SoftSelection, greedy, map_pool_batch, map_queries, pool_inputs,
-                                   scatter_probs, selection_scores, soft_greedy, soft_pool_inputs)
+                                   scatter_pool_selection, scatter_probs, selection_scores, soft_greedy,
+                                   soft_pool_inputs)
 from engram_jax.ops.registry import Knob, Operator, SoftTwin, register
 
 if TYPE_CHECKING:  # a type only: engram_jax.batch imports the BM25 tokenizers from here
@@ -145,11 +146,6 @@ def cfs_leg(ep: EpisodeArrays, key: Array, *, k: int = 10, beta: float = 0.20, s
   return selection_scores(sel, n=ep.docs.shape[0])
 
 
-def _rows(ep: EpisodeArrays, n_questions: int, n_pad: int, options, settings) -> dict:
-  del options
-  return pools.cosine_pool_rows(ep, n_questions, n_pad, settings.greedy_pool)
-
-
 def _soft(rows, values, ctx) -> SoftSelection:
   """Softmax-relaxed CFS on the precomputed cosine pool (temperature: ``greedy`` x the gap scale of the pool's
   log-relevance)."""
@@ -160,9 +156,7 @@ def _soft(rows, values, ctx) -> SoftSelection:
   temp = ctx.temperatures.greedy * relax.gap_scale(rel, k=k, where=valid)
   sel = soft_cfs_select_gram(b, g, k=k, beta=values['beta'], sigma=values['sigma'], temperature=temp, where=valid,
                              floor=floor)
-  n = ctx.where.shape[-1]
-  probs = jax.vmap(lambda pr, i: jnp.zeros((k, n), pr.dtype).at[:, i].set(pr, unique_indices=True))(sel.probs, idx)
-  return SoftSelection(probs, sel.scores)
+  return scatter_pool_selection(sel, idx, ctx.where.shape[-1])
 
 
 CFS = register(Operator(
@@ -172,4 +166,4 @@ CFS = register(Operator(
            Knob('sigma', 0.40, transform='log', check='>0', doc='a Gaussian width'),
            Knob('floor', 1e-6, static=True, check='>0', doc='cosine floor under the log'),
            Knob('pool', None, static=True, check='int>=1', doc='cosine prefilter (None = all items)')),
-    soft=SoftTwin(rows=_rows, scores=_soft, selection=True)))
+    soft=SoftTwin(rows=pools.greedy_pool_rows, scores=_soft, selection=True)))

@@ -270,3 +270,10 @@ def map_pool_batch(one: Callable[..., SoftSelection], rel: Array, gram: Array, w
   out = jax.vmap(one)(flat(rel), flat(g), flat(where), temperature.reshape(-1))
   return jax.tree_util.tree_map(lambda y: y.reshape(batch + y.shape[1:]), out)
 
+
+
+def scatter_pool_selection(sel: SoftSelection, idx: Array, n: int) -> SoftSelection:
+  """Relaxed picks over pools ``probs [B, K, P]`` moved to item indices ``idx [B, P]``: ``probs [B, K, n]``."""
+  k = sel.probs.shape[-2]
+  probs = jax.vmap(lambda pr, i: jnp.zeros((k, n), pr.dtype).at[:, i].set(pr, unique_indices=True))(sel.probs, idx)
+  return SoftSelection(probs, sel.scores)

@@ -1,8 +1,8 @@
-"""MMR (Maximal Marginal Relevance, Carbonell & Goldstein 1998): the hard greedy picker, its soft twin, its leg and
-its declaration.
+"""MMR (Maximal Marginal Relevance, Carbonell & Goldstein 1998): greedy relevance minus redundancy.
 
-Hard: :func:`mmr_select` (argmax steps; scored). Soft twin: :func:`soft_mmr_select_gram` (softmax-relaxed steps on
-the precomputed cosine pool; fitting only). Leg: picks as RRF leg scores (:func:`engram_jax.ops.greedy.selection_scores`).
+Hard: :func:`mmr_select` (argmax steps; what is scored). Soft twin: :func:`soft_mmr_select_gram`, softmax-relaxed
+steps on the precomputed cosine pool (fitting ``lam``). The leg turns picks into RRF leg scores
+(:func:`engram_jax.ops.greedy.selection_scores`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from jax.typing import ArrayLike
 from engram_jax import relax
 from engram_jax.ops import pools
 from engram_jax.ops.greedy import (Selection, SoftSelection, greedy, map_pool_batch, map_queries, pool_inputs,
-                                   scatter_probs, selection_scores, soft_greedy, soft_pool_inputs)
+                                   scatter_pool_selection, scatter_probs, selection_scores, soft_greedy,
+                                   soft_pool_inputs)
 from engram_jax.ops.registry import Knob, Operator, SoftTwin, register
 
 if TYPE_CHECKING:  # a type only: engram_jax.batch imports the BM25 tokenizers from here
@@ -115,11 +116,6 @@ def mmr_leg(ep: EpisodeArrays, key: Array, *, k: int = 10, lam: float = 0.5, poo
   return selection_scores(sel, n=ep.docs.shape[0])
 
 
-def _rows(ep: EpisodeArrays, n_questions: int, n_pad: int, options, settings) -> dict:
-  del options
-  return pools.cosine_pool_rows(ep, n_questions, n_pad, settings.greedy_pool)
-
-
 def _soft(rows, values, ctx) -> SoftSelection:
   """Softmax-relaxed MMR on the precomputed cosine pool (temperature: ``greedy`` x the pool's gap scale x the
   stop-gradient lambda, so that it is in objective units)."""
@@ -127,9 +123,7 @@ def _soft(rows, values, ctx) -> SoftSelection:
   k = int(values['k'])
   temp = ctx.temperatures.greedy * relax.gap_scale(b, k=k, where=valid) * jax.lax.stop_gradient(values['lam'])
   sel = soft_mmr_select_gram(b, g, k=k, lam=values['lam'], temperature=temp, where=valid)
-  n = ctx.where.shape[-1]
-  probs = jax.vmap(lambda pr, i: jnp.zeros((k, n), pr.dtype).at[:, i].set(pr, unique_indices=True))(sel.probs, idx)
-  return SoftSelection(probs, sel.scores)
+  return scatter_pool_selection(sel, idx, ctx.where.shape[-1])
 
 
 MMR = register(Operator(
@@ -137,4 +131,4 @@ MMR = register(Operator(
     knobs=(Knob('k', 10, static=True, check='int>=1', doc='number of picks'),
            Knob('lam', 0.5, transform='logit', check='[0,1]', doc='MMR relevance/diversity trade-off'),
            Knob('pool', None, static=True, check='int>=1', doc='cosine prefilter (None = all items)')),
-    soft=SoftTwin(rows=_rows, scores=_soft, selection=True)))
+    soft=SoftTwin(rows=pools.greedy_pool_rows, scores=_soft, selection=True)))

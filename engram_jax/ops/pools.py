@@ -69,6 +69,12 @@ def cosine_pool_rows(ep: EpisodeArrays, n_questions: int, n_pad: int, pool: int,
   return out
 
 
+def greedy_pool_rows(ep: EpisodeArrays, n_questions: int, n_pad: int, options, settings) -> dict[str, np.ndarray]:
+  """A relaxed greedy picker's rows (its SoftTwin ``rows``): the cosine pool of the fit's ``greedy_pool``."""
+  del options
+  return cosine_pool_rows(ep, n_questions, n_pad, settings.greedy_pool)
+
+
 def scatter_rows(values, idx, n: int, fill: float):
   """``values [B, P]`` at item indices ``idx [B, P]`` into ``[B, n]`` filled with ``fill``."""
   rows = jnp.arange(values.shape[0])[:, None]
