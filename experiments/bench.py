@@ -381,6 +381,7 @@ def time_operators(episodes: Sequence[BenchEpisode], names: Sequence[str] | None
     row = _row(p.name, opts, p.build is not None, rounds)
     row['peer_of'] = PEER_OF
     row['jax_rounds'] = None
+    row['high_df_queries'] = 0  # queries with a term in more than half the documents (bm25s's idf differs there)
     if p.build is None:
       row['unavailable'] = p.why
     peer_rows[p.name] = row
@@ -412,10 +413,16 @@ def time_operators(episodes: Sequence[BenchEpisode], names: Sequence[str] | None
       rows[name]['episodes'] += 1
       rows[name]['queries'] += q
     scorers = {}
+    df: dict[str, int] = {}
+    for d in e_ref.doc_tokens:
+      for t in set(d):
+        df[t] = df.get(t, 0) + 1
+    high_df = sum(any(2 * df.get(t, 0) > n for t in toks) for toks in e_ref.query_tokens)
     for p in peer_list:
       row = peer_rows[p.name]
       row['episodes'] += 1
       row['queries'] += q
+      row['high_df_queries'] += high_df
       if p.build is not None:
         o = row['options']
         score = p.build(e_ref.doc_tokens, o['k1'], o['b'], o['epsilon'])  # the index, outside the timer
@@ -545,11 +552,14 @@ def format_table(rows: Sequence[Mapping[str, Any]], *, n_episodes: int, n_querie
     lines.append(f'| {r["op"]} | {jax_cell} | {_cell(r["ref_rounds"])} | '
                  f'{_cell(r["ratio_rounds"], 1.0, "{:.1f}", "x")} | {agree} |')
   notes = [f'- {r["op"]}: unavailable: {r["unavailable"]}' for r in rows if r.get('unavailable')]
-  if any(r.get('peer_of') for r in rows):
+  peer_rows = [r for r in rows if r.get('peer_of')]
+  if peer_rows:
     notes.append('- peer rows: ratio = peer time / JAX bm25 time on the same queries (all of them), index built '
                  'outside the timer; agree = JAX top-10 ids equal to the peer\'s. bm25s: method=atire, '
                  'idf_method=robertson, get_scores per query; it floors the idf of terms in more than half the '
-                 'documents at 0 (rank_bm25: epsilon x mean idf), so its scores differ on queries with such terms.')
+                 'documents at 0 (rank_bm25: epsilon x mean idf), so its scores equal rank_bm25\'s only on queries '
+                 f'without such terms; {peer_rows[0]["high_df_queries"]}/{peer_rows[0]["queries"]} queries here '
+                 'have one.')
   lines += notes + [threads if threads is not None else thread_settings()]
   return '\n'.join(lines)
 

@@ -60,6 +60,7 @@ def test_interleaved_rounds_give_one_sample_per_round_and_the_bm25_peers(episode
   assert peer['peer_of'] == 'bm25' and peer['jax_rounds'] == by_op['bm25']['jax_rounds']
   assert len(peer['ref_rounds']) == 3 and all(t > 0 for t in peer['ref_rounds']) and peer['ratio'] > 0
   assert peer['checked'] == 12 and peer['agree'] == 12  # rank_bm25 is the semantics the JAX leg reproduces
+  assert 0 <= peer['high_df_queries'] <= 12
   assert peer['options'] == {k: by_op['bm25']['options'][k] for k in ('k1', 'b', 'epsilon')}
   table = bench.format_table(rows, n_episodes=2, n_queries=12, threads='threads: test')
   assert '| bm25 (rank_bm25) |' in table and '| bm25 (bm25s) |' in table and 'threads: test' in table
