@@ -56,6 +56,7 @@ def flat_values(node) -> dict[str, float]:
 def split_episodes(cfg: DictConfig, episodes) -> tuple[list[int], list[int]]:
   train, test = fit.holdout_split([e.id for e in episodes], n_test=int(cfg.fit.n_test), seed=int(cfg.fit.seed))
   splits.assert_disjoint(train, test)
+  splits.assert_disjoint_content([e for e in episodes if e.id in train], [e for e in episodes if e.id in test])
   return ([i for i, e in enumerate(episodes) if e.id in train], [i for i, e in enumerate(episodes) if e.id in test])
 
 
