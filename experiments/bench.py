@@ -50,11 +50,14 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
+import json
 import math
 import os
+import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
@@ -580,6 +583,48 @@ def _parse_sets(items: Sequence[str]) -> dict[str, dict[str, Any]]:
   return out
 
 
+def harness(overrides: Sequence[str], *, rounds: int, out_dir: str | None = None) -> list[dict[str, Any]]:
+  """The whole evaluation path, timed: ``experiments.evaluate.run`` on ``conf/config.yaml`` + ``overrides``,
+  ``rounds`` times in this process (the first round warms the embedding and compilation caches).
+
+  Returns one row per round: end-to-end wall time of ``run`` (config checks, loading, embedding through the
+  cache, retrieval, metrics, statistics, report files), the time inside the jitted retrieval calls (``retrieve``,
+  compilation included), the XLA compilations and the overhead ratio ``wall / retrieve``.
+  """
+  import tempfile  # pylint: disable=import-outside-toplevel
+  from hydra import compose, initialize_config_dir  # pylint: disable=import-outside-toplevel
+  from experiments import evaluate  # pylint: disable=import-outside-toplevel
+
+  conf = str(Path(__file__).resolve().parents[1] / 'conf')
+  with initialize_config_dir(config_dir=conf, version_base='1.3'):
+    cfg = compose(config_name='config', overrides=['eval.progress=false', *overrides])
+  rows = []
+  for r in range(rounds):
+    folder = Path(out_dir or tempfile.mkdtemp(prefix='engram_harness_')) / f'round{r}'
+    t0 = time.perf_counter()
+    evaluate.run(cfg, folder)
+    wall = time.perf_counter() - t0
+    t = json.loads((folder / 'run_info.json').read_text())['timing']
+    retrieve = t['phases_s'].get('retrieve', 0.0)
+    rows.append({'round': r, 'wall_s': wall, 'retrieve_s': retrieve, 'phases_s': t['phases_s'],
+                 'xla_compilations': t['xla_compilations'], 'overhead_ratio': wall / retrieve if retrieve else None})
+  return rows
+
+
+def format_harness(rows: Sequence[Mapping[str, Any]]) -> str:
+  phases = list(rows[0]['phases_s'])
+  head = ['round', 'wall s', *[f'{p} s' for p in phases], 'XLA compilations', 'overhead ratio (wall / retrieve)']
+  lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+  for r in rows:
+    ratio = f"{r['overhead_ratio']:.2f}" if r['overhead_ratio'] else 'n/a'
+    lines.append(f"| {r['round']} | {r['wall_s']:.2f} | " + ' | '.join(f"{r['phases_s'][p]:.2f}" for p in phases)
+                 + f" | {r['xla_compilations']} | {ratio} |")
+  warm = [r['overhead_ratio'] for r in rows[1:] if r['overhead_ratio']]
+  if warm:
+    lines.append(f'\nwarm rounds: median overhead ratio {statistics.median(warm):.2f} (round 0 warms the caches)')
+  return '\n'.join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument('--data', choices=('synthetic', 'locomo'), default='synthetic')
@@ -602,7 +647,15 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
                                                     'operators)')
   ap.add_argument('--set', action='append', default=[], metavar='OP.KNOB=VALUE',
                   help='a knob value over the bench defaults (repeatable)')
+  ap.add_argument('--harness', nargs='*', default=None, metavar='OVERRIDE',
+                  help='time the whole evaluation path instead (experiments.evaluate with these Hydra overrides; '
+                       'none: the default LoCoMo job), --rounds times; prints the overhead ratio wall / retrieve')
   args = ap.parse_args(argv)
+  if args.harness is not None:
+    print('\n'.join(environment()))
+    rows = harness(args.harness, rounds=max(args.rounds, 2))
+    print(format_harness(rows))
+    return rows
   for module in filter(None, args.ops_modules.split(',')):
     importlib.import_module(module)
   names = None if args.ops is None else [o for o in args.ops.split(',') if o]

@@ -2,6 +2,7 @@
 
 import pytest
 
+from engram_jax.data import io
 from engram_jax.ops import OPERATORS
 from experiments import bench
 
@@ -82,3 +83,22 @@ def test_an_unavailable_peer_is_reported_not_fatal(episodes, monkeypatch):
   assert '| bm25 (bm25s) |' in bench.format_table(rows, n_episodes=1, n_queries=6) and 'unavailable' in (
       bench.format_table(rows, n_episodes=1, n_queries=6))
   assert bench.time_operators(episodes[:1], ['cosine'], repeats=1, rounds=1)[0]['op'] == 'cosine'  # no bm25: no peers
+
+
+def _have_locomo() -> bool:
+  try:
+    return (io.resolve_data_root() / 'locomo' / 'locomo10.json').is_file()
+  except FileNotFoundError:
+    return False
+
+
+@pytest.mark.skipif(not _have_locomo(), reason='LoCoMo not found under the data root')
+def test_harness_times_the_whole_evaluation_path(tmp_path):
+  rows = bench.harness(['embedder=hashing', 'dataset.loader.conversations=[conv-30]', 'eval.n_resamples=100',
+                        f'paths.cache_dir={tmp_path}/cache'], rounds=2, out_dir=str(tmp_path / 'out'))
+  assert [r['round'] for r in rows] == [0, 1]
+  assert rows[1]['xla_compilations'] == 0  # the persistent compilation cache serves the second round
+  for r in rows:
+    assert r['retrieve_s'] > 0 and r['wall_s'] >= sum(r['phases_s'].values()) - 1e-6
+    assert r['overhead_ratio'] == pytest.approx(r['wall_s'] / r['retrieve_s'])
+  assert 'overhead ratio' in bench.format_harness(rows)
