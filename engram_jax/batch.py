@@ -97,3 +97,39 @@ def episode_arrays(episode: Episode, doc_emb: np.ndarray, query_emb: np.ndarray,
       query_tf=bm25_ops.term_counts(q_toks, vocab, n_rows=qb, n_cols=vb),
       query_where=np.arange(qb) < q, query_len=query_len, labels=labels, lexicons=lexicons)
 
+
+
+def _pad_to(x: np.ndarray, shape: tuple[int, ...], fill=0) -> np.ndarray:
+  x = np.asarray(x)
+  return np.pad(x, [(0, s - d) for s, d in zip(shape, x.shape)], constant_values=fill)
+
+
+def stack_arrays(arrays: Sequence[EpisodeArrays]) -> EpisodeArrays:
+  """Episodes padded to common shapes (the largest N, Q, V of the list) and stacked on a leading episode axis
+  ``[E, ...]``, so that a pipeline compiles once for them all and runs as one jitted map over episodes (the axis to
+  shard across devices). Padded items and questions are masked as in :func:`episode_arrays`; ``positions`` keep
+  counting past the real items, as there.
+  """
+  if not arrays:
+    raise ValueError('stack_arrays: no episodes')
+  n = max(a.docs.shape[0] for a in arrays)
+  q = max(a.queries.shape[0] for a in arrays)
+  v = max(a.doc_tf.shape[1] for a in arrays)
+  names = list(arrays[0].lexicons)
+  if any(list(a.lexicons) != names for a in arrays):
+    raise ValueError('stack_arrays: episodes were built with different tokenizers')
+  lex_v = {t: max(a.lexicons[t][0].shape[1] for a in arrays) for t in names}
+  d = arrays[0].docs.shape[1]
+
+  def stack(fn):
+    return np.stack([fn(a) for a in arrays])
+
+  return EpisodeArrays(
+      docs=stack(lambda a: _pad_to(a.docs, (n, d))), where=stack(lambda a: _pad_to(a.where, (n,), False)),
+      positions=np.broadcast_to(np.arange(n, dtype=np.int32), (len(arrays), n)).copy(),
+      doc_tf=stack(lambda a: _pad_to(a.doc_tf, (n, v))), queries=stack(lambda a: _pad_to(a.queries, (q, d))),
+      query_tf=stack(lambda a: _pad_to(a.query_tf, (q, v))),
+      query_where=stack(lambda a: _pad_to(a.query_where, (q,), False)),
+      query_len=stack(lambda a: _pad_to(a.query_len, (q,))), labels=stack(lambda a: _pad_to(a.labels, (q, n), False)),
+      lexicons={t: (stack(lambda a, t=t: _pad_to(a.lexicons[t][0], (n, lex_v[t]))),
+                    stack(lambda a, t=t: _pad_to(a.lexicons[t][1], (q, lex_v[t])))) for t in names})

@@ -8,12 +8,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
 from engram_jax import metrics as metrics_lib
 from engram_jax.data import splits
-from engram_jax.batch import EpisodeArrays, episode_arrays
+from engram_jax.batch import EpisodeArrays, episode_arrays, stack_arrays
 from engram_jax.pipeline import Pipeline, build_options, check_equal_k, pipeline_topk
 from engram_jax.timing import RunTimer
 from engram_jax.types import Episode, Question
@@ -56,7 +57,7 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
              progress: bool = True, arrays: Sequence[EpisodeArrays] | None = None,
              only: Mapping[str, set[str]] | None = None,
              episode_metrics: Mapping[str, EpisodeMetric] | None = None,
-             timer: RunTimer | None = None) -> EvalResult:
+             timer: RunTimer | None = None, stacked: bool = False) -> EvalResult:
   """Run each pipeline on each episode, assert equal ``k``, and score every question.
 
   ``metrics`` are label metrics (:data:`engram_jax.metrics.METRICS`) or the dataset-owned metrics of
@@ -65,6 +66,11 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
 
   ``timer`` (optional) receives the time of the jitted retrieval calls (phase ``retrieve``, compilation included)
   and of the metric computation (phase ``score``).
+
+  ``stacked``: pad every episode to the dataset's largest shapes and run each pipeline as one jitted ``lax.map``
+  over the stacked episodes (:func:`engram_jax.batch.stack_arrays`): one compilation per pipeline instead of one
+  per shape bucket. Per-episode keys are the same as unstacked, and deterministic pipelines give identical
+  per-question results; a stochastic leg (cos2) draws its noise at the padded shape, so its draw differs.
 
   ``only[name]`` restricts pipeline ``name`` to those episode ids (its other questions get NaN scores and
   no retrieved ids; used for per-episode fitted variants, see :func:`merge_by_episode`).
@@ -92,6 +98,16 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
       scores={name: {m: [] for m, _, _ in parsed} for name in pipelines},
       retrieved={name: [] for name in pipelines}, k=k)
   base_key = jax.random.key(seed)
+  batched: dict[str, np.ndarray] = {}
+  if stacked and episodes:
+    stack = stack_arrays(arrays)
+    keys = jnp.stack([jax.random.fold_in(base_key, e) for e in range(len(episodes))])
+    for name, p in pipelines.items():
+      run = jax.jit(lambda st, ks, p=p: jax.lax.map(lambda a: pipeline_topk(p, a[0], a[1], k=k), (st, ks)))
+      t0 = time.perf_counter()
+      batched[name] = np.asarray(run(stack, keys))
+      if timer is not None:
+        timer.add('retrieve', time.perf_counter() - t0)
   steps = [(name, e) for name in pipelines for e in range(len(episodes))]
   for name, e in tqdm(steps, desc='pipelines x episodes', disable=not progress):
     ep, arr = episodes[e], arrays[e]
@@ -102,19 +118,25 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
       result.retrieved[name].extend([[] for _ in range(nq)])
       continue
     t0 = time.perf_counter()
-    topk = np.asarray(fns[name](arr, jax.random.fold_in(base_key, e)))
+    if name in batched:
+      topk = batched[name][e][:nq]
+    else:
+      topk = np.asarray(fns[name](arr, jax.random.fold_in(base_key, e)))
     t1 = time.perf_counter()
     check_equal_k(topk, nq, k=k, name=name, episode=ep.id)
     labels = np.asarray(arr.labels)
     for m, base, cut in parsed:
       if base in episode_metrics:
         vals = np.array([episode_metrics[base](ep, q, row, cut) for q, row in zip(ep.questions, topk.tolist())])
+      elif name in batched:  # the episode at the stacked shapes: one compilation per metric for the dataset
+        vals = np.asarray(metrics_lib.METRICS[base](batched[name][e], stack.labels[e], k=cut))[:nq]
       else:
         vals = np.asarray(metrics_lib.METRICS[base](topk, labels, k=cut))[:nq]
       result.scores[name][m].append(vals)
     result.retrieved[name].extend([[ep.items[i].id for i in row] for row in topk[:nq].tolist()])
     if timer is not None:
-      timer.add('retrieve', t1 - t0)
+      if name not in batched:
+        timer.add('retrieve', t1 - t0)
       timer.add('score', time.perf_counter() - t1)
   for name in pipelines:
     for m in result.scores[name]:

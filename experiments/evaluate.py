@@ -76,7 +76,7 @@ def run_dataset(cfg: DictConfig, ds: DictConfig, episodes, load_report, pipes: d
           for kind, variants, extra in expanded.values() if kind == 'fitted' for v in variants}
   result = evaluation.evaluate(episodes, embeddings, pipes, k=cfg.eval.k, metrics=metrics, seed=cfg.seed,
                                progress=cfg.eval.progress, only=only, episode_metrics=common.dataset_metrics(ds),
-                               timer=timer)
+                               timer=timer, stacked=bool(cfg.eval.stacked))
   merged = {}
   for name, (kind, variants, extra) in expanded.items():
     if name in skip:

@@ -81,3 +81,31 @@ def test_episode_validation():
     Episode(id='x', items=(Item('a', 't', 'p', 0), Item('a', 't', 'p', 1)), questions=())
   with pytest.raises(ValueError, match='unknown gold'):
     Episode(id='x', items=(Item('a', 't', 'p', 0),), questions=(Question('q', 't', ('b',), (), 1),))
+
+
+def _stack_pipes():
+  return {**_pipes(), 'cfsr': pipeline.make_pipeline(legs={'cfsr': {'op': 'cfsr', 'pool': 20, 'iterations': 10}}),
+          'tide': pipeline.make_pipeline(legs={'tide': {'op': 'tide', 'pool': 8, 'recency': 0.3}}),
+          'mmr': pipeline.make_pipeline(fusion='rrf', legs={'cos': {'op': 'cosine'},
+                                                              'mmr': {'op': 'mmr', 'k': 6, 'lam': 0.6}})}
+
+
+def test_stacked_episodes_give_the_same_results_with_one_compilation_per_pipeline():
+  from engram_jax import timing  # pylint: disable=import-outside-toplevel
+  eps = [_episode(12, 3, 'a'), _episode(140, 70, 'b'), _episode(30, 5, 'c'), _episode(300, 9, 'd')]
+  embs = [_emb(e, seed=i) for i, e in enumerate(eps)]
+  metrics = ['ndcg@5', 'recall@5', 'mrr@5']
+  pipes = _stack_pipes()
+  runs = {}
+  for stacked in (False, True):
+    timer = timing.RunTimer()
+    runs[stacked] = evaluation.evaluate(eps, embs, pipes, k=5, metrics=metrics, seed=3, progress=False,
+                                        stacked=stacked, timer=timer), timer.stop()['compile_requests']
+  (plain, n_plain), (res, n_stacked) = runs[False], runs[True]
+  assert res.retrieved == plain.retrieved
+  for name in plain.scores:
+    for m in metrics:
+      assert np.array_equal(res.scores[name][m], plain.scores[name][m])
+  # 4 episodes in 3 shape buckets: unstacked compiles each pipeline per bucket; stacked once per pipeline (plus
+  # the metrics once at the stacked shape), whatever the number of episodes
+  assert n_stacked <= len(pipes) + 3 * len(metrics) < n_plain
