@@ -492,22 +492,8 @@ def time_operators(episodes: Sequence[BenchEpisode], names: Sequence[str] | None
 def environment() -> list[str]:
   """The JAX device and the BLAS / XLA thread settings (what the times depend on)."""
   dev = jax.devices()[0]
-  lines = [f'jax {jax.__version__}, numpy {np.__version__}; device {dev} ({dev.platform}, '
-           f'{jax.device_count()} device(s)); x64 {bool(jax.config.jax_enable_x64)}']
-  try:
-    usable = len(os.sched_getaffinity(0))
-  except AttributeError:  # not on Linux
-    usable = os.cpu_count()
-  env = ', '.join(f'{k}={os.environ.get(k, "unset")}' for k in ('XLA_FLAGS', 'OMP_NUM_THREADS',
-                                                                  'OPENBLAS_NUM_THREADS', 'MKL_NUM_THREADS'))
-  lines.append(f'threads: {os.cpu_count()} CPUs, {usable} usable (XLA CPU sizes its pool to these); {env}')
-  try:
-    from threadpoolctl import threadpool_info
-    pools = [f'{p.get("internal_api")} {p.get("num_threads")} threads' for p in threadpool_info()]
-    lines.append('NumPy BLAS / OpenMP pools: ' + (', '.join(pools) or 'none loaded'))
-  except ImportError:
-    lines.append('NumPy BLAS pools: unknown (threadpoolctl not installed)')
-  return lines
+  return [f'jax {jax.__version__}, numpy {np.__version__}; device {dev} ({dev.platform}, '
+          f'{jax.device_count()} device(s)); x64 {bool(jax.config.jax_enable_x64)}', thread_settings()]
 
 
 def thread_settings() -> str:

@@ -36,12 +36,13 @@ def question_cosines(ep: EpisodeArrays, n_questions: int, n_pad: int) -> np.ndar
   return pad_items(s, n_pad, -np.inf)
 
 
-def write_time(positions: np.ndarray, where: np.ndarray) -> np.ndarray:
-  """Write-order fraction ``[N]``: ``p_i / max(N_real - 1, 1)``, 0 for padded items (as
-  :func:`engram_jax.ops.tcfsr.write_time`)."""
-  where = np.asarray(where, bool)
-  t = np.asarray(positions, np.float32) / max(int(where.sum()) - 1, 1)
-  return np.where(where, t, 0.0).astype(np.float32)
+def write_time(positions: jax.Array, where: jax.Array) -> jax.Array:
+  r"""Write-order fraction ``[N]``: :math:`t_i = p_i / \max(N_{real} - 1, 1)` (0 oldest, 1 newest), 0 for padded
+  items. The time of the time-aware operators (:mod:`engram_jax.ops.tcfsr`) and of their soft twins' rows."""
+  where = jnp.asarray(where, bool)
+  n_real = jnp.sum(where)
+  t = jnp.asarray(positions).astype(jnp.result_type(float)) / jnp.maximum(n_real - 1, 1)
+  return jnp.where(where, t, 0.0)
 
 
 def cosine_pool_rows(ep: EpisodeArrays, n_questions: int, n_pad: int, pool: int, *,
@@ -64,7 +65,7 @@ def cosine_pool_rows(ep: EpisodeArrays, n_questions: int, n_pad: int, pool: int,
          'pool_cos': np.take_along_axis(cos, idx, axis=-1),
          'pool_gram': gram[idx[:, :, None], idx[:, None, :]].astype(np.float32)}
   if times:
-    t = pad_items(write_time(np.asarray(ep.positions), np.asarray(ep.where)), n_pad, 0.0)
+    t = pad_items(np.asarray(write_time(ep.positions, ep.where)), n_pad, 0.0)
     out['pool_t'] = t[idx]
   return out
 

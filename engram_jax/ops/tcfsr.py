@@ -47,20 +47,13 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from engram_jax.ops import pools
+from engram_jax.ops.pools import write_time
 from engram_jax.ops.cfsr import cosine_pool, minmax, nnls_ridge_pg
 from engram_jax.ops.greedy import map_queries
 from engram_jax.ops.registry import Knob, Operator, SoftTwin, register
 
 if TYPE_CHECKING:  # a type only: engram_jax.batch imports the BM25 tokenizers from here
   from engram_jax.batch import EpisodeArrays
-
-
-def write_time(positions: Array, where: Array) -> Array:
-  r"""Write-order fraction ``[N]``: :math:`t_i = p_i / \max(N_{real} - 1, 1)`, 0 for padded items."""
-  where = jnp.asarray(where, bool)
-  n_real = jnp.sum(where)
-  t = jnp.asarray(positions).astype(jnp.result_type(float)) / jnp.maximum(n_real - 1, 1)
-  return jnp.where(where, t, 0.0)
 
 
 class PoolSolve(NamedTuple):

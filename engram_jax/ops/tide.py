@@ -93,11 +93,14 @@ def tide_leg(ep: EpisodeArrays, key: Array, *, recency: float = 0.15, pool: int 
   return tide_scores(s, ep.positions, weight=recency, depth=pool, where=ep.where)
 
 
+_BASE_SCORES = jax.jit(base_scores, static_argnames=('base',))  # one compilation per base and shape
+
+
 def _rows(ep: EpisodeArrays, n_questions: int, n_pad: int, options: Mapping[str, Any], settings) -> dict:
   del settings
-  fn = jax.jit(lambda e: base_scores(e, jax.random.key(0), base=options['base'], k1=options['k1'],
-                                     b=options['b'], epsilon=options['epsilon']))
-  return {'base': pools.pad_items(np.asarray(fn(ep))[:n_questions], n_pad, -np.inf)}
+  s = _BASE_SCORES(ep, jax.random.key(0), base=options['base'], k1=options['k1'], b=options['b'],
+                   epsilon=options['epsilon'])
+  return {'base': pools.pad_items(np.asarray(s)[:n_questions], n_pad, -np.inf)}
 
 
 def _soft(rows: Mapping[str, Array], values: Mapping[str, Array], ctx) -> Array:
