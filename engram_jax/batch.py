@@ -13,6 +13,7 @@ from flax import struct
 from jax import Array
 
 from engram_jax.ops import bm25 as bm25_ops
+from engram_jax.shapes import bucket
 from engram_jax.types import Episode
 
 
@@ -20,30 +21,24 @@ from engram_jax.types import Episode
 class EpisodeArrays:
   """One episode, padded. Shapes: N items, Q questions, D dims, V vocabulary (all bucketed).
 
-  ``doc_tf`` / ``query_tf`` / ``query_len`` use the default ``'words'`` tokenizer; ``lexicons[name]`` holds the
-  ``(doc_tf [N, V'], query_tf [Q, V'])`` of every other tokenizer asked for in :func:`episode_arrays`
-  (:data:`engram_jax.bm25_ops.TOKENIZERS`; e.g. ``'flat'`` for LongMemEval's flat-bm25).
+  ``lexicons[name]`` holds the sparse term statistics (:class:`engram_jax.ops.bm25.Lexicon`: ``[N, L]`` item
+  terms, ``[Q, T]`` question terms, ``[V]`` vocabulary mask) of every tokenizer asked for in :func:`episode_arrays`
+  (:data:`engram_jax.ops.bm25.TOKENIZERS`): always ``'words'``, e.g. ``'flat'`` for LongMemEval's flat-bm25.
+  ``query_len`` counts the ``'words'`` tokens of each question.
   """
 
   docs: Array         # [N, D] unit-norm item embeddings
   where: Array        # [N] True for real items
   positions: Array    # [N] int32 write order (index)
-  doc_tf: Array       # [N, V] term counts
   queries: Array      # [Q, D] unit-norm question embeddings
-  query_tf: Array     # [Q, V]
   query_where: Array  # [Q] True for real questions
   query_len: Array    # [Q] number of query tokens (in or out of the vocabulary)
   labels: Array       # [Q, N] True for gold items
-  lexicons: dict[str, tuple[Array, Array]] = struct.field(default_factory=dict)  # name -> (doc_tf, query_tf)
-
-
-def bucket(n: int, multiple: int) -> int:
-  """Round ``n`` up to a multiple of ``multiple`` (at least one multiple), so jit compiles a few shapes."""
-  return max(multiple, -(-n // multiple) * multiple)
+  lexicons: dict[str, bm25_ops.Lexicon] = struct.field(default_factory=dict)  # tokenizer -> its term statistics
 
 
 def episode_arrays(episode: Episode, doc_emb: np.ndarray, query_emb: np.ndarray, *, n_multiple: int = 128,
-                   q_multiple: int = 64, v_multiple: int = 1024,
+                   q_multiple: int = 64, v_multiple: int = 1024, l_multiple: int = 16, t_multiple: int = 8,
                    tokenizers: Sequence[str] = ('words',)) -> EpisodeArrays:
   """Pad one episode to bucketed shapes.
 
@@ -51,14 +46,15 @@ def episode_arrays(episode: Episode, doc_emb: np.ndarray, query_emb: np.ndarray,
     episode: the episode.
     doc_emb: ``[N_real, D]`` item embeddings (unit-norm).
     query_emb: ``[Q_real, D]`` question embeddings.
-    tokenizers: names in :data:`engram_jax.bm25_ops.TOKENIZERS` whose term counts to build; ``'words'`` (the
-      ``doc_tf`` / ``query_tf`` fields) is always built, each other one goes to ``lexicons[name]``.
+    tokenizers: names in :data:`engram_jax.ops.bm25.TOKENIZERS` whose term statistics to build
+      (``lexicons[name]``); ``'words'`` is always built.
+    n_multiple, q_multiple, v_multiple, l_multiple, t_multiple: bucket multiples of N, Q, V, L (distinct terms
+      per item) and T (distinct terms per question).
 
   Raises:
     ValueError: on NaN/inf embeddings, shape mismatches (naming the episode) or an unknown tokenizer.
   """
-  extra = [t for t in dict.fromkeys(tokenizers) if t != 'words']
-  tokenize_fns = {t: bm25_ops.get_tokenizer(t) for t in extra}
+  tokenize_fns = {t: bm25_ops.get_tokenizer(t) for t in dict.fromkeys(('words', *tokenizers))}
   n, q = episode.n_items, len(episode.questions)
   if doc_emb.shape[0] != n or query_emb.shape[0] != q or doc_emb.shape[1:] != query_emb.shape[1:]:
     raise ValueError(f'Shape mismatch in episode {episode.id}: {n} items / {q} questions vs embeddings '
@@ -69,39 +65,34 @@ def episode_arrays(episode: Episode, doc_emb: np.ndarray, query_emb: np.ndarray,
       raise ValueError(f'Episode {episode.id}: {int(bad.sum())} {name} embeddings contain NaN/inf '
                        f'(first at row {int(np.argmax(bad))})')
   nb, qb = bucket(n, n_multiple), bucket(q, q_multiple)
-  doc_toks = [bm25_ops.tokenize(it.text) for it in episode.items]
-  vocab = bm25_ops.build_vocab(doc_toks)
-  vb = bucket(len(vocab), v_multiple)
   docs = np.zeros((nb, doc_emb.shape[1]), np.float32)
   docs[:n] = doc_emb
   queries = np.zeros((qb, doc_emb.shape[1]), np.float32)
   queries[:q] = query_emb
   index = episode.index_of()
-  q_toks = [bm25_ops.tokenize(x.text) for x in episode.questions]
-  query_len = np.zeros(qb, np.int32)
-  query_len[:q] = [len(t) for t in q_toks]
   labels = np.zeros((qb, nb), bool)
   for i, question in enumerate(episode.questions):
     labels[i, [index[g] for g in question.gold]] = True
-  lexicons = {}
+  lexicons, query_len = {}, np.zeros(qb, np.int32)
   for name, fn in tokenize_fns.items():
-    d_toks = [fn(it.text) for it in episode.items]
-    voc = bm25_ops.build_vocab(d_toks)
-    vb_t = bucket(len(voc), v_multiple)
-    lexicons[name] = (bm25_ops.term_counts(d_toks, voc, n_rows=nb, n_cols=vb_t),
-                      bm25_ops.term_counts([fn(x.text) for x in episode.questions], voc, n_rows=qb, n_cols=vb_t))
+    q_toks = [fn(x.text) for x in episode.questions]
+    if name == 'words':
+      query_len[:q] = [len(t) for t in q_toks]
+    lexicons[name] = bm25_ops.build_lexicon([fn(it.text) for it in episode.items], q_toks, n_rows=nb, q_rows=qb,
+                                            l_multiple=l_multiple, t_multiple=t_multiple, v_multiple=v_multiple)
   return EpisodeArrays(
-      docs=docs, where=np.arange(nb) < n, positions=np.arange(nb, dtype=np.int32),
-      doc_tf=bm25_ops.term_counts(doc_toks, vocab, n_rows=nb, n_cols=vb),
-      queries=queries,
-      query_tf=bm25_ops.term_counts(q_toks, vocab, n_rows=qb, n_cols=vb),
+      docs=docs, where=np.arange(nb) < n, positions=np.arange(nb, dtype=np.int32), queries=queries,
       query_where=np.arange(qb) < q, query_len=query_len, labels=labels, lexicons=lexicons)
 
 
-
-def _pad_to(x: np.ndarray, shape: tuple[int, ...], fill=0) -> np.ndarray:
-  x = np.asarray(x)
-  return np.pad(x, [(0, s - d) for s, d in zip(shape, x.shape)], constant_values=fill)
+def _stack_padded(xs: Sequence[np.ndarray], fill=0) -> np.ndarray:
+  """``[E, *max shape]``: each array copied into the top-left corner of its slot, the rest ``fill``."""
+  xs = [np.asarray(x) for x in xs]
+  shape = tuple(max(x.shape[i] for x in xs) for i in range(xs[0].ndim))
+  out = np.full((len(xs), *shape), fill, xs[0].dtype)
+  for i, x in enumerate(xs):
+    out[(i, *(slice(0, s) for s in x.shape))] = x
+  return out
 
 
 def stack_arrays(arrays: Sequence[EpisodeArrays]) -> EpisodeArrays:
@@ -112,24 +103,55 @@ def stack_arrays(arrays: Sequence[EpisodeArrays]) -> EpisodeArrays:
   """
   if not arrays:
     raise ValueError('stack_arrays: no episodes')
-  n = max(a.docs.shape[0] for a in arrays)
-  q = max(a.queries.shape[0] for a in arrays)
-  v = max(a.doc_tf.shape[1] for a in arrays)
   names = list(arrays[0].lexicons)
   if any(list(a.lexicons) != names for a in arrays):
     raise ValueError('stack_arrays: episodes were built with different tokenizers')
-  lex_v = {t: max(a.lexicons[t][0].shape[1] for a in arrays) for t in names}
-  d = arrays[0].docs.shape[1]
+  n = max(a.docs.shape[0] for a in arrays)
 
-  def stack(fn):
-    return np.stack([fn(a) for a in arrays])
+  def stack(field: str, fill=0) -> np.ndarray:
+    return _stack_padded([getattr(a, field) for a in arrays], fill)
+
+  def stack_lexicon(t: str) -> bm25_ops.Lexicon:
+    lexs = [a.lexicons[t] for a in arrays]
+    return bm25_ops.Lexicon(**{f: _stack_padded([getattr(x, f) for x in lexs], False if f == 'vocab_where' else 0)
+                               for f in ('doc_terms', 'doc_counts', 'query_terms', 'query_counts', 'vocab_where')})
 
   return EpisodeArrays(
-      docs=stack(lambda a: _pad_to(a.docs, (n, d))), where=stack(lambda a: _pad_to(a.where, (n,), False)),
+      docs=stack('docs'), where=stack('where', False),
       positions=np.broadcast_to(np.arange(n, dtype=np.int32), (len(arrays), n)).copy(),
-      doc_tf=stack(lambda a: _pad_to(a.doc_tf, (n, v))), queries=stack(lambda a: _pad_to(a.queries, (q, d))),
-      query_tf=stack(lambda a: _pad_to(a.query_tf, (q, v))),
-      query_where=stack(lambda a: _pad_to(a.query_where, (q,), False)),
-      query_len=stack(lambda a: _pad_to(a.query_len, (q,))), labels=stack(lambda a: _pad_to(a.labels, (q, n), False)),
-      lexicons={t: (stack(lambda a, t=t: _pad_to(a.lexicons[t][0], (n, lex_v[t]))),
-                    stack(lambda a, t=t: _pad_to(a.lexicons[t][1], (q, lex_v[t])))) for t in names})
+      queries=stack('queries'), query_where=stack('query_where', False), query_len=stack('query_len'),
+      labels=stack('labels', False), lexicons={t: stack_lexicon(t) for t in names})
+
+
+def _leaf_shapes(a: EpisodeArrays) -> list[tuple[int, ...]]:
+  import jax  # local: keeps this module's import light for the loaders
+  return [np.shape(x) for x in jax.tree_util.tree_leaves(a)]
+
+
+def stack_groups(arrays: Sequence[EpisodeArrays], *, max_waste: float = 2.0) -> list[list[int]]:
+  """Partition episodes into groups to stack (:func:`stack_arrays`): few groups, bounded padding.
+
+  Greedy over episodes sorted by size (total elements of their arrays): an episode joins the current group while
+  the group's padded size (its largest shapes x its count) stays within ``max_waste`` x the sum of its members'
+  own sizes; otherwise it starts a new group. Episodes of similar size (LoCoMo's ten conversations) form one
+  group; a dataset with a long tail of sizes (LongMemEval) gets a few, so that the compile count stays small and
+  no episode is padded to the largest one. Returns the groups as sorted episode indices, smallest sizes first.
+  """
+  if max_waste < 1.0:
+    raise ValueError(f'max_waste must be >= 1, got {max_waste}')
+  shapes = [_leaf_shapes(a) for a in arrays]
+  sizes = [sum(int(np.prod(s)) for s in sh) for sh in shapes]
+  groups: list[list[int]] = []
+  top: list[tuple[int, ...]] = []
+  own = 0
+  for e in sorted(range(len(arrays)), key=lambda i: sizes[i]):
+    if groups:
+      merged = [tuple(max(x, y) for x, y in zip(a, b)) for a, b in zip(top, shapes[e])]
+      padded = (len(groups[-1]) + 1) * sum(int(np.prod(s)) for s in merged)
+      if padded <= max_waste * (own + sizes[e]):
+        groups[-1].append(e)
+        top, own = merged, own + sizes[e]
+        continue
+    groups.append([e])
+    top, own = shapes[e], sizes[e]
+  return [sorted(g) for g in groups]

@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 
 from engram_jax import metrics as metrics_lib
 from engram_jax.data import splits
-from engram_jax.batch import EpisodeArrays, episode_arrays, stack_arrays
+from engram_jax.batch import EpisodeArrays, episode_arrays, stack_arrays, stack_groups
 from engram_jax.pipeline import Pipeline, build_options, check_equal_k, pipeline_topk
 from engram_jax.timing import RunTimer
 from engram_jax.types import Episode, Question
@@ -57,7 +57,7 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
              progress: bool = True, arrays: Sequence[EpisodeArrays] | None = None,
              only: Mapping[str, set[str]] | None = None,
              episode_metrics: Mapping[str, EpisodeMetric] | None = None,
-             timer: RunTimer | None = None, stacked: bool = False) -> EvalResult:
+             timer: RunTimer | None = None, stacked: bool = True, max_waste: float = 2.0) -> EvalResult:
   """Run each pipeline on each episode, assert equal ``k``, and score every question.
 
   ``metrics`` are label metrics (:data:`engram_jax.metrics.METRICS`) or the dataset-owned metrics of
@@ -65,12 +65,16 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
   ``METRICS``: ``answer@k``, ``newest_first@k``, ``parent_recall@k``, ...).
 
   ``timer`` (optional) receives the time of the jitted retrieval calls (phase ``retrieve``, compilation included)
-  and of the metric computation (phase ``score``).
+  and of the metric computation (phase ``score``), and the time spent building and stacking the padded arrays
+  (phase ``arrays``: tokenising, term statistics, padding).
 
-  ``stacked``: pad every episode to the dataset's largest shapes and run each pipeline as one jitted ``lax.map``
-  over the stacked episodes (:func:`engram_jax.batch.stack_arrays`): one compilation per pipeline instead of one
-  per shape bucket. Per-episode keys are the same as unstacked, and deterministic pipelines give identical
-  per-question results; a stochastic leg (cos2) draws its noise at the padded shape, so its draw differs.
+  ``stacked`` (default): episodes are grouped by size (:func:`engram_jax.batch.stack_groups`, padding at most
+  ``max_waste`` x), each group padded to common shapes and stacked, and each pipeline runs as one jitted
+  ``lax.map`` over a group's episodes, the label metrics as one jitted call: a run compiles once per pipeline and
+  group, whatever the number of episodes. Per-episode keys are the same as unstacked (``fold_in(seed, episode
+  index)``) and every operator's result is independent of the padding (cos2 draws its noise per (question,
+  item)), so the per-question results equal the unstacked ones (tested). ``stacked=False`` runs one jitted call
+  per episode (one compilation per shape bucket).
 
   ``only[name]`` restricts pipeline ``name`` to those episode ids (its other questions get NaN scores and
   no retrieved ids; used for per-episode fitted variants, see :func:`merge_by_episode`).
@@ -87,9 +91,11 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
     if ep.n_items < k:
       raise ValueError(f'k={k} is larger than episode {ep.id} ({ep.n_items} items)')
   if arrays is None:
+    t0 = time.perf_counter()
     options = build_options(pipelines.values())  # e.g. the term counts of every BM25 tokenizer a leg asks for
     arrays = [episode_arrays(ep, d, q, **options) for ep, (d, q) in zip(episodes, embeddings)]
-  fns = {name: jax.jit(functools.partial(pipeline_topk, p, k=k)) for name, p in pipelines.items()}
+    if timer is not None:
+      timer.add('arrays', time.perf_counter() - t0)
   result = EvalResult(
       question_ids=[q.id for ep in episodes for q in ep.questions],
       episode_ids=[ep.id for ep in episodes for _ in ep.questions],
@@ -98,50 +104,88 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
       scores={name: {m: [] for m, _, _ in parsed} for name in pipelines},
       retrieved={name: [] for name in pipelines}, k=k)
   base_key = jax.random.key(seed)
-  batched: dict[str, np.ndarray] = {}
-  if stacked and episodes:
-    stack = stack_arrays(arrays)
-    keys = jnp.stack([jax.random.fold_in(base_key, e) for e in range(len(episodes))])
-    for name, p in pipelines.items():
-      run = jax.jit(lambda st, ks, p=p: jax.lax.map(lambda a: pipeline_topk(p, a[0], a[1], k=k), (st, ks)))
+  label_metrics = {(base, cut) for _, base, cut in parsed if base not in episode_metrics}
+  # per (pipeline, episode): top-k [Q_real, k] and each label metric [Q_real]
+  topks: dict[tuple[str, int], np.ndarray] = {}
+  values: dict[tuple[str, int, str, int], np.ndarray] = {}
+  if stacked:
+    groups = stack_groups(arrays, max_waste=max_waste) if episodes else []
+    runs = {name: _stacked_topk(p, k) for name, p in pipelines.items()}
+    metric_fns = {(base, cut): _batched_metric(base, cut) for base, cut in label_metrics}
+    for group in tqdm(groups, desc='episode groups', disable=not progress or len(groups) < 2):
       t0 = time.perf_counter()
-      batched[name] = np.asarray(run(stack, keys))
+      stack = stack_arrays([arrays[e] for e in group])
       if timer is not None:
-        timer.add('retrieve', time.perf_counter() - t0)
-  steps = [(name, e) for name in pipelines for e in range(len(episodes))]
-  for name, e in tqdm(steps, desc='pipelines x episodes', disable=not progress):
-    ep, arr = episodes[e], arrays[e]
-    nq = len(ep.questions)
-    if only is not None and name in only and ep.id not in only[name]:
-      for m, _, _ in parsed:
-        result.scores[name][m].append(np.full(nq, np.nan))
-      result.retrieved[name].extend([[] for _ in range(nq)])
-      continue
-    t0 = time.perf_counter()
-    if name in batched:
-      topk = batched[name][e][:nq]
-    else:
-      topk = np.asarray(fns[name](arr, jax.random.fold_in(base_key, e)))
-    t1 = time.perf_counter()
-    check_equal_k(topk, nq, k=k, name=name, episode=ep.id)
-    labels = np.asarray(arr.labels)
-    for m, base, cut in parsed:
-      if base in episode_metrics:
-        vals = np.array([episode_metrics[base](ep, q, row, cut) for q, row in zip(ep.questions, topk.tolist())])
-      elif name in batched:  # the episode at the stacked shapes: one compilation per metric for the dataset
-        vals = np.asarray(metrics_lib.METRICS[base](batched[name][e], stack.labels[e], k=cut))[:nq]
-      else:
-        vals = np.asarray(metrics_lib.METRICS[base](topk, labels, k=cut))[:nq]
-      result.scores[name][m].append(vals)
-    result.retrieved[name].extend([[ep.items[i].id for i in row] for row in topk[:nq].tolist()])
-    if timer is not None:
-      if name not in batched:
+        timer.add('arrays', time.perf_counter() - t0)
+      index = np.asarray(group, np.int32)  # episode e's key is fold_in(base_key, e), folded inside the jit
+      for name in pipelines:
+        t0 = time.perf_counter()
+        out = runs[name](stack, base_key, index)
+        out.block_until_ready()
+        t1 = time.perf_counter()
+        out = np.asarray(out)
+        vals = {mk: fn(out, np.asarray(stack.labels)) for mk, fn in metric_fns.items()}
+        for i, e in enumerate(group):
+          nq = len(episodes[e].questions)
+          topks[name, e] = out[i, :nq]
+          for (base, cut), v in vals.items():
+            values[name, e, base, cut] = v[i, :nq]
+        if timer is not None:
+          timer.add('retrieve', t1 - t0)
+          timer.add('score', time.perf_counter() - t1)
+  else:
+    fns = {name: jax.jit(functools.partial(pipeline_topk, p, k=k)) for name, p in pipelines.items()}
+    for name, e in tqdm([(n, e) for n in pipelines for e in range(len(episodes))], desc='pipelines x episodes',
+                        disable=not progress):
+      t0 = time.perf_counter()
+      topk = np.asarray(fns[name](arrays[e], jax.random.fold_in(base_key, e)))
+      t1 = time.perf_counter()
+      nq = len(episodes[e].questions)
+      topks[name, e] = topk[:nq]
+      for base, cut in label_metrics:
+        values[name, e, base, cut] = metrics_lib.METRICS[base](topk, np.asarray(arrays[e].labels), k=cut)[:nq]
+      if timer is not None:
         timer.add('retrieve', t1 - t0)
-      timer.add('score', time.perf_counter() - t1)
+        timer.add('score', time.perf_counter() - t1)
+  t0 = time.perf_counter()
+  for name in pipelines:
+    for e, ep in enumerate(episodes):
+      nq = len(ep.questions)
+      if only is not None and name in only and ep.id not in only[name]:
+        for m, _, _ in parsed:
+          result.scores[name][m].append(np.full(nq, np.nan))
+        result.retrieved[name].extend([[] for _ in range(nq)])
+        continue
+      topk = topks[name, e]
+      check_equal_k(topk, nq, k=k, name=name, episode=ep.id, n_items=ep.n_items)
+      for m, base, cut in parsed:
+        if base in episode_metrics:
+          vals = np.array([episode_metrics[base](ep, q, row, cut) for q, row in zip(ep.questions, topk.tolist())])
+        else:
+          vals = values[name, e, base, cut]
+        result.scores[name][m].append(vals)
+      ids = np.array([it.id for it in ep.items], dtype=object)
+      result.retrieved[name].extend(ids[topk].tolist())
   for name in pipelines:
     for m in result.scores[name]:
       result.scores[name][m] = np.concatenate(result.scores[name][m]).astype(np.float64)
+  if timer is not None:
+    timer.add('score', time.perf_counter() - t0)
   return result
+
+
+def _stacked_topk(pipe: Pipeline, k: int) -> Callable:
+  """``(stacked arrays [E, ...], key, episode indices [E]) -> top-k [E, Q, k]``: the pipeline mapped over episodes
+  (episode ``e`` with ``fold_in(key, e)``), jitted."""
+  def run(st, key, index):
+    return jax.lax.map(lambda a: pipeline_topk(pipe, a[0], jax.random.fold_in(key, a[1]), k=k), (st, index))
+  return jax.jit(run)
+
+
+def _batched_metric(base: str, cut: int) -> Callable:
+  """A label metric over stacked NumPy top-k ``[E, Q, k]`` and labels ``[E, Q, N]``: ``[E, Q]`` float64 (NumPy, so
+  the values do not depend on the batch shape)."""
+  return functools.partial(metrics_lib.METRICS[base], k=cut)
 
 
 def crossfit_choose(per_value: Sequence[np.ndarray], folds: Sequence[str], question_ids: Sequence[str]

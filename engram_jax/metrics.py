@@ -2,20 +2,30 @@
 
 Every function takes ``topk [..., K]`` item indices (``-1`` = empty slot) and ``labels [..., N]``
 (True for gold items) and returns ``[...]`` per-question values; a question with no gold scores 0.
-They are written with ``jnp`` and work on NumPy inputs too.
+The array backend follows the inputs: JAX arrays give ``jnp`` (float32, traceable), NumPy arrays give NumPy in
+float64 (what the evaluation scores with: the official LongMemEval code computes in float64 too).
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
 
 
+def _xp(*arrays):
+  """NumPy (float64) when every input is a NumPy array, else ``jax.numpy``."""
+  if all(isinstance(a, np.ndarray) for a in arrays):
+    return np, np.float64
+  return jnp, jnp.float32
+
+
 def _gains(topk: Array, labels: Array, k: int) -> Array:
-  topk = jnp.asarray(topk)[..., :k]
-  labels = jnp.asarray(labels)
-  g = jnp.take_along_axis(labels, jnp.maximum(topk, 0), axis=-1)
-  return jnp.where(topk >= 0, g, False).astype(jnp.float32)
+  xp, dtype = _xp(topk, labels)
+  topk = xp.asarray(topk)[..., :k]
+  labels = xp.asarray(labels)
+  g = xp.take_along_axis(labels, xp.maximum(topk, 0), axis=-1)
+  return xp.where(topk >= 0, g, False).astype(dtype)
 
 
 def ndcg_at_k(topk: Array, labels: Array, *, k: int) -> Array:
@@ -25,32 +35,36 @@ def ndcg_at_k(topk: Array, labels: Array, *, k: int) -> Array:
     .. math:: \mathrm{DCG@k} = \sum_{i=1}^{k} \frac{g_i}{\log_2(i+1)}, \qquad
               \mathrm{NDCG@k} = \mathrm{DCG@k} / \mathrm{IDCG@k}
   """
+  xp, dtype = _xp(topk, labels)
   g = _gains(topk, labels, k)
-  disc = 1.0 / jnp.log2(jnp.arange(2, g.shape[-1] + 2, dtype=jnp.float32))
-  dcg = jnp.sum(g * disc, axis=-1)
-  n_gold = jnp.sum(jnp.asarray(labels), axis=-1)
-  ideal_disc = 1.0 / jnp.log2(jnp.arange(2, k + 2, dtype=jnp.float32))
-  idcg = jnp.sum(jnp.where(jnp.arange(k) < n_gold[..., None], ideal_disc, 0.0), axis=-1)
-  return jnp.where(idcg > 0, dcg / jnp.where(idcg > 0, idcg, 1.0), 0.0)
+  disc = 1.0 / xp.log2(xp.arange(2, g.shape[-1] + 2, dtype=dtype))
+  dcg = xp.sum(g * disc, axis=-1)
+  n_gold = xp.sum(xp.asarray(labels), axis=-1)
+  ideal_disc = 1.0 / xp.log2(xp.arange(2, k + 2, dtype=dtype))
+  idcg = xp.sum(xp.where(xp.arange(k) < n_gold[..., None], ideal_disc, 0.0), axis=-1)
+  return xp.where(idcg > 0, dcg / xp.where(idcg > 0, idcg, 1.0), 0.0)
 
 
 def recall_at_k(topk: Array, labels: Array, *, k: int) -> Array:
   """Fraction of the gold items found in the top ``k``."""
-  hits = jnp.sum(_gains(topk, labels, k), axis=-1)
-  n_gold = jnp.sum(jnp.asarray(labels), axis=-1)
-  return jnp.where(n_gold > 0, hits / jnp.maximum(n_gold, 1), 0.0)
+  xp, _ = _xp(topk, labels)
+  hits = xp.sum(_gains(topk, labels, k), axis=-1)
+  n_gold = xp.sum(xp.asarray(labels), axis=-1)
+  return xp.where(n_gold > 0, hits / xp.maximum(n_gold, 1), 0.0)
 
 
 def hit_at_k(topk: Array, labels: Array, *, k: int) -> Array:
   """1 if any gold item is in the top ``k`` (recall_any)."""
-  return (jnp.sum(_gains(topk, labels, k), axis=-1) > 0).astype(jnp.float32)
+  xp, dtype = _xp(topk, labels)
+  return (xp.sum(_gains(topk, labels, k), axis=-1) > 0).astype(dtype)
 
 
 def recall_all_at_k(topk: Array, labels: Array, *, k: int) -> Array:
   """1 if every gold item is in the top ``k``; 0 when there is no gold (never a vacuous hit)."""
-  hits = jnp.sum(_gains(topk, labels, k), axis=-1)
-  n_gold = jnp.sum(jnp.asarray(labels), axis=-1)
-  return ((n_gold > 0) & (hits == n_gold)).astype(jnp.float32)
+  xp, dtype = _xp(topk, labels)
+  hits = xp.sum(_gains(topk, labels, k), axis=-1)
+  n_gold = xp.sum(xp.asarray(labels), axis=-1)
+  return ((n_gold > 0) & (hits == n_gold)).astype(dtype)
 
 
 def ndcg_any_at_k(topk: Array, labels: Array, *, k: int) -> Array:
@@ -62,22 +76,24 @@ def ndcg_any_at_k(topk: Array, labels: Array, *, k: int) -> Array:
   and the ideal DCG is the same sum over ``min(|gold|, k)`` gold items first. Cross-checked against
   :func:`engram_jax.official.ndcg_any` in the tests.
   """
+  xp, dtype = _xp(topk, labels)
   g = _gains(topk, labels, k)
-  pos = jnp.arange(g.shape[-1], dtype=jnp.float32)
-  disc = jnp.where(pos == 0, 1.0, 1.0 / jnp.log2(jnp.maximum(pos, 1.0) + 1.0))
-  dcg = jnp.sum(g * disc, axis=-1)
-  n_gold = jnp.sum(jnp.asarray(labels), axis=-1)
-  ipos = jnp.arange(k, dtype=jnp.float32)
-  idisc = jnp.where(ipos == 0, 1.0, 1.0 / jnp.log2(jnp.maximum(ipos, 1.0) + 1.0))
-  idcg = jnp.sum(jnp.where(jnp.arange(k) < n_gold[..., None], idisc, 0.0), axis=-1)
-  return jnp.where(idcg > 0, dcg / jnp.where(idcg > 0, idcg, 1.0), 0.0)
+  pos = xp.arange(g.shape[-1], dtype=dtype)
+  disc = xp.where(pos == 0, 1.0, 1.0 / xp.log2(xp.maximum(pos, 1.0) + 1.0))
+  dcg = xp.sum(g * disc, axis=-1)
+  n_gold = xp.sum(xp.asarray(labels), axis=-1)
+  ipos = xp.arange(k, dtype=dtype)
+  idisc = xp.where(ipos == 0, 1.0, 1.0 / xp.log2(xp.maximum(ipos, 1.0) + 1.0))
+  idcg = xp.sum(xp.where(xp.arange(k) < n_gold[..., None], idisc, 0.0), axis=-1)
+  return xp.where(idcg > 0, dcg / xp.where(idcg > 0, idcg, 1.0), 0.0)
 
 
 def mrr_at_k(topk: Array, labels: Array, *, k: int) -> Array:
   """Reciprocal rank of the first gold item within the top ``k`` (0 if none)."""
+  xp, dtype = _xp(topk, labels)
   g = _gains(topk, labels, k)
-  rr = g / jnp.arange(1, g.shape[-1] + 1, dtype=jnp.float32)
-  return jnp.max(rr, axis=-1, initial=0.0)
+  rr = g / xp.arange(1, g.shape[-1] + 1, dtype=dtype)
+  return xp.max(rr, axis=-1, initial=0.0)
 
 
 METRICS = {'ndcg': ndcg_at_k, 'recall': recall_at_k, 'hit': hit_at_k, 'recall_all': recall_all_at_k,

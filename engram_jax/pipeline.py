@@ -215,12 +215,16 @@ def pipeline_topk(pipeline: Pipeline, ep: EpisodeArrays, key: Array, *, k: int) 
   return jnp.where(jnp.isneginf(vals), -1, idx)
 
 
-def check_equal_k(topk: np.ndarray, n_questions: int, *, k: int, name: str, episode: str) -> None:
-  """Assert every real question got exactly ``k`` real, distinct items."""
+def check_equal_k(topk: np.ndarray, n_questions: int, *, k: int, name: str, episode: str,
+                  n_items: int | None = None) -> None:
+  """Assert every real question got exactly ``k`` real, distinct items (indices below ``n_items`` when given)."""
   t = np.asarray(topk)[:n_questions]
   if t.shape[1] != k or np.any(t < 0):
     raise AssertionError(f'Pipeline {name} returned fewer than k={k} items in episode {episode}')
-  if any(len(set(row)) != k for row in t.tolist()):
+  if n_items is not None and t.size and t.max() >= n_items:
+    raise AssertionError(f'Pipeline {name} returned a padding item (index {t.max()} >= {n_items}) in episode '
+                         f'{episode}')
+  if np.any(np.diff(np.sort(t, axis=1), axis=1) == 0):
     raise AssertionError(f'Pipeline {name} returned duplicate items in episode {episode}')
 
 

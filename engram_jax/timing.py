@@ -69,8 +69,16 @@ def markdown(summary: dict[str, Any]) -> str:
   """One line per phase with its share of the wall time, then the compilations."""
   wall = summary['wall_s']
   lines = [f'Timing: wall {wall:.1f}s']
-  for name, s in summary['phases_s'].items():
+  phases = dict(summary['phases_s'])
+  phases['other (config, pipelines, embedder set-up)'] = max(wall - sum(phases.values()), 0.0)
+  for name, s in phases.items():
     lines.append(f'- {name}: {s:.2f}s ({100 * s / wall:.0f}%)' if wall > 0 else f'- {name}: {s:.2f}s')
   lines.append(f"- XLA compilations: {summary['xla_compilations']} of {summary['compile_requests']} compile requests "
                f"({summary['compile_cache_hits']} served by the persistent cache; {summary['compile_s']:.2f}s in all)")
+  retrieve = summary['phases_s'].get('retrieve', 0.0)
+  if retrieve > 0:
+    lines.append(f'- overhead ratio (wall / retrieve): {wall / retrieve:.2f}')
+  if summary.get('n_questions'):
+    n = summary['n_questions']
+    lines.append(f'- per question ({n} scored): {1e3 * wall / n:.2f} ms wall, {1e3 * retrieve / n:.3f} ms retrieve')
   return '\n'.join(lines)

@@ -76,7 +76,8 @@ def run_dataset(cfg: DictConfig, ds: DictConfig, episodes, load_report, pipes: d
           for kind, variants, extra in expanded.values() if kind == 'fitted' for v in variants}
   result = evaluation.evaluate(episodes, embeddings, pipes, k=cfg.eval.k, metrics=metrics, seed=cfg.seed,
                                progress=cfg.eval.progress, only=only, episode_metrics=common.dataset_metrics(ds),
-                               timer=timer, stacked=bool(cfg.eval.stacked))
+                               timer=timer, stacked=bool(cfg.eval.stacked),
+                               max_waste=float(cfg.eval.get('max_waste', 2.0)))
   merged = {}
   for name, (kind, variants, extra) in expanded.items():
     if name in skip:
@@ -149,6 +150,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   report.write_files(out_dir, files)
   timer.add('report', time.perf_counter() - report_t0)
   spent = timer.stop()
+  spent['n_questions'] = sum(r['n_questions'] for r in per_ds.values())
   # what varies between runs (cold/warm caches, wall times) stays out of results.json, so reruns are byte-identical
   run_info = {'timing': spent, 'compile_cache': compile_cache, 'embedding_cache': embed_fn.cache_reports}
   report.write_files(out_dir, {'run_info.json': json.dumps(run_info, indent=1)})

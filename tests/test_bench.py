@@ -1,5 +1,6 @@
 """The bench iterates the operator registry: every operator gets a row, references agree, the CLI runs."""
 
+import numpy as np
 import pytest
 
 from engram_jax.data import io
@@ -102,3 +103,68 @@ def test_harness_times_the_whole_evaluation_path(tmp_path):
     assert r['retrieve_s'] > 0 and r['wall_s'] >= sum(r['phases_s'].values()) - 1e-6
     assert r['overhead_ratio'] == pytest.approx(r['wall_s'] / r['retrieve_s'])
   assert 'overhead ratio' in bench.format_harness(rows)
+
+
+# ---- scale: operator cost versus episode size N ----------------------------------------------------------------
+
+
+def test_scale_episode_is_synthetic_and_reproducible():
+  b = bench.scale_episode(50, 6, dim=16, vocab=200)
+  assert b.docs.shape == (50, 16) and b.queries.shape == (6, 16) and b.docs.dtype == np.float32
+  np.testing.assert_allclose(np.linalg.norm(b.docs, axis=-1), 1.0, rtol=1e-5)
+  lengths = [len(it.text.split()) for it in b.episode.items]
+  assert min(lengths) >= 20 and max(lengths) <= 30
+  assert all(len(q.text.split()) == 8 for q in b.episode.questions)
+  again = bench.scale_episode(50, 6, dim=16, vocab=200)
+  np.testing.assert_array_equal(again.docs, b.docs)
+  assert [q.text for q in again.episode.questions] == [q.text for q in b.episode.questions]
+  bare = bench.scale_episode(50, 6, dim=16, vocab=200, texts=False)
+  np.testing.assert_array_equal(bare.docs, b.docs)
+  assert all(it.text == '' for it in bare.episode.items)
+
+
+def test_growth_exponent_is_the_log_log_slope():
+  assert bench.growth_exponent([1e3, 1e4, 1e5], [2e-6, 2e-5, 2e-4]) == pytest.approx(1.0)
+  assert bench.growth_exponent([1e3, 1e4], [1e-6, 1e-4]) == pytest.approx(2.0)
+  assert bench.growth_exponent([1e3], [1e-6]) is None
+
+
+def test_scale_table_rows_memory_and_the_check_at_small_n():
+  ops = list(bench.SCALE_OPS)
+  result = bench.time_scale([60, 130], ops, n_queries=4, dim=16, rounds=1, repeats=1, check_n=520)
+  rows = result['rows']
+  assert [(r['op'], r['n']) for r in rows] == [(o, n) for n in (60, 130) for o in ops]
+  for r in rows:
+    assert r['skipped'] is None and len(r['per_query_rounds']) == 1 and r['per_query'] > 0
+    assert r['memory'] is None or (r['memory']['peak'] >= r['memory']['args'] > 0)
+  assert all(r['n_pad'] >= r['n'] for r in rows)
+  for name in ops:
+    assert result['ops'][name]['fit_ns'] == [60, 130] and result['ops'][name]['exponent'] is not None
+    assert result['check'][name] == (4, 4), name  # the large-N branch equals the ordinary path at N = 520
+  table = bench.format_scale(result, threads='threads: test')
+  assert '| op | N | N padded | ms / query | XLA peak MB | temps MB |' in table and 'threads: test' in table
+  assert '| cfsr | 130 |' in table and 'growth exponent' in table and '| 4/4 |' in table
+
+
+def test_scale_skips_text_operators_over_the_dense_budget(monkeypatch):
+  monkeypatch.setattr(bench, 'term_layout', lambda: bench.TermLayout(True, 4))
+  result = bench.time_scale([60], ['cosine', 'rrf', 'tide'], n_queries=4, dim=16, rounds=1, repeats=1,
+                            dense_budget_gb=1e-6, check_n=None)
+  by_op = {r['op']: r for r in result['rows']}
+  assert 'dense [N, V] term counts would need' in by_op['rrf']['skipped'] and by_op['rrf']['per_query'] is None
+  assert by_op['cosine']['skipped'] is None and by_op['tide']['per_query'] > 0  # run on the text-free copy
+  assert result['ops']['rrf']['exponent'] is None and result['check'] is None
+  assert 'skipped: dense [N, V]' in bench.format_scale(result, threads='')
+
+
+def test_scale_cli_writes_the_table(tmp_path, capsys):
+  out = tmp_path / 'scale.md'
+  result = bench.main(['--scale', '--scale-n', '50,70', '--scale-queries', '2', '--scale-ops', 'cosine,cfsr',
+                       '--rounds', '1', '--repeats', '1', '--check-n', '0', '--out', str(out)])
+  printed = capsys.readouterr().out
+  assert [r['op'] for r in result['rows']] == ['cosine', 'cfsr', 'cosine', 'cfsr'] and len(result['rows'][0][
+      'per_query_rounds']) == 3  # at least 3 rounds
+  assert 'threads:' in printed and '| cfsr | 70 |' in printed
+  assert '| cfsr | 70 |' in out.read_text() and out.with_suffix('.json').is_file()
+  with pytest.raises(SystemExit):
+    bench.main(['--scale', '--scale-ops', 'nope'])

@@ -87,25 +87,41 @@ def _stack_pipes():
   return {**_pipes(), 'cfsr': pipeline.make_pipeline(legs={'cfsr': {'op': 'cfsr', 'pool': 20, 'iterations': 10}}),
           'tide': pipeline.make_pipeline(legs={'tide': {'op': 'tide', 'pool': 8, 'recency': 0.3}}),
           'mmr': pipeline.make_pipeline(fusion='rrf', legs={'cos': {'op': 'cosine'},
-                                                              'mmr': {'op': 'mmr', 'k': 6, 'lam': 0.6}})}
+                                                              'mmr': {'op': 'mmr', 'k': 6, 'lam': 0.6}}),
+          'cos2': pipeline.make_pipeline(fusion='rrf', legs={'cos': {'op': 'cosine'},
+                                                               'cos2': {'op': 'cos2', 'eps': 0.5}})}
 
 
-def test_stacked_episodes_give_the_same_results_with_one_compilation_per_pipeline():
+def _compile_requests(eps, pipes, **kw):
   from engram_jax import timing  # pylint: disable=import-outside-toplevel
+  timer = timing.RunTimer()
+  res = evaluation.evaluate(eps, [_emb(e, seed=i) for i, e in enumerate(eps)], pipes, k=5,
+                            metrics=['ndcg@5', 'recall@5', 'mrr@5'], seed=3, progress=False, timer=timer, **kw)
+  return res, timer.stop()['compile_requests']
+
+
+def test_stacked_episodes_give_the_same_results_as_episode_by_episode():
   eps = [_episode(12, 3, 'a'), _episode(140, 70, 'b'), _episode(30, 5, 'c'), _episode(300, 9, 'd')]
-  embs = [_emb(e, seed=i) for i, e in enumerate(eps)]
-  metrics = ['ndcg@5', 'recall@5', 'mrr@5']
   pipes = _stack_pipes()
-  runs = {}
-  for stacked in (False, True):
-    timer = timing.RunTimer()
-    runs[stacked] = evaluation.evaluate(eps, embs, pipes, k=5, metrics=metrics, seed=3, progress=False,
-                                        stacked=stacked, timer=timer), timer.stop()['compile_requests']
-  (plain, n_plain), (res, n_stacked) = runs[False], runs[True]
-  assert res.retrieved == plain.retrieved
-  for name in plain.scores:
-    for m in metrics:
-      assert np.array_equal(res.scores[name][m], plain.scores[name][m])
-  # 4 episodes in 3 shape buckets: unstacked compiles each pipeline per bucket; stacked once per pipeline (plus
-  # the metrics once at the stacked shape), whatever the number of episodes
-  assert n_stacked <= len(pipes) + 3 * len(metrics) < n_plain
+  plain, n_plain = _compile_requests(eps, pipes, stacked=False)
+  for waste in (2.0, float('inf')):  # a few size groups, or all four episodes in one
+    res, n_stacked = _compile_requests(eps, pipes, stacked=True, max_waste=waste)
+    assert res.retrieved == plain.retrieved  # cos2 included: its noise does not depend on the padding
+    for name in plain.scores:
+      for m in plain.scores[name]:
+        assert np.array_equal(res.scores[name][m], plain.scores[name][m])
+    assert n_stacked < n_plain
+  assert n_stacked <= len(pipes) + 1  # one group: one compilation per pipeline (+ the keys; metrics are NumPy)
+
+
+def test_stacked_compile_count_does_not_grow_with_the_number_of_episodes():
+  pipes = {n: p for n, p in _stack_pipes().items() if n in ('cosine', 'rrf', 'cfsr')}
+  few = [_episode(40 + i, 4, f'f{i}') for i in range(2)]
+  many = [_episode(40 + i, 4 + i % 3, f'm{i}') for i in range(7)]
+  _compile_requests([_episode(20, 2, 'w')], pipes)  # the eager helpers (key folding) compile once per process
+  (_, n_few), (_, n_many) = _compile_requests(few, pipes), _compile_requests(many, pipes)
+  assert n_few == n_many == len(pipes)
+  arrays = [batch.episode_arrays(e, *_emb(e, seed=i)) for i, e in enumerate(many)]
+  assert batch.stack_groups(arrays) == [list(range(7))]
+  assert len(batch.stack_groups(arrays, max_waste=1.0)) > 1
+

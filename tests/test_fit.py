@@ -134,7 +134,7 @@ def test_bm25_term_statistics_equal_bm25_scores():
   stats = rows.legs[0]  # the BM25 soft twin's rows: per-question term statistics
   for k1, b in ((1.5, 0.75), (0.4, 0.1), (2.5, 1.0)):
     got = bm25_ops.bm25_from_stats(stats['tf'], stats['w'], stats['dlr'], k1=k1, b=b)[:, :30]
-    want = bm25_ops.bm25_scores(arr.query_tf, arr.doc_tf, where=arr.where, k1=k1, b=b)[:5, :30]
+    want = bm25_ops.bm25_sparse_scores(arr.lexicons['words'], where=arr.where, k1=k1, b=b)[:5, :30]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 

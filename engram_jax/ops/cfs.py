@@ -17,9 +17,9 @@ from jax.typing import ArrayLike
 
 from engram_jax import relax
 from engram_jax.ops import pools
-from engram_jax.ops.greedy import (Selection, SoftSelection, greedy, map_pool_batch, map_queries, pool_inputs,
-                                   scatter_pool_selection, scatter_probs, selection_scores, soft_greedy,
-                                   soft_pool_inputs)
+from engram_jax.ops.greedy import (Selection, SoftSelection, episode_gram, greedy, map_pool_batch, map_queries,
+                                   pool_inputs, scatter_pool_selection, scatter_probs, selection_scores,
+                                   soft_greedy, soft_pool_inputs)
 from engram_jax.ops.registry import Knob, Operator, SoftTwin, register
 
 if TYPE_CHECKING:  # a type only: engram_jax.batch imports the BM25 tokenizers from here
@@ -139,10 +139,11 @@ def soft_cfs_select(query: Array, docs: Array, *, k: int, beta: ArrayLike = 0.20
 
 def cfs_leg(ep: EpisodeArrays, key: Array, *, k: int = 10, beta: float = 0.20, sigma: float = 0.40,
             floor: float = 1e-6, pool: int | None = None) -> Array:
-  """CFS picks as leg scores ``[Q, N]``."""
+  """CFS picks as leg scores ``[Q, N]``; item similarities from the episode Gram up to
+  :data:`engram_jax.ops.greedy.GRAM_ITEMS` items, from the pooled rows above it (never N x N)."""
   del key
   sel = cfs_select(ep.queries, ep.docs, k=k, beta=beta, sigma=sigma, where=ep.where, floor=floor, pool=pool,
-                   gram=ep.docs @ ep.docs.T)
+                   gram=episode_gram(ep.docs))
   return selection_scores(sel, n=ep.docs.shape[0])
 
 

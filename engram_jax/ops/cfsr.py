@@ -29,7 +29,7 @@ from jax.typing import ArrayLike
 
 from engram_jax import ranking
 from engram_jax.ops import pools
-from engram_jax.ops.greedy import map_queries
+from engram_jax.ops.greedy import episode_gram, map_queries
 from engram_jax.ops.registry import Knob, Operator, SoftTwin, register
 
 if TYPE_CHECKING:  # a type only: engram_jax.batch imports the BM25 tokenizers from here
@@ -269,9 +269,13 @@ def cfsr_pool_scores(b: Array, g: Array, *, valid: Array | None = None, lam: Arr
 def cfsr_leg(ep: EpisodeArrays, key: Array, *, pool: int = 150, iterations: int = 80, lam: float = 0.005,
              w: float = 0.90, batch_size: int | None = 16) -> Array:
   """CFS-R scores ``[Q, N]`` (``-inf`` outside the cosine pool); queries solved in chunks of ``batch_size``
-  (about 3x faster than one vmap over all queries on CPU; ``None`` = all at once, likely better on GPU)."""
+  (about 3x faster than one vmap over all queries on CPU; ``None`` = all at once, likely better on GPU).
+
+  Pool blocks are gathered from the episode Gram up to :data:`engram_jax.ops.greedy.GRAM_ITEMS` items, and computed
+  per query from the pooled rows above it (:func:`engram_jax.ops.greedy.episode_gram`): memory O(N D + Q P^2), never
+  N x N."""
   del key
-  return cfsr_scores(ep.queries, ep.docs, where=ep.where, gram=ep.docs @ ep.docs.T, pool=pool,
+  return cfsr_scores(ep.queries, ep.docs, where=ep.where, gram=episode_gram(ep.docs), pool=pool,
                      iterations=iterations, lam=lam, w=w, batch_size=batch_size)
 
 

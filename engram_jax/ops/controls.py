@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import math
+
 import jax
 import jax.numpy as jnp
 from jax import Array
@@ -37,7 +39,9 @@ def perturbed_cosine(query: Array, docs: Array, *, key: Array, eps: ArrayLike, w
   Args:
     query: ``[..., D]`` unit-norm queries; leading axes are batch.
     docs: ``[N, D]`` unit-norm items.
-    key: PRNG key; the noise has the shape of the scores ``[..., N]``. Stochastic: run on 5 seeds.
+    key: PRNG key. The noise of (query row ``r`` of the flattened batch, item ``i``) is
+      ``normal(fold_in(fold_in(key, r), i))``: it does not depend on how far the lists are padded, so an episode
+      gives the same draw alone or stacked with larger ones. Stochastic: run on 5 seeds.
     eps: noise scale (0.30, 0.50, 1.00 in the CFS ablation); traced.
     where: ``[N]`` True for real items; masked items score ``-inf``.
 
@@ -45,8 +49,17 @@ def perturbed_cosine(query: Array, docs: Array, *, key: Array, eps: ArrayLike, w
     ``[..., N]`` scores.
   """
   s = cosine_scores(query, docs, where=where)
-  noise = jax.random.normal(key, s.shape, s.dtype)
-  return s + jnp.asarray(eps, s.dtype) * noise
+  return s + jnp.asarray(eps, s.dtype) * item_noise(key, s.shape, s.dtype)
+
+
+def item_noise(key: Array, shape: tuple[int, ...], dtype) -> Array:
+  """Standard normal noise ``[..., N]`` whose entry (flattened row ``r``, column ``i``) is drawn from
+  ``fold_in(fold_in(key, r), i)``: independent of the padded sizes."""
+  rows = math.prod(shape[:-1])
+  one = lambda k, i: jax.random.normal(jax.random.fold_in(k, i), (), dtype)
+  row_keys = jax.vmap(lambda r: jax.random.fold_in(key, r))(jnp.arange(rows))
+  noise = jax.vmap(lambda k: jax.vmap(lambda i: one(k, i))(jnp.arange(shape[-1])))(row_keys)
+  return noise.reshape(shape)
 
 
 def mem0_bm25_params(n_query_terms: Array) -> tuple[Array, Array]:

@@ -17,9 +17,9 @@ from jax.typing import ArrayLike
 
 from engram_jax import relax
 from engram_jax.ops import pools
-from engram_jax.ops.greedy import (Selection, SoftSelection, greedy, map_pool_batch, map_queries, pool_inputs,
-                                   scatter_pool_selection, scatter_probs, selection_scores, soft_greedy,
-                                   soft_pool_inputs)
+from engram_jax.ops.greedy import (Selection, SoftSelection, episode_gram, greedy, map_pool_batch, map_queries,
+                                   pool_inputs, scatter_pool_selection, scatter_probs, selection_scores,
+                                   soft_greedy, soft_pool_inputs)
 from engram_jax.ops.registry import Knob, Operator, SoftTwin, register
 
 if TYPE_CHECKING:  # a type only: engram_jax.batch imports the BM25 tokenizers from here
@@ -110,9 +110,10 @@ def soft_mmr_select(query: Array, docs: Array, *, k: int, lam: ArrayLike = 0.5, 
 
 
 def mmr_leg(ep: EpisodeArrays, key: Array, *, k: int = 10, lam: float = 0.5, pool: int | None = None) -> Array:
-  """MMR picks as leg scores ``[Q, N]`` (picked items ranked in pick order, others ``-inf``)."""
+  """MMR picks as leg scores ``[Q, N]`` (picked items ranked in pick order, others ``-inf``); item similarities
+  from the episode Gram up to :data:`engram_jax.ops.greedy.GRAM_ITEMS` items, from the pooled rows above it."""
   del key
-  sel = mmr_select(ep.queries, ep.docs, k=k, lam=lam, where=ep.where, pool=pool, gram=ep.docs @ ep.docs.T)
+  sel = mmr_select(ep.queries, ep.docs, k=k, lam=lam, where=ep.where, pool=pool, gram=episode_gram(ep.docs))
   return selection_scores(sel, n=ep.docs.shape[0])
 
 

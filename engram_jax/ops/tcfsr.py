@@ -49,7 +49,7 @@ from jax.typing import ArrayLike
 from engram_jax.ops import pools
 from engram_jax.ops.pools import write_time
 from engram_jax.ops.cfsr import cosine_pool, minmax, nnls_ridge_pg
-from engram_jax.ops.greedy import map_queries
+from engram_jax.ops.greedy import episode_gram, map_queries
 from engram_jax.ops.registry import Knob, Operator, SoftTwin, register
 
 if TYPE_CHECKING:  # a type only: engram_jax.batch imports the BM25 tokenizers from here
@@ -251,7 +251,7 @@ def soft_tcfsr_gated_scores(query: Array, docs: Array, positions: Array, *, wher
 # ---- legs -------------------------------------------------------------------------------------------
 
 def _leg_args(ep: EpisodeArrays) -> dict:
-  return {'where': ep.where, 'gram': ep.docs @ ep.docs.T}
+  return {'where': ep.where, 'gram': episode_gram(ep.docs)}
 
 
 def tcfsr_prior_leg(ep: EpisodeArrays, key: Array, *, pool: int = 150, iterations: int = 80, lam: float = 0.005,
@@ -289,7 +289,7 @@ def revision_gate(ep: EpisodeArrays, *, pool: int = 150, iterations: int = 80, l
     sol = _solve(q, d, wh, g, t_all, pool=pool, iterations=iterations, lam=lam, power_iterations=20)
     return (revision_signal(sol, theta=theta, delta=delta) >= rho0).astype(jnp.float32)
 
-  return map_queries(one, ep.queries, ep.docs, where, ep.docs @ ep.docs.T, batch_size=16)
+  return map_queries(one, ep.queries, ep.docs, where, episode_gram(ep.docs), batch_size=16)
 
 
 # ---- soft twins on precomputed pools (the fitter's rows) -------------------------------------------------

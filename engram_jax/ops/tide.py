@@ -29,6 +29,15 @@ if TYPE_CHECKING:  # a type only: engram_jax.batch imports the BM25 tokenizers f
 BASES = ('cosine', 'bm25')
 
 
+def _scatter_flags(idx: Array, flags: Array, n: int) -> Array:
+  """``[..., N]`` False, with ``flags [..., d]`` set at the distinct indices ``idx [..., d]`` of each list."""
+  batch, d = idx.shape[:-1], idx.shape[-1]
+  flat_i, flat_f = idx.reshape(-1, d), flags.reshape(-1, d)
+  rows = jnp.arange(flat_i.shape[0])[:, None]
+  out = jnp.zeros((flat_i.shape[0], n), bool).at[rows, flat_i].set(flat_f, unique_indices=True)
+  return out.reshape(batch + (n,))
+
+
 def tide_scores(base: Array, positions: Array, *, weight: ArrayLike, depth: int,
                 where: Array | None = None) -> Array:
   r"""Tide: the base leg's top-``depth`` candidates plus a linear recency bonus.
@@ -66,8 +75,7 @@ def tide_scores(base: Array, positions: Array, *, weight: ArrayLike, depth: int,
   if d < 1:
     raise ValueError(f'depth must be >= 1, got {depth}')
   idx, vals = ranking.top_k(base, k=d, where=real)
-  hit = (idx[..., :, None] == jnp.arange(n)) & jnp.isfinite(vals)[..., :, None]  # [..., d, N]
-  cand = jnp.any(hit, axis=-2)
+  cand = _scatter_flags(idx, jnp.isfinite(vals), n)  # [..., N]: nothing [..., d, N]
   n_real = jnp.sum(real, axis=-1, keepdims=True)
   denom = jnp.maximum(n_real - 1, 1).astype(base.dtype)
   pos = jnp.asarray(positions, base.dtype)

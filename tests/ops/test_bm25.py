@@ -2,6 +2,7 @@
 b; its registry declaration (the soft twin on term statistics)."""
 
 import jax
+import pytest
 import jax.numpy as jnp
 import numpy as np
 from hypothesis import assume, given
@@ -35,6 +36,39 @@ def test_bm25_equals_rank_bm25(corpus, k1, b, eps):
   got = bm25.bm25_scores(q, d, where=where, k1=k1, b=b, epsilon=eps)
   np.testing.assert_allclose(np.asarray(got)[:len(docs)], expected, rtol=1e-9, atol=1e-12)
   assert np.all(np.isneginf(np.asarray(got)[len(docs):]))
+
+
+@given(strategies.corpora(), st.floats(0.1, 3.0), st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.integers(1, 4),
+       st.sampled_from([None, 1, 2]))
+def test_sparse_bm25_equals_rank_bm25_and_dense(corpus, k1, b, eps, n_queries, batch_size):
+  """The sparse form (what the leg runs) against rank_bm25, with padded items, questions and vocabulary, repeated
+  query terms, out-of-vocabulary terms and question chunks of every size."""
+  query, docs = corpus
+  assume(any(docs))
+  queries = [query[:len(query) - j] + query[:j] for j in range(n_queries)]  # varied repetition
+  lex = bm25.build_lexicon(docs, queries, n_rows=len(docs) + 3, q_rows=n_queries + 2, l_multiple=4, t_multiple=2,
+                           v_multiple=8)
+  where = np.arange(len(docs) + 3) < len(docs)
+  got = np.asarray(bm25.bm25_sparse_scores(lex, where=where, k1=k1, b=b, epsilon=eps, batch_size=batch_size))
+  qtf, dtf = lex.dense()
+  dense = np.asarray(bm25.bm25_scores(qtf, dtf, where=where, k1=k1, b=b, epsilon=eps))
+  for i, q in enumerate(queries):
+    with np.errstate(invalid='ignore'):
+      expected = np.nan_to_num(BM25Okapi(docs, k1=k1, b=b, epsilon=eps).get_scores(q), nan=0.0)
+    np.testing.assert_allclose(got[i, :len(docs)], expected, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(got, dense, rtol=1e-6, atol=1e-6)
+  assert np.all(np.isneginf(got[:, len(docs):]))
+
+
+def test_lexicon_is_sparse_and_sorted():
+  lex = bm25.build_lexicon([['b', 'a', 'b'], [], ['c']], [['b', 'zz', 'b', 'a']], n_rows=4, q_rows=2)
+  np.testing.assert_array_equal(np.asarray(lex.doc_terms)[0, :2], [0, 1])  # vocabulary b=0, a=1, c=2
+  np.testing.assert_array_equal(np.asarray(lex.doc_counts)[0, :2], [2, 1])
+  np.testing.assert_array_equal(np.asarray(lex.query_terms)[0, :2], [0, 1])  # 'zz' is out of vocabulary
+  np.testing.assert_array_equal(np.asarray(lex.query_counts)[0, :2], [2, 1])
+  assert np.asarray(lex.vocab_where).sum() == 3 and np.asarray(lex.doc_counts)[1:].sum() == 1
+  with pytest.raises(ValueError, match='Shape mismatch'):
+    bm25.build_lexicon([['a']] * 3, [], n_rows=2, q_rows=1)
 
 
 def test_bm25_on_real_sized_corpus_and_repeated_query_terms():

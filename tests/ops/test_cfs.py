@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 
 import ops_testing
-from engram_jax.ops import cfs
+from engram_jax.ops import cfs, greedy
 from engram_jax.testing import reference as ref
 
 N_PAD, D_PAD, Q = ops_testing.N_PAD, ops_testing.D_PAD, ops_testing.Q
@@ -74,3 +74,14 @@ def test_check_grads_soft_cfs():
 
 def test_declaration():
   ops_testing.check_declaration('cfs')
+
+
+def test_selection_scores_scatter_the_picks():
+  # K = 4 picks score 4, 3, 2, 1; -1 (no pick) is dropped; an item picked twice keeps its first score.
+  idx = np.array([[3, 0, -1, -1], [2, 2, 1, -1]])
+  got = np.asarray(greedy.selection_scores(greedy.Selection(idx, np.zeros(idx.shape)), n=5))
+  inf = np.inf
+  np.testing.assert_array_equal(got, [[3, -inf, -inf, 4, -inf], [-inf, 2, 4, -inf, -inf]])
+  np.testing.assert_array_equal(got[0], ref.selection_scores_ref(idx[0], 5))
+  batched = greedy.selection_scores(greedy.Selection(idx[:, None], np.zeros((2, 1, 4))), n=5)
+  np.testing.assert_array_equal(np.asarray(batched)[:, 0], got)

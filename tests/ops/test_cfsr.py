@@ -13,8 +13,8 @@ from hypothesis import given
 
 import ops_testing
 import strategies
-from engram_jax import ranking
-from engram_jax.ops import cfsr
+from engram_jax import batch, ops, ranking
+from engram_jax.ops import cfsr, greedy
 from engram_jax.testing import reference as ref
 
 N_PAD, D_PAD, Q = 40, 16, 3
@@ -158,6 +158,51 @@ def test_check_grads_cfsr_pool_scores():
   ops_testing.grads_ok(functools.partial(loss, mode='forward'), (0.05, 0.7), modes=['rev'])
   np.testing.assert_allclose(jax.jit(jax.grad(functools.partial(loss, mode='forward')))(0.05, 0.7),
                              jax.jit(jax.grad(loss))(0.05, 0.7), rtol=1e-9)
+
+
+# ---- large episodes: no N x N Gram above GRAM_ITEMS -------------------------------------------------------------
+
+def largest_intermediate(jaxpr) -> int:
+  """The most elements of any value computed in ``jaxpr`` (ClosedJaxpr or Jaxpr), sub-computations included."""
+  jaxpr = getattr(jaxpr, 'jaxpr', jaxpr)
+  most = 0
+  for eqn in jaxpr.eqns:
+    for v in eqn.outvars:
+      most = max(most, int(np.prod(getattr(v.aval, 'shape', ()), dtype=np.int64)))
+    for p in eqn.params.values():
+      for sub in p if isinstance(p, (tuple, list)) else (p,):
+        if hasattr(getattr(sub, 'jaxpr', sub), 'eqns'):
+          most = max(most, largest_intermediate(sub))
+  return most
+
+
+def test_episode_gram_up_to_the_threshold():
+  docs = np.random.default_rng(0).normal(size=(2, 6, 3))
+  np.testing.assert_allclose(greedy.episode_gram(docs, max_items=6), docs @ docs.transpose(0, 2, 1), rtol=1e-12)
+  assert greedy.episode_gram(docs, max_items=5) is None
+  assert greedy.episode_gram(np.zeros((greedy.GRAM_ITEMS + 1, 2))) is None
+  assert greedy.GRAM_ITEMS >= 1024  # LoCoMo (<= 690 items) and LongMemEval_S (<= 616 turns) keep the Gram path
+
+
+@pytest.mark.parametrize('name', ['cfsr', 'cfs', 'mmr'])
+def test_pool_legs_above_the_gram_threshold(name):
+  """Padded past GRAM_ITEMS (masked items), a pool operator's leg computes its blocks from the pooled rows: the same
+  scores as the Gram path at small padding, and nothing N x N in the computation."""
+  ep, docs, queries = ops_testing.small_episode()
+  small = batch.episode_arrays(ep, docs, queries, n_multiple=16, q_multiple=4)
+  n_big = greedy.GRAM_ITEMS + 16
+  pad = lambda x: np.pad(np.asarray(x), [(0, n_big - x.shape[0])] + [(0, 0)] * (x.ndim - 1))
+  big = small.replace(docs=pad(small.docs), where=pad(small.where), positions=np.arange(n_big, dtype=np.int32))
+  n, q = ep.n_items, len(ep.questions)  # (these legs read the embeddings and masks only, not the term statistics)
+  op = ops.get(name)
+  leg = functools.partial(op.leg, **op.defaults)
+  key = jax.random.key(0)
+  want = np.asarray(jax.jit(leg)(small, key))[:q, :n]
+  got = np.asarray(jax.jit(leg)(big, key))[:q, :n]
+  np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want))
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  assert largest_intermediate(jax.make_jaxpr(leg)(big, key)) < n_big ** 2
+  assert largest_intermediate(jax.make_jaxpr(leg)(small, key)) >= small.docs.shape[0] ** 2  # the Gram
 
 
 def test_declaration():

@@ -80,8 +80,13 @@ def test_perturbed_cosine():
   key = jax.random.key(7)
   cos = np.asarray(cosine_scores(qs, docs, where=where))
   got = np.asarray(cos2_jit(qs, docs, key=key, eps=0.3, where=where))
-  noise = np.asarray(jax.random.normal(key, (Q, N_PAD), got.dtype))
-  np.testing.assert_allclose(got, cos + 0.3 * noise, rtol=1e-12)  # -inf stays -inf where masked
+  noise = np.array([[float(jax.random.normal(jax.random.fold_in(jax.random.fold_in(key, r), i), (), got.dtype))
+                      for i in range(N_PAD)] for r in range(Q)])  # one draw per (question, item)
+  np.testing.assert_allclose(got, cos + 0.3 * noise, rtol=1e-6)  # -inf stays -inf where masked
+  # the draw does not depend on the padding: the first rows and columns of a larger problem are the same
+  big = np.asarray(controls.perturbed_cosine(np.pad(qs, [(0, 3), (0, 0)]), np.pad(docs, [(0, 5), (0, 0)]), key=key,
+                                             eps=0.3, where=np.pad(where, (0, 5))))
+  np.testing.assert_allclose(big[:Q, :N_PAD], got, rtol=1e-12, atol=1e-12)
   np.testing.assert_array_equal(np.isneginf(got), ~np.broadcast_to(where, got.shape))
   np.testing.assert_array_equal(cos2_jit(qs, docs, key=key, eps=0.0, where=where), cos)
   np.testing.assert_allclose(controls.perturbed_cosine(qs, docs, key=key, eps=0.3, where=where), got, rtol=1e-12)

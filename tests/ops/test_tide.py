@@ -109,5 +109,18 @@ def test_leg_is_the_base_top_pool_plus_recency(base):
     tide.tide_leg(arr, key, base='nope')
 
 
+def test_memory_is_linear_in_n():
+  # The base's top-depth is marked by a scatter: nothing [Q, depth, N] (at Q = 4, depth 50, N = 4,096: 800k
+  # elements), only [Q, N] arrays.
+  base = np.random.default_rng(0).normal(size=(4, 4096))
+  jaxpr = jax.make_jaxpr(lambda b: tide.tide_scores(b, np.arange(4096), weight=0.1, depth=50))(base)
+  sizes = [int(np.prod(v.aval.shape)) for eqn in jaxpr.jaxpr.eqns for v in eqn.outvars]
+  assert max(sizes) <= base.size
+  got = np.asarray(tide.tide_scores(base, np.arange(4096), weight=0.1, depth=50))
+  for i in range(4):
+    np.testing.assert_allclose(got[i], ref.tide_scores_ref(base[i], np.arange(4096.0), weight=0.1, depth=50),
+                               rtol=1e-12)
+
+
 def test_declaration():
   ops_testing.check_declaration('tide')
