@@ -15,7 +15,8 @@ from tqdm.auto import tqdm
 from engram_jax import metrics as metrics_lib
 from engram_jax.data import splits
 from engram_jax.batch import EpisodeArrays, episode_arrays, stack_arrays, stack_groups
-from engram_jax.pipeline import Pipeline, build_options, check_equal_k, pipeline_topk
+from engram_jax.pipeline import (Pipeline, build_options, check_equal_k, pipeline_topk, structure_key,
+                                 traced_values)
 from engram_jax.timing import RunTimer
 from engram_jax.types import Episode, Question
 
@@ -110,7 +111,10 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
   values: dict[tuple[str, int, str, int], np.ndarray] = {}
   if stacked:
     groups = stack_groups(arrays, max_waste=max_waste) if episodes else []
-    runs = {name: _stacked_topk(p, k) for name, p in pipelines.items()}
+    by_structure: dict[tuple, Callable] = {}  # pipelines differing only in traced knobs share one program
+    runs = {name: by_structure.setdefault(structure_key(p), _stacked_topk(p, k)) for name, p in pipelines.items()}
+    values = {name: {path: np.asarray(v, np.int32 if isinstance(v, int) else np.float32)
+                     for path, v in traced_values(p).items()} for name, p in pipelines.items()}
     metric_fns = {(base, cut): _batched_metric(base, cut) for base, cut in label_metrics}
     for group in tqdm(groups, desc='episode groups', disable=not progress or len(groups) < 2):
       t0 = time.perf_counter()
@@ -120,7 +124,7 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
       index = np.asarray(group, np.int32)  # episode e's key is fold_in(base_key, e), folded inside the jit
       for name in pipelines:
         t0 = time.perf_counter()
-        out = runs[name](stack, base_key, index)
+        out = runs[name](stack, base_key, index, values[name])
         out.block_until_ready()
         t1 = time.perf_counter()
         out = np.asarray(out)
@@ -175,10 +179,13 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
 
 
 def _stacked_topk(pipe: Pipeline, k: int) -> Callable:
-  """``(stacked arrays [E, ...], key, episode indices [E]) -> top-k [E, Q, k]``: the pipeline mapped over episodes
-  (episode ``e`` with ``fold_in(key, e)``), jitted."""
-  def run(st, key, index):
-    return jax.lax.map(lambda a: pipeline_topk(pipe, a[0], jax.random.fold_in(key, a[1]), k=k), (st, index))
+  """``(stacked arrays [E, ...], key, episode indices [E], knob values) -> top-k [E, Q, k]``: ``pipe``'s structure
+  mapped over episodes (episode ``e`` with ``fold_in(key, e)``), jitted; the traced knob values
+  (:func:`engram_jax.pipeline.traced_values`) are arguments, so it serves every pipeline of the same
+  :func:`engram_jax.pipeline.structure_key`."""
+  def run(st, key, index, values):
+    return jax.lax.map(lambda a: pipeline_topk(pipe, a[0], jax.random.fold_in(key, a[1]), k=k, values=values),
+                       (st, index))
   return jax.jit(run)
 
 

@@ -199,19 +199,59 @@ def build_options(pipelines: Iterable[Pipeline]) -> dict[str, Any]:
 
 # ---- running -----------------------------------------------------------------------------------------------------
 
-def pipeline_scores(pipeline: Pipeline, ep: EpisodeArrays, key: Array) -> Array:
-  """Final scores ``[Q, N]`` of a pipeline on one padded episode (before the top-k cut)."""
+def traced_values(pipeline: Pipeline) -> dict[str, float]:
+  """The knobs a jitted run may take as arguments rather than constants, by path: every numeric knob its operator
+  does not declare static, and with RRF the leg weights and ``k0``. Pipelines that differ only in these
+  (a grid over ``lam``, the noise scales of cos2) share one compiled program (:func:`structure_key`)."""
+  out: dict[str, float] = {}
+  for leg in pipeline.legs:
+    static = {k.name for k in leg.operator.knobs if k.static}
+    for name, value in leg.options:
+      if name not in static and isinstance(value, (int, float)) and not isinstance(value, bool):
+        out[f'legs.{leg.name}.{name}'] = value
+    if pipeline.fusion == 'rrf':
+      out[f'legs.{leg.name}.weight'] = leg.weight
+  if pipeline.fusion == 'rrf':
+    out['k0'] = pipeline.k0
+  return out
+
+
+def structure_key(pipeline: Pipeline) -> tuple:
+  """What a compiled program of ``pipeline`` depends on once :func:`traced_values` are arguments: the fusion and,
+  per leg, its name, operator, depth and the values of its other knobs (static or non-numeric)."""
+  traced = traced_values(pipeline)
+  return (pipeline.fusion, tuple((leg.name, leg.op, leg.depth,
+                                  tuple((n, v) for n, v in leg.options if f'legs.{leg.name}.{n}' not in traced))
+                                 for leg in pipeline.legs))
+
+
+def pipeline_scores(pipeline: Pipeline, ep: EpisodeArrays, key: Array,
+                    values: Mapping[str, Any] | None = None) -> Array:
+  """Final scores ``[Q, N]`` of a pipeline on one padded episode (before the top-k cut).
+
+  ``values`` (optional, by path, e.g. from :func:`traced_values`) replace the pipeline's knob values, leg weights
+  and ``k0``; they may be traced arrays (one compiled program for every pipeline of the same
+  :func:`structure_key`).
+  """
+  values = dict(values or {})
   keys = jax.random.split(key, len(pipeline.legs))
-  leg_scores = [spec.score(ep, k_) for spec, k_ in zip(pipeline.legs, keys)]
+  leg_scores = []
+  for spec, k_ in zip(pipeline.legs, keys):
+    prefix = f'legs.{spec.name}.'
+    mine = {p[len(prefix):]: v for p, v in values.items() if p.startswith(prefix) and p[len(prefix):] != 'weight'}
+    leg_scores.append(spec.operator.leg(ep, k_, **{**dict(spec.options), **mine}) if mine else spec.score(ep, k_))
   if pipeline.fusion == 'none':
     return jnp.where(ep.where, leg_scores[0], -jnp.inf)
-  return rrf.rrf_fuse(jnp.stack(leg_scores), weights=jnp.asarray([s.weight for s in pipeline.legs]),
-                      depths=[s.depth for s in pipeline.legs], where=ep.where, k0=pipeline.k0)
+  weights = [values.get(f'legs.{s.name}.weight', s.weight) for s in pipeline.legs]
+  return rrf.rrf_fuse(jnp.stack(leg_scores), weights=jnp.stack([jnp.asarray(w, jnp.float32) for w in weights]),
+                      depths=[s.depth for s in pipeline.legs], where=ep.where, k0=values.get('k0', pipeline.k0))
 
 
-def pipeline_topk(pipeline: Pipeline, ep: EpisodeArrays, key: Array, *, k: int) -> Array:
-  """Top-``k`` item indices ``[Q, k]`` under the shared tie rule. Jit with ``pipeline`` and ``k`` static."""
-  idx, vals = ranking.top_k(pipeline_scores(pipeline, ep, key), k=k, where=ep.where)
+def pipeline_topk(pipeline: Pipeline, ep: EpisodeArrays, key: Array, *, k: int,
+                  values: Mapping[str, Any] | None = None) -> Array:
+  """Top-``k`` item indices ``[Q, k]`` under the shared tie rule. Jit with ``pipeline`` and ``k`` static
+  (``values``: see :func:`pipeline_scores`)."""
+  idx, vals = ranking.top_k(pipeline_scores(pipeline, ep, key, values), k=k, where=ep.where)
   return jnp.where(jnp.isneginf(vals), -1, idx)
 
 
@@ -229,4 +269,5 @@ def check_equal_k(topk: np.ndarray, n_questions: int, *, k: int, name: str, epis
 
 
 __all__ = ['LEG_KEYS', 'LegSpec', 'Pipeline', 'build_options', 'check_equal_k', 'knob_value', 'make_leg',
-           'make_pipeline', 'pipeline_scores', 'pipeline_topk', 'split_path', 'with_values']
+           'make_pipeline', 'pipeline_scores', 'pipeline_topk', 'split_path', 'structure_key', 'traced_values',
+           'with_values']

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pathlib import Path
@@ -62,13 +64,35 @@ def _intervals(vectors: Sequence[tuple[str, np.ndarray]], *, seed: int, n_resamp
   return out  # type: ignore[return-value]
 
 
+def _workers() -> int:
+  """Threads for the independent bootstrap passes of :func:`summarize` (numpy releases the GIL in them): at most
+  2, since the all-question pass is about half of the work."""
+  try:
+    n = len(os.sched_getaffinity(0))
+  except AttributeError:  # not on Linux
+    n = os.cpu_count() or 1
+  return max(1, min(2, n))
+
+
+def _run(tasks: Sequence[Callable[[], Any]]) -> list[Any]:
+  """Results of independent deterministic ``tasks`` (each seeded on its own), on :func:`_workers` threads; the
+  results do not depend on the scheduling."""
+  if _workers() == 1 or len(tasks) < 2:
+    return [t() for t in tasks]
+  with ThreadPoolExecutor(max_workers=_workers()) as pool:
+    return [f.result() for f in [pool.submit(t) for t in tasks]]
+
+
 def summarize(result: EvalResult, *, category_names: Mapping[Any, str], seed: int, n_resamples: int = 10_000,
               baselines: Sequence[str] = ()) -> dict[str, Any]:
   """Means with 95% intervals (bootstrap; Wilson for 0/1 metrics), overall and per category, and paired tests
   against ``baselines`` (bootstrap CI of the difference, sign-flip p; McNemar p too for 0/1 metrics).
 
-  Batched: one bootstrap call per question subset (overall, each category) and one paired call for every
-  (pipeline, baseline, metric); each row's numbers equal those of a call on that row alone.
+  One bootstrap pass over all questions (:func:`engram_jax.stats.bootstrap_means` of every row that needs an
+  interval or is a side of a pair) gives the overall intervals and, as differences of its replicates, the paired
+  intervals; one pass per category; one sign-flip pass for all pairs. The passes are independent and run on up to
+  2 threads. Each row's numbers equal those of a call on that row alone (:func:`interval`, :func:`paired`,
+  :func:`engram_jax.stats.bootstrap_ci` on a category's values).
 
   Returns a JSON-ready dict ``{NAME: {metric: mean, 'ci95': {metric: [lo, hi]}, 'by_category': {...},
   'paired': {'vs <baseline>': {metric: {delta, lo, hi, p, n}}}}}``.
@@ -76,28 +100,42 @@ def summarize(result: EvalResult, *, category_names: Mapping[Any, str], seed: in
   cats = np.asarray([str(c) for c in result.categories])
   order = sorted(set(result.categories), key=lambda c: (str(type(c)), c))
   keys = [(name, m) for name, per_metric in result.scores.items() for m in per_metric]
+  pairs = [(name, base, m) for name, m in keys for base in baselines
+           if base != name and base in result.scores]
+  # rows of the all-question pass: those with a bootstrap interval, and both sides of every pair
+  rows = list(dict.fromkeys([k for k in keys if not is_binary(k[1])]
+                            + [(n, m) for n, _, m in pairs] + [(b, m) for _, b, m in pairs]))
+  row_of = {k: i for i, k in enumerate(rows)}
+  values = np.stack([result.scores[n][m] for n, m in rows]) if rows else np.zeros((0, len(cats)))
+  a = np.stack([result.scores[n][m] for n, _, m in pairs]) if pairs else np.zeros((0, len(cats)))
+  b = np.stack([result.scores[base][m] for _, base, m in pairs]) if pairs else np.zeros((0, len(cats)))
+  sels = [cats == str(c) for c in order]
+  by_size = sorted(range(len(sels)), key=lambda i: -int(sels[i].sum()))  # largest category first: balanced threads
+  tasks: list[Callable[[], Any]] = [
+      lambda: stats.bootstrap_means(values, seed=seed, n_resamples=n_resamples) if rows else None,
+      lambda: stats.sign_flip_pvalues(a - b, seed=seed + 1, n_resamples=n_resamples) if pairs else None]
+  tasks += [lambda sel=sels[i]: _intervals([(m, result.scores[n][m][sel]) for n, m in keys], seed=seed,
+                                           n_resamples=n_resamples) for i in by_size]
+  reps, pvalues, *done = _run(tasks)
+  cat_cis = [done[by_size.index(i)] for i in range(len(sels))]
+
   out: dict[str, Any] = {name: {'ci95': {}, 'by_category': {}, 'paired': {}} for name in result.scores}
-  cis = _intervals([(m, result.scores[n][m]) for n, m in keys], seed=seed, n_resamples=n_resamples)
-  for (name, m), ci in zip(keys, cis):
+  boot_cis = stats.percentile_intervals(values, reps) if rows else []
+  for name, m in keys:
+    ci = stats.wilson_ci(result.scores[name][m]) if is_binary(m) else boot_cis[row_of[name, m]]
     out[name][m] = ci.mean
     out[name]['ci95'][m] = [ci.lo, ci.hi]
-  for c in order:
-    sel = cats == str(c)
+  for c, sel, cis in zip(order, sels, cat_cis):
     label = category_label(c, category_names)
-    cis = _intervals([(m, result.scores[n][m][sel]) for n, m in keys], seed=seed, n_resamples=n_resamples)
     for name in result.scores:
       out[name]['by_category'][label] = {'n': int(sel.sum()), 'ci95': {}}
     for (name, m), ci in zip(keys, cis):
       block = out[name]['by_category'][label]
       block[m] = ci.mean
       block['ci95'][m] = [ci.lo, ci.hi]
-  pairs = [(name, base, m) for name, m in keys for base in baselines
-           if base != name and base in result.scores]
   if pairs:
-    a = np.stack([result.scores[n][m] for n, _, m in pairs])
-    b = np.stack([result.scores[base][m] for _, base, m in pairs])
-    for (name, base, m), res, x, y in zip(pairs, stats.paired_tests(a, b, seed=seed, n_resamples=n_resamples),
-                                          a, b):
+    deltas = reps[[row_of[n, m] for n, _, m in pairs]] - reps[[row_of[base, m] for _, base, m in pairs]]
+    for (name, base, m), res, x, y in zip(pairs, stats.paired_results(a - b, deltas, pvalues), a, b):
       entry = res.to_dict()
       if is_binary(m):
         entry['mcnemar_p'] = stats.mcnemar_test(x, y)

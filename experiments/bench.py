@@ -943,6 +943,75 @@ def scale_main(args: argparse.Namespace, ap: argparse.ArgumentParser) -> dict[st
   return result
 
 
+# ----------------------------------------------------------------------------------------------
+# CFS-R against its arithmetic floor (LoCoMo): the full leg, its parts, and the solver's batched matvecs alone.
+
+
+def cfsr_floor(episodes: Sequence[BenchEpisode], *, repeats: int = 5, batch_size: int = 16,
+               pool: int = 150, iterations: int = 80, power_iterations: int = 20) -> dict[str, Any]:
+  """Times, over all ``episodes`` (after warm-up, median of ``repeats``):
+
+  * ``leg``: the CFS-R leg as the evaluation runs it (cosine, top-P pool, Gram blocks, projected gradient);
+  * ``pool``: its pool step alone (cosine, top-P, the P x P blocks gathered from the episode Gram);
+  * ``solve``: the solver alone on the gathered blocks (``power_iterations`` + ``iterations`` batched P x P
+    matvecs per query, in chunks of ``batch_size`` queries, the leg's chunking);
+  * ``gemm``: a dense matmul of the same FLOP count, for this machine's compute rate.
+
+  FLOPs: ``2 P^2 (iterations + power_iterations)`` per query (the matvecs; everything else is O(P)). Bytes: each
+  matvec reads its P x P float32 block, so the solver moves ``4 P^2`` bytes per 2 P^2 FLOPs (0.5 FLOP/byte):
+  memory-bound unless a chunk's blocks stay in cache across the iterations.
+  """
+  from engram_jax.ops import cfsr as cfsr_ops  # pylint: disable=import-outside-toplevel
+  arrays = [batch.episode_arrays(b.episode, b.docs, b.queries) for b in episodes]
+  n_queries = sum(len(b.episode.questions) for b in episodes)
+  leg = jax.jit(lambda a: cfsr_ops.cfsr_leg(a, jax.random.key(0), pool=pool, iterations=iterations,
+                                            batch_size=batch_size))
+
+  def pool_blocks(a):
+    gram = a.docs @ a.docs.T
+    def one(q):
+      _, idx, valid, g = cfsr_ops.cosine_pool(q, a.docs, a.where, gram, pool=pool)
+      return g, (a.docs @ q)[idx], valid
+    return jax.lax.map(one, a.queries, batch_size=batch_size)
+
+  pools = jax.jit(pool_blocks)
+  solve = jax.jit(lambda g, b, v: cfsr_ops.nnls_ridge_pg(
+      g, b, lam=0.005, iterations=iterations, valid=v, power_iterations=power_iterations))
+  chunked = jax.jit(lambda g, b, v: jax.lax.map(lambda x: solve(*x), (g, b, v), batch_size=batch_size))
+  blocks = [jax.block_until_ready(pools(a)) for a in arrays]
+  p_eff = min(pool, arrays[0].docs.shape[0])
+  flops = 2.0 * p_eff ** 2 * (iterations + power_iterations) * n_queries
+  side = int(round((flops / 2) ** (1 / 3)))
+  x = jnp.ones((side, side), jnp.float32)
+  gemm = jax.jit(lambda m: m @ m)
+  parts = {'leg': [lambda a=a: leg(a) for a in arrays], 'pool': [lambda a=a: pools(a) for a in arrays],
+           'solve': [lambda g=g: chunked(*g) for g in blocks], 'gemm': [lambda: gemm(x)]}
+  times = {}
+  for name, fns in parts.items():
+    for f in fns:
+      jax.block_until_ready(f())  # compile and warm up
+    times[name] = sum(_time_jax(f, repeats)[0] for f in fns)
+  return {'n_queries': n_queries, 'pool': p_eff, 'iterations': iterations, 'power_iterations': power_iterations,
+          'batch_size': batch_size, 'gflop': flops / 1e9, 'solver_gbytes': 2 * flops / 1e9, 'seconds': times,
+          'gemm_gflops': flops / 1e9 / times['gemm']}
+
+
+def format_cfsr_floor(r: Mapping[str, Any]) -> str:
+  t = r['seconds']
+  lines = [f"CFS-R on {r['n_queries']} queries: pool P={r['pool']}, {r['power_iterations']} power + "
+           f"{r['iterations']} projected-gradient steps, chunks of {r['batch_size']} queries",
+           f"solver arithmetic {r['gflop']:.1f} GFLOP, {r['solver_gbytes']:.1f} GB of P x P block reads (float32)",
+           '', '| part | seconds | GFLOP/s | GB/s of block reads |', '|---|---|---|---|']
+  for name in ('leg', 'pool', 'solve', 'gemm'):
+    rate = r['gflop'] / t[name] if name in ('leg', 'solve', 'gemm') else None
+    bw = r['solver_gbytes'] / t[name] if name in ('leg', 'solve') else None
+    lines.append(f"| {name} | {t[name]:.3f} | {'' if rate is None else f'{rate:.1f}'} | "
+                 f"{'' if bw is None else f'{bw:.1f}'} |")
+  lines.append(f"\nfloor at this machine's dense-matmul rate: {r['gflop'] / r['gemm_gflops']:.3f} s; the leg is "
+               f"{t['leg'] / (r['gflop'] / r['gemm_gflops']):.1f}x that")
+  return '\n'.join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument('--data', choices=('synthetic', 'locomo'), default='synthetic')
@@ -965,6 +1034,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
                                                     'operators)')
   ap.add_argument('--set', action='append', default=[], metavar='OP.KNOB=VALUE',
                   help='a knob value over the bench defaults (repeatable)')
+  ap.add_argument('--cfsr-floor', action='store_true',
+                  help='LoCoMo: the CFS-R leg against its arithmetic floor (pool step, solver alone, dense-matmul rate)')
   ap.add_argument('--scale', action='store_true',
                   help='the scale table instead: operator cost versus episode size N (one synthetic episode per N)')
   ap.add_argument('--scale-n', default=','.join(str(n) for n in SCALE_NS), help='comma-separated episode sizes N')
@@ -981,6 +1052,12 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
                   help='time the whole evaluation path instead (experiments.evaluate with these Hydra overrides; '
                        'none: the default LoCoMo job), --rounds times; prints the overhead ratio wall / retrieve')
   args = ap.parse_args(argv)
+  if args.cfsr_floor:
+    print('\n'.join(environment()))
+    floor = cfsr_floor(locomo_episodes(args.root, cache_dir=args.cache_dir)[:args.episodes], repeats=args.repeats,
+                       batch_size=args.cfsr_batch or 16)
+    print(format_cfsr_floor(floor))
+    return [floor]
   if args.harness is not None:
     print('\n'.join(environment()))
     rows = harness(args.harness, rounds=max(args.rounds, 2))

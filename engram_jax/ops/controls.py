@@ -128,10 +128,11 @@ def additive_fuse(semantic: Array, bm25: Array, n_query_terms: Array, *, where: 
   bm25 = jnp.broadcast_to(bm25, shape)
   p = min(pool, n)
 
-  def in_top(scores):
+  def in_top(scores):  # membership in the top-p, scattered (nothing [..., p, N])
     idx, vals = ranking.top_k(scores, k=p, where=real)
-    hit = (idx[..., :, None] == jnp.arange(n)) & jnp.isfinite(vals)[..., :, None]
-    return jnp.any(hit, axis=-2)
+    flat_idx, ok = idx.reshape(-1, p), jnp.isfinite(vals).reshape(-1, p)
+    rows = jnp.arange(flat_idx.shape[0])[:, None]
+    return jnp.zeros((flat_idx.shape[0], n), bool).at[rows, flat_idx].max(ok).reshape(shape)
 
   sem_cand = in_top(semantic) & (semantic >= threshold)
   bm25_pos = real & (bm25 > 0)
@@ -165,7 +166,8 @@ def mem0_leg(ep: EpisodeArrays, key: Array, *, threshold: float = 0.1, pool: int
 
 COS2 = register(Operator(
     name='cos2', leg=cos2_leg, doc='control: cosine + eps Gaussian noise',
-    knobs=(Knob('eps', 0.30, check='>=0', doc='noise scale'), Knob('seed', 0, static=True, doc='noise draw'))))
+    knobs=(Knob('eps', 0.30, check='>=0', doc='noise scale'),
+           Knob('seed', 0, check='int>=0', doc='noise draw (traced: seeds share one compiled program)'))))
 MEM0 = register(Operator(
     name='mem0', leg=mem0_leg, doc='control: mem0-style additive fusion of cosine and BM25',
     knobs=(Knob('threshold', 0.1, check='[0,1]', doc='semantic gate'),
