@@ -17,8 +17,8 @@ from experiments.common import dataset_metrics
 
 AUTO = 'auto'
 DEFAULT_BASELINES = ('cosine', 'rrf_cos_bm25')
-PARTS = ('all', 'pilot', 'train')
-SPLITS = ('crossfit', 'holdout')
+PARTS = ('all', 'pilot', 'train', 'confirm')
+SPLITS = ('crossfit', 'holdout', 'parts')
 
 
 def datasets_of(cfg: DictConfig) -> dict[str, DictConfig]:
@@ -122,6 +122,11 @@ def check_fit(cfg: DictConfig) -> None:
     raise ValueError(f'fit.split must be one of {list(SPLITS)}, got {f.split!r}')
   if f.split == 'crossfit' and int(f.folds) < 2:
     raise ValueError(f'fit.folds must be >= 2 for cross-fitting, got {f.folds}')
+  if f.split == 'parts' and not f.get('train'):
+    raise ValueError('fit.split=parts fits on fit.train (a dataset node, e.g. the train part of the scored '
+                     'benchmark) and scores cfg.dataset; fit.train is not set')
+  if f.split == 'parts':
+    _check_loader(f.train.get('loader'), 'fit.train')
   if f.split == 'holdout' and int(f.n_test) < 1:
     raise ValueError(f'fit.n_test must be >= 1 (an empty test split scores nothing), got {f.n_test}')
   for key in ('steps', 'batch_size', 'greedy_pool', 'candidates'):

@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from engram_jax import batch, evaluation, fit, pipeline, report, stats
 from engram_jax.data import splits
-from experiments import checks, common
+from experiments import checks, common, protocol
 
 log = logging.getLogger(__name__)
 
@@ -33,18 +33,21 @@ def _interval(values: np.ndarray, seed: int, n_resamples: int) -> dict[str, floa
   return stats.bootstrap_ci(values, seed=seed, n_resamples=n_resamples).to_dict()
 
 
-def prepare(cfg: DictConfig, options: dict | None = None):
-  """Load, embed and pad the dataset once: ``(episodes, embeddings, arrays)`` (``options``: what the pipelines'
-  legs need built, :func:`engram_jax.pipeline.build_options`)."""
+def prepare(cfg: DictConfig, options: dict | None = None, dataset: DictConfig | None = None):
+  """Load, embed and pad a dataset once (``cfg.dataset`` unless ``dataset``): ``(episodes, embeddings, arrays)``
+  (``options``: what the pipelines' legs need built, :func:`engram_jax.pipeline.build_options`)."""
   options = options or {}
-  episodes, _ = common.load_dataset(cfg, cfg.dataset)
+  episodes, _ = common.load_dataset(cfg, cfg.dataset if dataset is None else dataset)
   embeddings = evaluation.embed_episodes(episodes, common.make_embedder(cfg))
   arrays = [batch.episode_arrays(e, d, q, **options) for e, (d, q) in zip(episodes, embeddings)]
   return episodes, embeddings, arrays
 
 
 def make_folds(cfg: DictConfig, episode_ids: list[str]) -> list[list[str]]:
-  """Scored episode folds: cross-fitting folds, or one hold-out fold."""
+  """Scored episode folds: cross-fitting folds, one hold-out fold, or (``parts``) every episode of the scored
+  dataset in one fold (the training episodes come from ``fit.train``)."""
+  if cfg.fit.split == 'parts':
+    return [list(episode_ids)]
   if cfg.fit.split == 'crossfit':
     return fit.episode_folds(episode_ids, n_folds=int(cfg.fit.folds), seed=int(cfg.fit.seed))
   if cfg.fit.split == 'holdout':
@@ -98,9 +101,18 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   common.import_ops_modules(cfg)
   pipe = common.hand_set_pipeline(name, cfg.pipeline[name])
   baselines = {b: common.hand_set_pipeline(b) for b in cfg.fit.baselines if b != name}
-  episodes, embeddings, arrays = prepare(cfg, pipeline.build_options([pipe, *baselines.values()]))
-  t_load = time.perf_counter() - t0
+  protocol_info = protocol.check(cfg)  # refuses an already-scored confirmation (unless forced)
+  options = pipeline.build_options([pipe, *baselines.values()])
+  episodes, embeddings, arrays = prepare(cfg, options)
   folds = make_folds(cfg, [e.id for e in episodes])
+  if cfg.fit.split == 'parts':  # train on another part / dataset: its episodes join the rows, never a fold
+    train_eps, train_emb, train_arr = prepare(cfg, options, dataset=cfg.fit.train)
+    splits.assert_disjoint([q.id for e in train_eps for q in e.questions], [q.id for e in episodes for q in e.questions])
+    splits.assert_disjoint_content(train_eps, episodes)
+    if {e.id for e in train_eps} & {e.id for e in episodes}:
+      raise ValueError('fit.train and the scored dataset share episode ids')
+    episodes, embeddings, arrays = train_eps + episodes, train_emb + embeddings, train_arr + arrays
+  t_load = time.perf_counter() - t0
   for fold in folds:  # content-level: a copied conversation must not train the fold that scores it
     splits.assert_disjoint_content([e for e in episodes if e.id not in fold], [e for e in episodes if e.id in fold])
   scored_ids = {e for f in folds for e in f}
@@ -137,7 +149,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
        'scored_questions': [q.id for e in episodes if e.id in f for q in e.questions]} for f in folds]}
   timing = {'wall_s': wall, 'load_embed_s': t_load, 'fit_s': t_fit, 'fit_per_fold_s': [r.wall_s for r in fits],
             'score_s': wall - t_load - t_fit}
-  results = {'pipeline': name, 'params': [p for p, _ in problem.fitted], 'hand_set': every,
+  results = {'pipeline': name, 'protocol': protocol_info, 'params': [p for p, _ in problem.fitted], 'hand_set': every,
              'n_questions': len(after[metrics[0]]), 'metrics': metrics, 'summary': summary, 'paired': paired,
              'fitted': fitted['folds'], 'timing': timing, 'steps': int(cfg.fit.steps),
              'batch_size': int(cfg.fit.batch_size),
@@ -156,6 +168,11 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   for r, v in paired.items():
     lines.append(f'| {r} | ' + ' | '.join(f'{v[m]["delta"]:+.4f} [{v[m]["lo"]:+.4f}, {v[m]["hi"]:+.4f}], '
                                           f'{v[m]["p"]:.3g}' for m in metrics) + ' |')
+  primary = (protocol_info or {}).get('primary_metric') or metrics[0]
+  hand = {r: v[primary]['mean'] for r, v in summary.items() if r.endswith('(hand-set)')}
+  best = max(hand, key=hand.get)
+  results['best_hand_set'] = {'row': best, 'metric': primary, 'value': hand[best]}
+  lines += ['', f'Best hand-set row on these questions by {primary}: {best} ({hand[best]:.4f}).']
   lines += ['', f'Fitted knobs ({", ".join(p for p, _ in problem.fitted)}; hand-set: '
                 f'{ {p: every[p] for p, _ in problem.fitted} }):', '']
   for fold, res in zip(folds, fits):
@@ -170,6 +187,10 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
       'results.md': text, 'config_resolved.yaml': OmegaConf.to_yaml(cfg, resolve=True)})
   print(text)
   log.info('wrote %s', out_dir / 'fitted.json')
+  if protocol_info:
+    protocol.record(protocol_info, out_dir, summary={r: {m: v[m]['mean'] for m in metrics} for r, v in summary.items()},
+                    paired={r: {m: {k: v[m][k] for k in ('delta', 'lo', 'hi', 'p')} for m in metrics}
+                            for r, v in paired.items()}, n_questions=results['n_questions'])
   return results
 
 

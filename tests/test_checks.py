@@ -79,7 +79,8 @@ def test_mmr_lam_is_a_trade_off_in_unit_interval():
 @pytest.mark.parametrize('overrides, match', [
     (['fit.temperatures.rank=0'], r'fit.temperatures.rank must be a number > 0, got 0'),
     (['fit.temperatures.final=-1'], 'fit.temperatures.final must be a number > 0'),
-    (['fit.split=random'], r"fit.split must be one of \['crossfit', 'holdout'\]"),
+    (['fit.split=random'], r"fit.split must be one of \['crossfit', 'holdout', 'parts'\]"),
+    (['fit.split=parts'], r'fit.split=parts fits on fit.train'),
     (['fit.split=holdout', 'fit.n_test=0'], 'fit.n_test must be >= 1'),
     (['fit.folds=1'], 'fit.folds must be >= 2'),
     (['fit.steps=0'], 'fit.steps must be an integer >= 1'),

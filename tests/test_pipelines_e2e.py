@@ -163,3 +163,27 @@ def test_tiny_root_shapes(tiny_root):
   assert len(loaded['locomo']) == 2 and len(loaded['lme_pilot']) == tiny_data.LME_PILOT
   assert sum(len(e.questions) for e in loaded['lme_train']) == N_TRAIN
   assert not {e.id for e in loaded['lme_train']} & {e.id for e in loaded['lme_pilot']}
+
+
+def test_protocol_fits_on_train_and_scores_confirm_once(tiny_root, cache_dir, tmp_path):
+  """``+protocol=lme_session`` on the tiny root: fit on the train part, score the confirm part (disjoint), record
+  the protocol's hash in results.json and the ledger, and refuse a second scoring unless forced."""
+  from experiments import fit as fit_exp  # pylint: disable=import-outside-toplevel
+  ledger = tmp_path / 'scored.jsonl'
+  over = ['+protocol=lme_session', 'embedder=hashing', 'eval.n_resamples=200', f'paths.data_root={tiny_root}',
+          f'paths.cache_dir={cache_dir}', 'fit.steps=2', 'dataset.loader.n_train=4', 'fit.train.loader.n_train=4',
+          f'protocol_ledger={ledger}', 'protocol_force=true']  # forced: the file may be uncommitted while developing
+  with initialize_config_dir(config_dir=str(CONF), version_base='1.3'):
+    cfg = compose(config_name='fit', overrides=over)
+    again = compose(config_name='fit', overrides=over[:-1])
+  res = fit_exp.run(cfg, tmp_path / 'run')
+  split = json.loads((tmp_path / 'run' / 'split.json').read_text())
+  scored = set(split['folds'][0]['scored_questions'])
+  train, _ = instantiate(cfg.fit.train.loader, root=str(tiny_root))
+  assert scored and not scored & {q.id for e in train for q in e.questions}
+  assert res['protocol']['name'] == 'lme_session' and len(res['protocol']['sha256']) == 64
+  assert res['best_hand_set']['metric'] == 'ndcg_any@10'
+  assert [json.loads(l)['protocol'] for l in ledger.read_text().splitlines()] == ['lme_session']
+  if res['protocol']['committed']:
+    with pytest.raises(ValueError, match='already scored'):
+      fit_exp.run(again, tmp_path / 'run2')

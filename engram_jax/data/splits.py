@@ -192,8 +192,10 @@ def load_part(root: str | os.PathLike | None = None, *, load: Callable[..., tupl
   Args:
     root: data root.
     load: the loader, ``load(root) -> (episodes, report)``.
-    part: ``'all'``; ``'pilot'`` (the committed pilot set ``pilot``); or ``'train'``: ``n_train`` questions drawn
-      with ``seed`` from those outside the pilot set (all of them when ``n_train`` is None), asserted disjoint.
+    part: ``'all'``; ``'pilot'`` (the committed pilot set ``pilot``); ``'train'``: ``n_train`` questions drawn
+      with ``seed`` from those outside the pilot set (all of them when ``n_train`` is None), asserted disjoint;
+      or ``'confirm'``: the questions in neither the pilot set nor that training split (asserted disjoint from
+      both), for scoring once what was fit on ``train`` and chosen on ``pilot``.
     official_skips: apply LongMemEval's official skip rules (abstention; no user-side evidence) first.
     exclude: further loaders whose questions must not appear in this part (by id or normalised text), e.g.
       the 6K pilot when training on 32K FactConsolidation questions that repeat some 6K question texts.
@@ -217,13 +219,18 @@ def load_part(root: str | os.PathLike | None = None, *, load: Callable[..., tupl
     chosen = None
   elif part == 'pilot':
     chosen = set(pilot_ids(pilot))
-  elif part == 'train':
+  elif part in ('train', 'confirm'):
     ids = [q.id for e in episodes for q in e.questions]
-    scored = set(pilot_ids(pilot)) if pilot else set()
-    chosen = set(disjoint_split(ids, scored=scored, seed=seed, n_train=n_train if n_train is not None
-                                else len(set(ids) - scored)))
+    piloted = set(pilot_ids(pilot)) if pilot else set()
+    train = set(disjoint_split(ids, scored=piloted, seed=seed, n_train=n_train if n_train is not None
+                               else len(set(ids) - piloted)))
+    if part == 'train':
+      chosen = train
+    else:  # untouched: in neither the pilot set nor the training split of (n_train, seed)
+      chosen = set(ids) - piloted - train
+      assert_disjoint(sorted(chosen), sorted(piloted | train))
   else:
-    raise ValueError(f'Unknown part {part!r} (all, pilot or train)')
+    raise ValueError(f'Unknown part {part!r} (all, pilot, train or confirm)')
   if chosen is not None:
     episodes = select_questions(episodes, lambda ep, q: None if q.id in chosen else f'not_in_{part}', report)
   report.add(f'questions_in_{part}', n=sum(len(e.questions) for e in episodes))
