@@ -1035,7 +1035,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
   ap.add_argument('--set', action='append', default=[], metavar='OP.KNOB=VALUE',
                   help='a knob value over the bench defaults (repeatable)')
   ap.add_argument('--cfsr-floor', action='store_true',
-                  help='LoCoMo: the CFS-R leg against its arithmetic floor (pool step, solver alone, dense-matmul rate)')
+                  help='LoCoMo: the CFS-R leg against its arithmetic floor (pool step, solver alone, dense-matmul '
+                       'rate)')
   ap.add_argument('--scale', action='store_true',
                   help='the scale table instead: operator cost versus episode size N (one synthetic episode per N)')
   ap.add_argument('--scale-n', default=','.join(str(n) for n in SCALE_NS), help='comma-separated episode sizes N')

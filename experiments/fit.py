@@ -107,7 +107,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   folds = make_folds(cfg, [e.id for e in episodes])
   if cfg.fit.split == 'parts':  # train on another part / dataset: its episodes join the rows, never a fold
     train_eps, train_emb, train_arr = prepare(cfg, options, dataset=cfg.fit.train)
-    splits.assert_disjoint([q.id for e in train_eps for q in e.questions], [q.id for e in episodes for q in e.questions])
+    splits.assert_disjoint([q.id for e in train_eps for q in e.questions],
+                           [q.id for e in episodes for q in e.questions])
     splits.assert_disjoint_content(train_eps, episodes)
     if {e.id for e in train_eps} & {e.id for e in episodes}:
       raise ValueError('fit.train and the scored dataset share episode ids')
@@ -176,7 +177,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   lines += ['', f'Fitted knobs ({", ".join(p for p, _ in problem.fitted)}; hand-set: '
                 f'{ {p: every[p] for p, _ in problem.fitted} }):', '']
   for fold, res in zip(folds, fits):
-    lines.append(f'- {",".join(fold)}: ' + ', '.join(f'{p}={v:.4g}' for p, v in res.values.items()))
+    lines.append(f'- {fit.fold_label(fold)}: ' + ', '.join(f'{p}={v:.4g}' for p, v in res.values.items()))
   lines += ['', f'Wall time {wall:.1f}s (load+embed {t_load:.1f}s, fit {t_fit:.1f}s, hard scoring '
                 f'{timing["score_s"]:.1f}s); {cfg.fit.steps} steps x {cfg.fit.batch_size} questions per fold.', '']
   text = '\n'.join(lines)

@@ -96,7 +96,7 @@ def record(info: dict[str, Any], out_dir: Path, *, summary: dict[str, Any], pair
   ledger = Path(ledger or info.get('ledger') or LEDGER)
   row = {'protocol': info['name'], 'sha256': info['sha256'], 'forced': info['forced'],
          'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-         'run_dir': str(out_dir), 'n_questions': n_questions, 'summary': summary, 'paired': paired}
+         'run_dir': _rel(Path(out_dir).resolve()), 'n_questions': n_questions, 'summary': summary, 'paired': paired}
   ledger.parent.mkdir(parents=True, exist_ok=True)
   with ledger.open('a', encoding='utf-8') as f:
     f.write(json.dumps(row) + '\n')

@@ -11,9 +11,9 @@ from engram_jax.fit.problem import (LegInfo, Problem, Rows, Settings, SoftContex
                                     effective_values, fittable_paths, leg_values, make_problem, soft_leg,
                                     soft_scores)
 from engram_jax.fit.splits import check_disjoint, episode_folds, holdout_split
-from engram_jax.fit.train import FitResult, TrainState, crossfit, fit, loss_fn, make_step, max_gold_of
+from engram_jax.fit.train import FitResult, TrainState, crossfit, fit, fold_label, loss_fn, make_step, max_gold_of
 
 __all__ = ['FORWARD', 'FitResult', 'Knobs', 'LegInfo', 'Problem', 'Rows', 'Settings', 'SoftContext', 'Temperatures',
            'TrainState', 'build_rows', 'check_disjoint', 'crossfit', 'effective_values', 'episode_folds', 'fit',
-           'fittable_paths', 'holdout_split', 'inverse', 'leg_values', 'loss_fn', 'make_problem', 'make_step',
-           'max_gold_of', 'soft_leg', 'soft_scores']
+           'fold_label', 'fittable_paths', 'holdout_split', 'inverse', 'leg_values', 'loss_fn', 'make_problem',
+           'make_step', 'max_gold_of', 'soft_leg', 'soft_scores']

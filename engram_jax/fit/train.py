@@ -115,6 +115,12 @@ def fit(problem: Problem, knobs: Knobs, fixed: Mapping[str, float], rows: Rows, 
                    wall_s=time.perf_counter() - t0)
 
 
+def fold_label(fold: Sequence[str], show: int = 3) -> str:
+  """``'a,b,c'`` for a small fold, ``'a,b,c ... (242 episodes)'`` for a large one."""
+  fold = list(fold)
+  return ','.join(fold) if len(fold) <= show else f'{",".join(fold[:show])} ... ({len(fold)} episodes)'
+
+
 def crossfit(problem: Problem, knobs: Knobs, fixed: Mapping[str, float], rows: Rows, *,
              row_episodes: Sequence[str], question_ids: Sequence[str], folds: Sequence[Sequence[str]],
              optimizer: optax.GradientTransformation, steps: int, batch_size: int, seed: int = DEFAULT_SEED,
@@ -132,7 +138,7 @@ def crossfit(problem: Problem, knobs: Knobs, fixed: Mapping[str, float], rows: R
     res = fit(problem, knobs, fixed, rows, train, optimizer=optimizer, steps=steps, batch_size=batch_size,
               seed=seed + f, step_fn=step_fn, max_gold=max_gold)
     if log:
-      log(f'fold {f} ({",".join(fold)}): {len(train)} training questions, loss {res.losses[0]:.4f} -> '
+      log(f'fold {f} ({fold_label(fold)}): {len(train)} training questions, loss {res.losses[0]:.4f} -> '
           f'{np.mean(res.losses[-10:]):.4f} in {res.wall_s:.1f}s; {res.values}')
     out.append(res)
   return out
