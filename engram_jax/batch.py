@@ -12,6 +12,7 @@ import numpy as np
 from flax import struct
 from jax import Array
 
+from engram_jax import features
 from engram_jax.ops import bm25 as bm25_ops
 from engram_jax.shapes import bucket
 from engram_jax.types import Episode
@@ -35,6 +36,7 @@ class EpisodeArrays:
   query_len: Array    # [Q] number of query tokens (in or out of the vocabulary)
   labels: Array       # [Q, N] True for gold items
   lexicons: dict[str, bm25_ops.Lexicon] = struct.field(default_factory=dict)  # tokenizer -> its term statistics
+  query_features: Array | None = None  # [Q, F] question text features (engram_jax.features; 0 for padding)
 
 
 def episode_arrays(episode: Episode, doc_emb: np.ndarray, query_emb: np.ndarray, *, n_multiple: int = 128,
@@ -80,9 +82,12 @@ def episode_arrays(episode: Episode, doc_emb: np.ndarray, query_emb: np.ndarray,
       query_len[:q] = [len(t) for t in q_toks]
     lexicons[name] = bm25_ops.build_lexicon([fn(it.text) for it in episode.items], q_toks, n_rows=nb, q_rows=qb,
                                             l_multiple=l_multiple, t_multiple=t_multiple, v_multiple=v_multiple)
+  query_features = np.zeros((qb, len(features.FEATURES)), np.float32)
+  query_features[:q] = features.question_features([x.text for x in episode.questions])
   return EpisodeArrays(
       docs=docs, where=np.arange(nb) < n, positions=np.arange(nb, dtype=np.int32), queries=queries,
-      query_where=np.arange(qb) < q, query_len=query_len, labels=labels, lexicons=lexicons)
+      query_where=np.arange(qb) < q, query_len=query_len, labels=labels, lexicons=lexicons,
+      query_features=query_features)
 
 
 def _stack_padded(xs: Sequence[np.ndarray], fill=0) -> np.ndarray:
@@ -120,7 +125,8 @@ def stack_arrays(arrays: Sequence[EpisodeArrays]) -> EpisodeArrays:
       docs=stack('docs'), where=stack('where', False),
       positions=np.broadcast_to(np.arange(n, dtype=np.int32), (len(arrays), n)).copy(),
       queries=stack('queries'), query_where=stack('query_where', False), query_len=stack('query_len'),
-      labels=stack('labels', False), lexicons={t: stack_lexicon(t) for t in names})
+      labels=stack('labels', False), lexicons={t: stack_lexicon(t) for t in names},
+      query_features=None if arrays[0].query_features is None else stack('query_features'))
 
 
 def _leaf_shapes(a: EpisodeArrays) -> list[tuple[int, ...]]:

@@ -13,6 +13,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from engram_jax import metrics as metrics_lib
+from engram_jax import sharding
 from engram_jax.data import splits
 from engram_jax.batch import EpisodeArrays, episode_arrays, stack_arrays, stack_groups
 from engram_jax.pipeline import (Pipeline, build_options, check_equal_k, pipeline_topk, structure_key,
@@ -58,7 +59,8 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
              progress: bool = True, arrays: Sequence[EpisodeArrays] | None = None,
              only: Mapping[str, set[str]] | None = None,
              episode_metrics: Mapping[str, EpisodeMetric] | None = None,
-             timer: RunTimer | None = None, stacked: bool = True, max_waste: float = 2.0) -> EvalResult:
+             timer: RunTimer | None = None, stacked: bool = True, max_waste: float = 2.0,
+             devices: int | None = 1) -> EvalResult:
   """Run each pipeline on each episode, assert equal ``k``, and score every question.
 
   ``metrics`` are label metrics (:data:`engram_jax.metrics.METRICS`) or the dataset-owned metrics of
@@ -76,6 +78,13 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
   index)``) and every operator's result is independent of the padding (cos2 draws its noise per (question,
   item)), so the per-question results equal the unstacked ones (tested). ``stacked=False`` runs one jitted call
   per episode (one compilation per shape bucket).
+
+  ``devices`` (stacked only): the number of devices the episode axis is sharded over (``None``: all of
+  ``jax.devices()``; 1, the default: one jitted map on the default device). With ``n > 1`` each group is padded to
+  a multiple of ``n`` episodes (copies of its last one, whose results are dropped), placed on a 1-D ``'episodes'``
+  mesh and mapped under ``shard_map``, each device over its own episodes (:mod:`engram_jax.sharding`); episode
+  ``e`` keeps the key ``fold_in(seed, e)``, so the results do not depend on ``n`` (tested). The label metrics stay
+  NumPy on the host.
 
   ``only[name]`` restricts pipeline ``name`` to those episode ids (its other questions get NaN scores and
   no retrieved ids; used for per-episode fitted variants, see :func:`merge_by_episode`).
@@ -111,23 +120,29 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
   values: dict[tuple[str, int, str, int], np.ndarray] = {}
   if stacked:
     groups = stack_groups(arrays, max_waste=max_waste) if episodes else []
+    n_dev = sharding.n_devices(devices)
+    mesh = sharding.episode_mesh(n_dev) if n_dev > 1 else None
     by_structure: dict[tuple, Callable] = {}  # pipelines differing only in traced knobs share one program
-    runs = {name: by_structure.setdefault(structure_key(p), _stacked_topk(p, k)) for name, p in pipelines.items()}
+    runs = {name: by_structure.setdefault(structure_key(p), _stacked_topk(p, k, mesh=mesh))
+            for name, p in pipelines.items()}
     values = {name: {path: np.asarray(v, np.int32 if isinstance(v, int) else np.float32)
                      for path, v in traced_values(p).items()} for name, p in pipelines.items()}
     metric_fns = {(base, cut): _batched_metric(base, cut) for base, cut in label_metrics}
     for group in tqdm(groups, desc='episode groups', disable=not progress or len(groups) < 2):
       t0 = time.perf_counter()
       stack = stack_arrays([arrays[e] for e in group])
+      index = np.asarray(group, np.int32)  # episode e's key is fold_in(base_key, e), folded inside the jit
+      inputs = (stack, index)
+      if mesh is not None:  # pad E to a multiple of the device count, split it over the mesh
+        inputs = sharding.place_episodes(sharding.pad_episodes(inputs, n_dev), mesh)
       if timer is not None:
         timer.add('arrays', time.perf_counter() - t0)
-      index = np.asarray(group, np.int32)  # episode e's key is fold_in(base_key, e), folded inside the jit
       for name in pipelines:
         t0 = time.perf_counter()
-        out = runs[name](stack, base_key, index, values[name])
+        out = runs[name](inputs[0], base_key, inputs[1], values[name])
         out.block_until_ready()
         t1 = time.perf_counter()
-        out = np.asarray(out)
+        out = np.asarray(out)[:len(group)]  # padding episodes (sharded runs) produce no results
         vals = {mk: fn(out, np.asarray(stack.labels)) for mk, fn in metric_fns.items()}
         for i, e in enumerate(group):
           nq = len(episodes[e].questions)
@@ -178,15 +193,21 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
   return result
 
 
-def _stacked_topk(pipe: Pipeline, k: int) -> Callable:
+def _stacked_topk(pipe: Pipeline, k: int, *, mesh: jax.sharding.Mesh | None = None) -> Callable:
   """``(stacked arrays [E, ...], key, episode indices [E], knob values) -> top-k [E, Q, k]``: ``pipe``'s structure
   mapped over episodes (episode ``e`` with ``fold_in(key, e)``), jitted; the traced knob values
   (:func:`engram_jax.pipeline.traced_values`) are arguments, so it serves every pipeline of the same
-  :func:`engram_jax.pipeline.structure_key`."""
+  :func:`engram_jax.pipeline.structure_key`.
+
+  With a ``mesh`` (:func:`engram_jax.sharding.episode_mesh`) the map runs under ``shard_map``: the arrays and
+  indices are split on their episode axis (``E`` a multiple of the mesh size), the key and knob values replicated,
+  and each device maps over its own episodes."""
   def run(st, key, index, values):
     return jax.lax.map(lambda a: pipeline_topk(pipe, a[0], jax.random.fold_in(key, a[1]), k=k, values=values),
                        (st, index))
-  return jax.jit(run)
+  if mesh is None:
+    return jax.jit(run)
+  return sharding.shard_episodes(run, mesh, episode_args=(True, False, True, False))
 
 
 def _batched_metric(base: str, cut: int) -> Callable:

@@ -505,10 +505,18 @@ def time_operators(episodes: Sequence[BenchEpisode], names: Sequence[str] | None
 
 
 def environment() -> list[str]:
-  """The JAX device and the BLAS / XLA thread settings (what the times depend on)."""
+  """The JAX devices and the BLAS / XLA thread settings (what the times depend on)."""
   dev = jax.devices()[0]
   return [f'jax {jax.__version__}, numpy {np.__version__}; device {dev} ({dev.platform}, '
-          f'{jax.device_count()} device(s)); x64 {bool(jax.config.jax_enable_x64)}', thread_settings()]
+          f'{jax.device_count()} device(s)); x64 {bool(jax.config.jax_enable_x64)}', device_settings(),
+          thread_settings()]
+
+
+def device_settings() -> str:
+  """One line: every device JAX sees (``jax.devices()``), with its platform and kind; the operator times run on
+  the first (the default device), a sharded evaluation (``eval.devices``) on all of them."""
+  kinds = ', '.join(f'{d} [{d.platform}, {d.device_kind}]' for d in jax.devices())
+  return f'devices: {jax.default_backend()} backend, {jax.device_count()} device(s): {kinds}'
 
 
 def thread_settings() -> str:

@@ -133,6 +133,12 @@ def check_fit(cfg: DictConfig) -> None:
     if int(f[key]) < 1:
       raise ValueError(f'fit.{key} must be an integer >= 1, got {f[key]}')
   validation.check_positive(OmegaConf.to_container(f.temperatures), where='fit.temperatures')
+  anneal = list(f.get('anneal') or [1.0, 1.0])
+  if len(anneal) != 2:
+    raise ValueError(f'fit.anneal must be [start, end] (temperature factors of the first and last step), got {anneal}')
+  validation.check_positive({'start': anneal[0], 'end': anneal[1]}, where='fit.anneal')
+  if int(f.get('gap_checks') or 0) < 0:
+    raise ValueError(f'fit.gap_checks must be >= 0 (0 = no soft-vs-hard gap), got {f.gap_checks}')
   check_metrics(list(cfg.dataset.get('metrics') or cfg.eval.metrics), k=int(cfg.eval.k),
                 supported=list(dataset_metrics(cfg.dataset)), where=f'dataset {cfg.dataset.name}')
   _check_loader(cfg.dataset.get('loader'), 'dataset')

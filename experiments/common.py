@@ -37,6 +37,17 @@ def enable_compile_cache(cfg: DictConfig) -> str | None:
   return str(folder)
 
 
+def eval_devices(cfg: DictConfig) -> int | None:
+  """``eval.devices`` as the library takes it: ``None`` (all available devices; also when the key is absent) or an
+  int >= 1 (:func:`engram_jax.evaluation.evaluate` ``devices``)."""
+  value = cfg.eval.get('devices')
+  if value is None:
+    return None
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    raise ValueError(f'eval.devices must be null (all devices) or an integer >= 1, got {value!r}')
+  return value
+
+
 def import_ops_modules(cfg: DictConfig) -> list[str]:
   """Import the modules named in ``cfg.ops_modules`` (each registers its operators); returns their names."""
   names = list(cfg.get('ops_modules') or [])

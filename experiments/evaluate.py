@@ -45,7 +45,7 @@ def fit_on_train(cfg: DictConfig, pipes: dict, expanded: dict, embed_fn, scored:
           splits.assert_disjoint_content(eps, ds_eps)
       res = evaluation.evaluate(eps, embs, {v: pipes[v] for v in variants}, k=cfg.eval.k,
                                 metrics=[tcfg.metric], seed=cfg.seed, progress=False,
-                                episode_metrics=common.dataset_metrics(tcfg))
+                                episode_metrics=common.dataset_metrics(tcfg), devices=common.eval_devices(cfg))
       for g, v in enumerate(variants):
         per_value[g].append(res.scores[v][tcfg.metric])
     means = [float(np.concatenate(v).mean()) for v in per_value]
@@ -77,7 +77,7 @@ def run_dataset(cfg: DictConfig, ds: DictConfig, episodes, load_report, pipes: d
   result = evaluation.evaluate(episodes, embeddings, pipes, k=cfg.eval.k, metrics=metrics, seed=cfg.seed,
                                progress=cfg.eval.progress, only=only, episode_metrics=common.dataset_metrics(ds),
                                timer=timer, stacked=bool(cfg.eval.stacked),
-                               max_waste=float(cfg.eval.get('max_waste', 2.0)))
+                               max_waste=float(cfg.eval.get('max_waste', 2.0)), devices=common.eval_devices(cfg))
   merged = {}
   for name, (kind, variants, extra) in expanded.items():
     if name in skip:

@@ -10,6 +10,7 @@ the resolved config.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -65,10 +66,43 @@ def fit_folds(cfg: DictConfig, name: str, pipe: pipeline.Pipeline, episodes, arr
   rows = fit.build_rows(problem, pipe, episodes, arrays, seed=int(cfg.seed))
   row_eps = [e.id for e in episodes for _ in e.questions]
   qids = [q.id for e in episodes for q in e.questions]
+  steps, checks_n = int(cfg.fit.steps), int(cfg.fit.get('gap_checks') or 0)
+  monitor_steps = sorted({round(i * steps / checks_n) for i in range(checks_n + 1)}) if checks_n else []
+  monitor = functools.partial(gap_monitor, cfg, name, pipe, problem, rows, episodes, arrays) if checks_n else None
   fits = fit.crossfit(problem, knobs, every, rows, row_episodes=row_eps, question_ids=qids, folds=folds,
-                      optimizer=instantiate(cfg.fit.optimizer), steps=int(cfg.fit.steps),
-                      batch_size=int(cfg.fit.batch_size), seed=int(cfg.fit.seed), log=log.info)
+                      optimizer=instantiate(cfg.fit.optimizer), steps=steps,
+                      batch_size=int(cfg.fit.batch_size), seed=int(cfg.fit.seed), log=log.info,
+                      anneal=tuple(cfg.fit.get('anneal') or (1.0, 1.0)), monitor=monitor,
+                      monitor_steps=monitor_steps)
   return problem, every, fits
+
+
+def gap_monitor(cfg: DictConfig, name: str, pipe: pipeline.Pipeline, problem: fit.Problem, rows: fit.Rows, episodes,
+                arrays, fold: int, train: np.ndarray) -> fit.Monitor:
+  """Fold ``fold``'s soft-vs-hard gap on its training questions (rows ``train``): at a step, the soft twin's
+  approx-NDCG@k (temperatures as annealed at that step) and the hard pipeline's NDCG@k (same labels) with the
+  knob values of that step, both averaged over the same training questions."""
+  k = int(cfg.eval.k)
+  soft_eval = fit.make_soft_eval(problem, max_gold=fit.max_gold_of(rows))
+  row_eps = np.asarray([e.id for e in episodes for _ in e.questions])
+  train_eps = sorted(set(row_eps[train]), key=[e.id for e in episodes].index)
+  sel = [i for i, e in enumerate(episodes) if e.id in set(train_eps)]
+
+  def watch(step: int, scale: float, vals: dict) -> dict[str, float]:
+    del step
+    soft = fit.soft_ndcg_rows(soft_eval, vals, rows, train, scale=scale, batch_size=int(cfg.fit.batch_size))
+    values = {p: float(vals[p]) for p, _ in problem.fitted}
+    if problem.normalise_weights:
+      values.update({f'legs.{leg.name}.weight': float(vals[f'legs.{leg.name}.weight']) for leg in problem.legs})
+    r = evaluation.evaluate([episodes[i] for i in sel], None, {name: pipeline.with_values(pipe, values)}, k=k,
+                            metrics=[f'ndcg@{k}'], seed=int(cfg.seed), progress=False,
+                            arrays=[arrays[i] for i in sel])
+    hard = float(np.mean(r.scores[name][f'ndcg@{k}']))
+    if len(r.question_ids) != len(train):
+      raise AssertionError(f'gap monitor: {len(r.question_ids)} hard-scored vs {len(train)} training questions')
+    return {'soft_ndcg': float(np.mean(soft)), 'hard_ndcg': hard, 'gap': float(np.mean(soft)) - hard}
+
+  return watch
 
 
 def score_folds(cfg: DictConfig, name: str, pipe: pipeline.Pipeline, episodes, embeddings, arrays, folds, fits,
@@ -87,6 +121,42 @@ def score_folds(cfg: DictConfig, name: str, pipe: pipeline.Pipeline, episodes, e
       by_ep[episodes[i].id] = {m: r.scores[name][m][eps == episodes[i].id] for m in metrics}
   order = [e.id for e in episodes if e.id in by_ep]
   return {m: np.concatenate([by_ep[e][m] for e in order]) for m in metrics}
+
+
+def paired_rows(name: str, baselines) -> list[str]:
+  return [name, *baselines]
+
+
+def category_tests(before, after: dict[str, np.ndarray], name: str, baselines, metrics: list[str], *, seed: int,
+                   n_resamples: int, min_questions: int = 10) -> dict[str, Any]:
+  """Per question category (with at least ``min_questions``): the fitted mean and the paired difference to the
+  hand-set pipeline and every baseline (time-sensitive subsets: LongMemEval's knowledge-update and
+  temporal-reasoning, LoCoMo's category 2)."""
+  cats = np.asarray([str(c) for c in before.categories])
+  out = {}
+  for c in sorted(set(cats)):
+    sel = cats == c
+    if sel.sum() < min_questions:
+      continue
+    out[c] = {'n': int(sel.sum()), 'fitted': {m: float(np.mean(after[m][sel])) for m in metrics},
+              'hand_set': {r: {m: float(np.mean(before.scores[r][m][sel])) for m in metrics}
+                           for r in paired_rows(name, baselines)},
+              'paired': {r: {m: stats.paired_test(after[m][sel], before.scores[r][m][sel], seed=seed,
+                                                  n_resamples=n_resamples).to_dict() for m in metrics}
+                         for r in paired_rows(name, baselines)}}
+  return out
+
+
+def gap_table(folds, fits) -> dict[str, Any]:
+  """The soft-vs-hard gap of every fold by step, and its mean over folds by step."""
+  per_fold = {fit.fold_label(f): r.monitor for f, r in zip(folds, fits)}
+  steps = sorted({m['step'] for r in fits for m in r.monitor})
+  by_step = []
+  for t in steps:
+    at = [m for r in fits for m in r.monitor if m['step'] == t]
+    by_step.append({'step': t, 'scale': at[0]['scale'],
+                    **{key: float(np.mean([m[key] for m in at])) for key in ('soft_ndcg', 'hard_ndcg', 'gap')}})
+  return {'by_step': by_step, 'per_fold': per_fold}
 
 
 def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
@@ -143,20 +213,25 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   for b in baselines:
     paired[f'fitted - {b} (hand-set)'] = {m: stats.paired_test(after[m], before.scores[b][m], seed=seed,
                                                                 n_resamples=nres).to_dict() for m in metrics}
+  by_category = category_tests(before, after, name, baselines, metrics, seed=seed, n_resamples=nres)
   fitted = {'pipeline': name, 'folds': {ep: res.values for fold, res in zip(folds, fits) for ep in fold}}
   split = {'kind': cfg.fit.split, 'seed': int(cfg.fit.seed), 'folds': [
       {'scored_episodes': list(f), 'train_episodes': sorted({e.id for e in episodes} - set(f)),
        'n_train_questions': train_qids[','.join(f)],
        'scored_questions': [q.id for e in episodes if e.id in f for q in e.questions]} for f in folds]}
+  gap = gap_table(folds, fits)
   timing = {'wall_s': wall, 'load_embed_s': t_load, 'fit_s': t_fit, 'fit_per_fold_s': [r.wall_s for r in fits],
             'score_s': wall - t_load - t_fit}
   results = {'pipeline': name, 'protocol': protocol_info, 'params': [p for p, _ in problem.fitted], 'hand_set': every,
              'n_questions': len(after[metrics[0]]), 'metrics': metrics, 'summary': summary, 'paired': paired,
-             'fitted': fitted['folds'], 'timing': timing, 'steps': int(cfg.fit.steps),
+             'fitted': fitted['folds'], 'timing': timing, 'anneal': list(cfg.fit.get('anneal') or (1.0, 1.0)),
+             'soft_hard_gap': gap, 'by_category': by_category, 'steps': int(cfg.fit.steps),
              'batch_size': int(cfg.fit.batch_size),
              'per_question': {'question_ids': before.question_ids, 'episode_ids': before.episode_ids,
                               'fitted': {m: after[m].tolist() for m in metrics},
-                              'hand_set': {m: before.scores[name][m].tolist() for m in metrics}}}
+                              'hand_set': {m: before.scores[name][m].tolist() for m in metrics},
+                              'baselines': {b: {m: before.scores[b][m].tolist() for m in metrics} for b in baselines},
+                              'categories': [str(c) for c in before.categories]}}
   lines = [f'### {cfg.dataset.name}: {name} fitted by gradient ({cfg.fit.split}, {len(folds)} folds, '
            f'{results["n_questions"]} questions scored out of fold), k={cfg.eval.k}', '',
            '| pipeline | ' + ' | '.join(f'{m} [95% CI]' for m in metrics) + ' |',
@@ -170,6 +245,14 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     lines.append(f'| {r} | ' + ' | '.join(f'{v[m]["delta"]:+.4f} [{v[m]["lo"]:+.4f}, {v[m]["hi"]:+.4f}], '
                                           f'{v[m]["p"]:.3g}' for m in metrics) + ' |')
   primary = (protocol_info or {}).get('primary_metric') or metrics[0]
+  if len(by_category) > 1:
+    lines += ['', f'By category ({primary}; fitted minus each hand-set row, paired, 95% CI, p):', '',
+              '| category | n | fitted | ' + ' | '.join(f'- {r}' for r in paired_rows(name, baselines)) + ' |',
+              '|---|---|---|' + '---|' * len(paired_rows(name, baselines))]
+    for c, v in by_category.items():
+      cells = [f'{t[primary]["delta"]:+.4f} [{t[primary]["lo"]:+.4f}, {t[primary]["hi"]:+.4f}], {t[primary]["p"]:.3g}'
+               for t in v['paired'].values()]
+      lines.append(f'| {c} | {v["n"]} | {v["fitted"][primary]:.4f} | ' + ' | '.join(cells) + ' |')
   hand = {r: v[primary]['mean'] for r, v in summary.items() if r.endswith('(hand-set)')}
   best = max(hand, key=hand.get)
   results['best_hand_set'] = {'row': best, 'metric': primary, 'value': hand[best]}
@@ -178,6 +261,12 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
                 f'{ {p: every[p] for p, _ in problem.fitted} }):', '']
   for fold, res in zip(folds, fits):
     lines.append(f'- {fit.fold_label(fold)}: ' + ', '.join(f'{p}={v:.4g}' for p, v in res.values.items()))
+  if gap['by_step']:
+    lines += ['', 'Soft-vs-hard gap on the training questions (mean over folds; soft = approx-NDCG@k of the soft twin '
+                  'at that step\'s temperatures, hard = NDCG@k of the hard pipeline with that step\'s knobs):', '',
+              '| step | temperature factor | soft | hard | soft - hard |', '|---|---|---|---|---|']
+    lines += [f'| {r["step"]} | {r["scale"]:.3g} | {r["soft_ndcg"]:.4f} | {r["hard_ndcg"]:.4f} | {r["gap"]:+.4f} |'
+              for r in gap['by_step']]
   lines += ['', f'Wall time {wall:.1f}s (load+embed {t_load:.1f}s, fit {t_fit:.1f}s, hard scoring '
                 f'{timing["score_s"]:.1f}s); {cfg.fit.steps} steps x {cfg.fit.batch_size} questions per fold.', '']
   text = '\n'.join(lines)

@@ -148,15 +148,51 @@ def test_step_does_not_recompile(caplog):
   step = fit.make_step(problem, opt, max_gold=4)
   fixed = {p: jnp.asarray(v, jnp.float32) for p, v in every.items()}
   state = fit.TrainState(raw=dict(knobs.raw), opt_state=opt.init(dict(knobs.raw)), step=jnp.zeros((), jnp.int32))
-  state, _ = step(state, fixed, rows, jnp.arange(4), jnp.ones(4))
+  state, _ = step(state, fixed, rows, jnp.arange(4), jnp.ones(4), jnp.float32(1.0))
   fixed['legs.bm25.k1'] = jnp.asarray(0.9, jnp.float32)  # another value of a traced knob
   idx, weight = jnp.arange(4, 8), jnp.array([1.0, 1.0, 0.0, 1.0])  # another batch
   with jax.log_compiles(True), caplog.at_level(logging.WARNING):
     caplog.clear()
-    state, loss = step(state, fixed, rows, idx, weight)
+    state, loss = step(state, fixed, rows, idx, weight, jnp.float32(0.3))  # another temperature factor
   assert step._cache_size() == 1
   assert not [r for r in caplog.records if 'Compiling' in r.getMessage()], [r.getMessage() for r in caplog.records]
   assert int(state.step) == 2 and np.isfinite(float(loss))
+
+
+def test_annealing_schedule_and_the_gap_monitor():
+  assert fit.anneal_scale(0, 10) == 1.0 and fit.anneal_scale(9, 10) == 1.0
+  np.testing.assert_allclose([fit.anneal_scale(t, 3, (1.0, 0.25)) for t in range(3)], [1.0, 0.5, 0.25])
+  with pytest.raises(ValueError, match='> 0'):
+    fit.anneal_scale(0, 10, (1.0, 0.0))
+  eps, embs, arrays = _planted(_tide(0.3), n_eps=2, n=60, q=48)
+  start = _tide(0.0)
+  problem, knobs, every = fit.make_problem(start, ['legs.tide.recency'])
+  rows = fit.build_rows(problem, start, eps, arrays, seed=DEFAULT_SEED)
+  soft_eval = fit.make_soft_eval(problem, max_gold=4)
+  seen = []
+
+  def monitor(step, scale, vals):
+    soft = fit.soft_ndcg_rows(soft_eval, vals, rows, np.arange(96), scale=scale, batch_size=40)
+    hard = _ndcg(P.with_values(start, {'legs.tide.recency': float(vals['legs.tide.recency'])}), eps, embs, arrays)
+    seen.append(step)
+    return {'soft_ndcg': float(soft.mean()), 'hard_ndcg': hard}
+
+  kw = dict(optimizer=optax.adam(0.05), steps=20, batch_size=64)
+  plain = fit.fit(problem, knobs, every, rows, np.arange(96), **kw)
+  watched = fit.fit(problem, knobs, every, rows, np.arange(96), monitor=monitor, monitor_steps=[0, 10, 20], **kw)
+  assert seen == [0, 10, 20] and [m['step'] for m in watched.monitor] == [0, 10, 20]
+  assert watched.values == plain.values and watched.losses == plain.losses  # watching never changes a fit
+  assert watched.scales == [1.0] * 20
+  # the soft twin's approx-NDCG, cooled, is the hard NDCG at the same knobs (the gap closes as T -> 0)
+  vals = fit.effective_values(problem, knobs.raw, every)
+  hard = _ndcg(start, eps, embs, arrays)
+  gaps = [abs(float(fit.soft_ndcg_rows(soft_eval, vals, rows, np.arange(96), scale=t, batch_size=40).mean()) - hard)
+          for t in (1.0, 1e-2, 1e-6)]
+  assert gaps[2] < 1e-3 and gaps[2] <= gaps[0], gaps
+  annealed = fit.fit(problem, knobs, every, rows, np.arange(96), anneal=(1.0, 0.1), **kw)
+  assert annealed.scales[0] == 1.0
+  np.testing.assert_allclose(annealed.scales[-1], 0.1)
+  assert annealed.losses != plain.losses
 
 
 def test_splits_are_seeded_and_disjoint_and_the_assertion_fires():

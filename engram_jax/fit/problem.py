@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 from jax import Array
+from jax.typing import ArrayLike
 
 from engram_jax import relax, validation
 from engram_jax.batch import EpisodeArrays
@@ -51,6 +52,21 @@ class Temperatures:
 
   def __post_init__(self) -> None:
     validation.check_positive(dataclasses.asdict(self), where='fit.temperatures')
+
+  def scaled(self, scale: ArrayLike = 1.0) -> TemperatureValues:
+    """Every temperature times ``scale`` (traced: an annealing schedule never recompiles)."""
+    return TemperatureValues(**{f: v * scale for f, v in dataclasses.asdict(self).items()})
+
+
+class TemperatureValues(NamedTuple):
+  """The temperatures a soft twin reads (``ctx.temperatures``): :class:`Temperatures` scaled, possibly traced."""
+
+  rank: ArrayLike
+  depth: ArrayLike
+  greedy: ArrayLike
+  final: ArrayLike
+  cutoff: ArrayLike
+  gate: ArrayLike
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +114,7 @@ class SoftContext(NamedTuple):
   where: Array        # [B, N] real items of each question's episode
   cos: Array          # [B, N] cosine (-inf for masked items)
   positions: Array    # [B, N] write order
-  temperatures: Temperatures
+  temperatures: TemperatureValues
   settings: Settings
 
 
@@ -237,22 +253,25 @@ def leg_values(leg: LegInfo, vals: Mapping[str, Array]) -> dict[str, Any]:
   return out
 
 
-def soft_leg(problem: Problem, l: int, vals: Mapping[str, Array], rows: Rows):
-  """Leg ``l``'s soft output on a batch of rows: (scores [B, N] or SoftSelection, soft-rank temperature)."""
+def soft_leg(problem: Problem, l: int, vals: Mapping[str, Array], rows: Rows, scale: ArrayLike = 1.0):
+  """Leg ``l``'s soft output on a batch of rows: (scores [B, N] or SoftSelection, soft-rank temperature);
+  every temperature times ``scale`` (annealing)."""
   leg = problem.legs[l]
   if not leg.fitted:
     return rows.legs[l], None
-  ctx = SoftContext(where=rows.where, cos=rows.cos, positions=rows.positions, temperatures=problem.temperatures,
+  temps = problem.temperatures.scaled(scale)
+  ctx = SoftContext(where=rows.where, cos=rows.cos, positions=rows.positions, temperatures=temps,
                     settings=problem.settings)
   out = leg.operator.soft.scores(rows.legs[l], leg_values(leg, vals), ctx)
   if isinstance(out, SoftSelection):
     return out, None
-  return out, problem.temperatures.rank * relax.gap_scale(out, k=leg.depth, where=rows.where)
+  return out, temps.rank * relax.gap_scale(out, k=leg.depth, where=rows.where)
 
 
-def soft_scores(problem: Problem, vals: Mapping[str, Array], rows: Rows) -> Array:
-  """The soft pipeline's final scores ``[B, N]`` on a batch of rows, given every knob's value by path."""
-  outs = [soft_leg(problem, l, vals, rows) for l in range(len(problem.legs))]
+def soft_scores(problem: Problem, vals: Mapping[str, Array], rows: Rows, scale: ArrayLike = 1.0) -> Array:
+  """The soft pipeline's final scores ``[B, N]`` on a batch of rows, given every knob's value by path, every
+  temperature times ``scale`` (1 = as set; an annealing schedule lowers it towards the hard pipeline)."""
+  outs = [soft_leg(problem, l, vals, rows, scale) for l in range(len(problem.legs))]
   if problem.fusion == 'none':
     return jnp.where(rows.where, outs[0][0], -jnp.inf)
   weights = jnp.stack([vals[f'legs.{leg.name}.weight'] for leg in problem.legs])
@@ -261,7 +280,7 @@ def soft_scores(problem: Problem, vals: Mapping[str, Array], rows: Rows) -> Arra
   fitted_depths = [leg.depth for leg in problem.legs if leg.fitted and not leg.operator.soft.selection]
   return soft_rrf_fuse([o for o, _ in outs], weights=weights, depths=[leg.depth for leg in problem.legs],
                        where=rows.where, k0=vals['k0'], temperature=[tp for _, tp in outs],
-                       depth_temperature=problem.temperatures.depth,
+                       depth_temperature=problem.temperatures.depth * scale,
                        candidates=max(fitted_depths, default=0) + problem.settings.candidates)
 
 

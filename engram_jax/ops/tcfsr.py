@@ -67,7 +67,7 @@ class PoolSolve(NamedTuple):
   gram: Array   # [P, P] semantic pool Gram (without time features)
 
 
-def _solve(q: Array, d: Array, wh: Array, g: Array | None, t_all: Array, *, pool: int, iterations: int,
+def solve_pool(q: Array, d: Array, wh: Array, g: Array | None, t_all: Array, *, pool: int, iterations: int,
            lam: ArrayLike, power_iterations: int, alpha: ArrayLike = 0.0, anchor: ArrayLike = 1.0) -> PoolSolve:
   cos, idx, valid, gp = cosine_pool(q, d, wh, g, pool=pool)
   both = valid[:, None] & valid[None, :]
@@ -79,17 +79,17 @@ def _solve(q: Array, d: Array, wh: Array, g: Array | None, t_all: Array, *, pool
   return PoolSolve(idx, valid, a, b, tp, gp)
 
 
-def _scatter(n: int, sol: PoolSolve, s: Array) -> Array:
+def scatter_pool(n: int, sol: PoolSolve, s: Array) -> Array:
   s = jnp.where(sol.valid, s, -jnp.inf)
   return jnp.full((n,), -jnp.inf, s.dtype).at[sol.idx].set(s, unique_indices=True)
 
 
-def _blend(sol: PoolSolve, w: ArrayLike) -> Array:
+def blend_pool(sol: PoolSolve, w: ArrayLike) -> Array:
   w_ = jnp.asarray(w, sol.cos.dtype)
   return w_ * minmax(sol.a, sol.valid) + (1.0 - w_) * minmax(sol.cos, sol.valid)
 
 
-def _check(docs: Array, positions: Array, pool: int, iterations: int) -> None:
+def check_corpus(docs: Array, positions: Array, pool: int, iterations: int) -> None:
   if jnp.ndim(docs) != 2:
     raise ValueError(f'Shape mismatch: temporal CFS-R scores one shared corpus docs [N, D], got {jnp.shape(docs)}; '
                      'vmap over episodes')
@@ -132,11 +132,12 @@ def tcfsr_prior_scores(query: Array, docs: Array, positions: Array, *, where: Ar
   Returns:
     ``[..., N]`` scores, ``-inf`` outside the pool or masked.
   """
-  _check(docs, positions, pool, iterations)
+  check_corpus(docs, positions, pool, iterations)
 
   def one(q, d, wh, g, t_all):
-    sol = _solve(q, d, wh, g, t_all, pool=pool, iterations=iterations, lam=lam, power_iterations=power_iterations)
-    return _scatter(d.shape[0], sol, _blend(sol, w) + jnp.asarray(gamma, sol.cos.dtype) * sol.t)
+    sol = solve_pool(q, d, wh, g, t_all, pool=pool, iterations=iterations, lam=lam,
+                     power_iterations=power_iterations)
+    return scatter_pool(d.shape[0], sol, blend_pool(sol, w) + jnp.asarray(gamma, sol.cos.dtype) * sol.t)
 
   return _run(one, query, docs, positions, where, gram, batch_size)
 
@@ -163,12 +164,13 @@ def tcfsr_basis_scores(query: Array, docs: Array, positions: Array, *, where: Ar
   Returns:
     ``[..., N]`` scores in [0, 1] for pool items, ``-inf`` elsewhere.
   """
-  _check(docs, positions, pool, iterations)
+  check_corpus(docs, positions, pool, iterations)
 
   def one(q, d, wh, g, t_all):
-    sol = _solve(q, d, wh, g, t_all, pool=pool, iterations=iterations, lam=lam, power_iterations=power_iterations,
+    sol = solve_pool(q, d, wh, g, t_all, pool=pool, iterations=iterations, lam=lam,
+                     power_iterations=power_iterations,
                  alpha=alpha, anchor=anchor)
-    return _scatter(d.shape[0], sol, _blend(sol, w))
+    return scatter_pool(d.shape[0], sol, blend_pool(sol, w))
 
   return _run(one, query, docs, positions, where, gram, batch_size)
 
@@ -196,14 +198,15 @@ def revision_signal(sol: PoolSolve, *, theta: ArrayLike, delta: ArrayLike = 0.1,
 
 def _gated(query, docs, positions, *, where, gram, pool, iterations, lam, w, gamma, theta, delta, rho0,
            power_iterations, batch_size, temperature):
-  _check(docs, positions, pool, iterations)
+  check_corpus(docs, positions, pool, iterations)
 
   def one(q, d, wh, g, t_all):
-    sol = _solve(q, d, wh, g, t_all, pool=pool, iterations=iterations, lam=lam, power_iterations=power_iterations)
+    sol = solve_pool(q, d, wh, g, t_all, pool=pool, iterations=iterations, lam=lam,
+                     power_iterations=power_iterations)
     r = revision_signal(sol, theta=theta, delta=delta, temperature=temperature)
     x = r - jnp.asarray(rho0, r.dtype)
     gate = (x >= 0).astype(r.dtype) if temperature is None else jax.nn.sigmoid(x / temperature)
-    return _scatter(d.shape[0], sol, _blend(sol, w) + jnp.asarray(gamma, r.dtype) * gate * sol.t)
+    return scatter_pool(d.shape[0], sol, blend_pool(sol, w) + jnp.asarray(gamma, r.dtype) * gate * sol.t)
 
   return _run(one, query, docs, positions, where, gram, batch_size)
 
@@ -286,7 +289,7 @@ def revision_gate(ep: EpisodeArrays, *, pool: int = 150, iterations: int = 80, l
   t_all = write_time(ep.positions, where)
 
   def one(q, d, wh, g):
-    sol = _solve(q, d, wh, g, t_all, pool=pool, iterations=iterations, lam=lam, power_iterations=20)
+    sol = solve_pool(q, d, wh, g, t_all, pool=pool, iterations=iterations, lam=lam, power_iterations=20)
     return (revision_signal(sol, theta=theta, delta=delta) >= rho0).astype(jnp.float32)
 
   return map_queries(one, ep.queries, ep.docs, where, episode_gram(ep.docs), batch_size=16)
@@ -309,7 +312,7 @@ def pool_scores(b: Array, g: Array, t: Array, valid: Array, *, variant: str, lam
     a = nnls_ridge_pg(gp + a2 * tp[:, None] * tp[None, :], bb + a2 * jnp.asarray(anchor, bb.dtype) * tp, lam=lam,
                       iterations=iterations, valid=vi, power_iterations=power_iterations)
     sol = PoolSolve(jnp.zeros(bb.shape, jnp.int32), vi, a, bb, tp, gp)
-    s = _blend(sol, w)
+    s = blend_pool(sol, w)
     if variant == 'prior':
       s = s + jnp.asarray(gamma, s.dtype) * sol.t
     elif variant == 'gated':
@@ -337,7 +340,7 @@ def _soft(variant: str):
   return scores
 
 
-def _cfsr_knobs() -> tuple[Knob, ...]:
+def cfsr_knobs() -> tuple[Knob, ...]:
   return (Knob('pool', 150, static=True, check='int>=1', doc='cosine pool P'),
           Knob('iterations', 80, static=True, check='int>=0', doc='projected-gradient steps'),
           Knob('lam', 0.005, transform='log', check='>0', doc='ridge strength'),
@@ -347,16 +350,16 @@ def _cfsr_knobs() -> tuple[Knob, ...]:
 _BATCH = Knob('batch_size', 16, static=True, doc='queries solved at a time (None = all)')
 TCFSR_PRIOR = register(Operator(
     name='tcfsr_prior', leg=tcfsr_prior_leg, doc='CFS-R + recency prior gamma * t in the blend',
-    knobs=_cfsr_knobs() + (Knob('gamma', 0.1, transform='identity', doc='recency weight'), _BATCH),
+    knobs=cfsr_knobs() + (Knob('gamma', 0.1, transform='identity', doc='recency weight'), _BATCH),
     soft=SoftTwin(rows=_rows, scores=_soft('prior'))))
 TCFSR_BASIS = register(Operator(
     name='tcfsr_basis', leg=tcfsr_basis_leg, doc='CFS-R over a time-augmented basis',
-    knobs=_cfsr_knobs() + (Knob('alpha', 0.2, transform='softplus', check='>=0', doc='time-feature scale'),
+    knobs=cfsr_knobs() + (Knob('alpha', 0.2, transform='softplus', check='>=0', doc='time-feature scale'),
                            Knob('anchor', 1.0, transform='identity', doc='target time'), _BATCH),
     soft=SoftTwin(rows=_rows, scores=_soft('basis'))))
 TCFSR_GATED = register(Operator(
     name='tcfsr_gated', leg=tcfsr_gated_leg, doc='CFS-R + recency gated by a revision detector',
-    knobs=_cfsr_knobs() + (Knob('gamma', 0.2, transform='identity', doc='recency weight'),
+    knobs=cfsr_knobs() + (Knob('gamma', 0.2, transform='identity', doc='recency weight'),
                            Knob('theta', 0.7, transform='logit', check='[0,1]', doc='near-duplicate cosine'),
                            Knob('delta', 0.1, static=True, check='>=0', doc='relevance band below the best cosine'),
                            Knob('rho0', 0.1, transform='logit', check='[0,1]', doc='gate threshold'), _BATCH),

@@ -66,12 +66,13 @@ N_ITEMS, N_QUESTIONS = 12, 2
 def small_episode(seed=0, d=8):
   """A 12-item, 2-question episode with embeddings, padded to small buckets: question 0 sits between two
   near-duplicate items written apart (items 2 and 5, cosine 0.75), so the revision detector of the gated
-  time-aware CFS-R is neither open nor shut, and the texts share words with the questions (BM25)."""
+  time-aware CFS-R is neither open nor shut, and the texts share words with the questions (BM25);
+  the questions carry every text cue of engram_jax.features (a learned gate's inputs)."""
   rng = np.random.default_rng(seed)
   items = tuple(Item(id=f'i{k}', text=f'memory number {k} about cats' if k % 3 else f'note {k} on budgets',
                      parent=f's{k // 4}', position=k) for k in range(N_ITEMS))
-  qs = (Question(id='q0', text='cats memory', gold=('i2',), gold_parents=('s0',), category=1),
-        Question(id='q1', text='budgets', gold=('i9',), gold_parents=('s2',), category=2))
+  qs = (Question(id='q0', text='cats memory now', gold=('i2',), gold_parents=('s0',), category=1),
+        Question(id='q1', text='budgets: how many, and when', gold=('i9',), gold_parents=('s2',), category=2))
   ep = Episode(id='e', items=items, questions=qs)
   docs = ref.unit_vectors(rng, N_ITEMS, d)
   other = docs[5] - (docs[5] @ docs[2]) * docs[2]

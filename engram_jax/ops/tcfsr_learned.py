@@ -1,0 +1,207 @@
+r"""Time-aware CFS-R with a learned, question-aware recency gate.
+
+The gated variant (:func:`engram_jax.ops.tcfsr.tcfsr_gated_scores`) opens its recency prior from the pool alone:
+it never sees the question. Here the gate is a small flax module (:class:`RecencyGate`, a logistic unit) over
+features of the question and of its pool:
+
+.. math::
+  s_i = w\,\mathrm{mm}(a^\star)_i + (1-w)\,\mathrm{mm}(\cos)_i + \gamma\, g_q\, t_i, \qquad
+  g_q = \sigma\!\left(u^\top x_q\right), \quad
+  x_q = [\,f_q,\; r_q,\; \max_{\mathcal P}\cos\,]
+
+where :math:`f_q` are the question's text features (:data:`engram_jax.features.FEATURES`: cue indicators
+``current``, ``when``, ``count`` and a constant 1, carried by ``EpisodeArrays.query_features``), :math:`r_q` the
+revision detector's statistic (:func:`engram_jax.ops.tcfsr.revision_signal` at ``theta``/``delta``, hard) and the
+top pool cosine; :math:`t_i` the write-order fraction. The gate's weights :math:`u` are knobs (``u_current``,
+``u_when``, ``u_count``, ``u_bias``, ``u_revision``, ``u_topcos``), fit by gradient jointly with ``lam``, ``w`` and
+``gamma`` (engram_jax.fit); their hand-set values are 0 (a gate of 1/2 for every question: the recency prior at
+weight gamma / 2).
+
+The gate is smooth, so the hard operator is its own soft twin (on cosine pools gathered once,
+:func:`learned_pool_scores`; tested equal). ``gamma = 0`` is CFS-R exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+from jax.typing import ArrayLike
+
+from engram_jax import features
+from engram_jax.ops import pools
+from engram_jax.ops.cfsr import nnls_ridge_pg
+from engram_jax.ops.greedy import episode_gram, map_queries
+from engram_jax.ops.registry import Knob, Operator, SoftTwin, register
+from engram_jax.ops.tcfsr import (PoolSolve, blend_pool, cfsr_knobs, check_corpus, revision_signal, scatter_pool,
+                                  solve_pool)
+from engram_jax.ops.pools import write_time
+
+if TYPE_CHECKING:
+  from engram_jax.batch import EpisodeArrays
+
+GATE_INPUTS: tuple[str, ...] = (*features.FEATURES, 'revision', 'topcos')
+WEIGHTS: tuple[str, ...] = tuple(f'u_{name}' for name in GATE_INPUTS)
+if WEIGHTS != ('u_current', 'u_when', 'u_count', 'u_bias', 'u_revision', 'u_topcos'):
+  raise ImportError(f'tcfsr_learned: the leg\'s gate keywords do not match the gate inputs {GATE_INPUTS}')
+
+
+class RecencyGate(nn.Module):
+  """A logistic unit ``sigmoid(u . x)`` over the gate inputs ``x [..., F]`` (:data:`GATE_INPUTS`; the text
+  features include a constant column, so there is no separate bias)."""
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    return jax.nn.sigmoid(nn.Dense(1, use_bias=False, name='gate')(x))[..., 0]
+
+
+def gate_params(weights: ArrayLike) -> dict:
+  """The :class:`RecencyGate` parameters for weights ``u [F]`` (in :data:`GATE_INPUTS` order)."""
+  u = jnp.asarray(weights)
+  return {'params': {'gate': {'kernel': u[:, None]}}}
+
+
+def gate_inputs(text_features: Array, sol: PoolSolve, *, theta: ArrayLike, delta: ArrayLike) -> Array:
+  """One question's gate inputs ``[F]``: its text features, the revision signal and the top pool cosine."""
+  r = revision_signal(sol, theta=theta, delta=delta)
+  top = jnp.max(jnp.where(sol.valid, sol.cos, -jnp.inf))
+  top = jnp.where(jnp.isfinite(top), top, 0.0)
+  return jnp.concatenate([text_features.astype(sol.cos.dtype), jnp.stack([r, top]).astype(sol.cos.dtype)])
+
+
+def _gated_blend(sol: PoolSolve, x: Array, *, w: ArrayLike, gamma: ArrayLike, weights: ArrayLike) -> Array:
+  g = RecencyGate().apply(gate_params(weights), x)
+  return blend_pool(sol, w) + jnp.asarray(gamma, sol.cos.dtype) * g * sol.t
+
+
+def tcfsr_learned_scores(query: Array, docs: Array, positions: Array, query_features: Array, *,
+                         weights: ArrayLike, where: Array | None = None, gram: Array | None = None, pool: int = 150,
+                         iterations: int = 80, lam: ArrayLike = 0.005, w: ArrayLike = 0.90, gamma: ArrayLike = 0.2,
+                         theta: float = 0.7, delta: float = 0.1, power_iterations: int = 20,
+                         batch_size: int | None = None) -> Array:
+  r"""CFS-R plus a recency prior weighted by a learned, question-aware gate (module docstring).
+
+  Args:
+    query: ``[Q, D]`` unit-norm queries.
+    docs: ``[N, D]`` unit-norm items (one shared corpus).
+    positions: ``[N]`` write order.
+    query_features: ``[Q, F_text]`` text features of each query (:func:`engram_jax.features.question_features`).
+    weights: ``[F]`` gate weights :math:`u` in :data:`GATE_INPUTS` order; traced.
+    where, gram, pool, iterations, lam, w, power_iterations, batch_size: as CFS-R.
+    gamma: recency weight; traced.
+    theta, delta: the revision detector's near-duplicate cosine and relevance band (static inputs to the gate).
+
+  Returns:
+    ``[Q, N]`` scores, ``-inf`` outside the pool or masked.
+  """
+  check_corpus(docs, positions, pool, iterations)
+  if query_features.shape[:-1] != query.shape[:-1]:
+    raise ValueError(f'Shape mismatch: query_features {query_features.shape} vs queries {query.shape}')
+  n = docs.shape[0]
+  where = jnp.ones((n,), bool) if where is None else jnp.asarray(where, bool)
+  t_all = write_time(positions, where)
+  q_and_f, docs_ext = _with_features(query, docs, query_features)
+  dim = query.shape[-1]
+
+  def one(qf, d, wh, g):
+    sol = solve_pool(qf, d, wh, g, t_all, pool=pool, iterations=iterations, lam=lam,
+                     power_iterations=power_iterations)
+    x = gate_inputs(qf[dim:], sol, theta=theta, delta=delta)
+    return scatter_pool(d.shape[0], sol, _gated_blend(sol, x, w=w, gamma=gamma, weights=weights))
+
+  return map_queries(one, q_and_f, docs_ext, where, gram, batch_size=batch_size)
+
+
+def _with_features(query: Array, docs: Array, query_features: Array) -> tuple[Array, Array]:
+  """``[Q, D + F]`` queries with their features appended and ``[N, D + F]`` items with zeros there, so that the
+  per-query map carries each query's features while every cosine and Gram entry is unchanged."""
+  query, docs = jnp.asarray(query), jnp.asarray(docs)
+  f = jnp.asarray(query_features, query.dtype)
+  return (jnp.concatenate([query, f], axis=-1),
+          jnp.concatenate([docs, jnp.zeros(docs.shape[:-1] + f.shape[-1:], docs.dtype)], axis=-1))
+
+
+def learned_gate(ep: EpisodeArrays, *, weights: ArrayLike, pool: int = 150, iterations: int = 80,
+                 lam: float = 0.005, theta: float = 0.7, delta: float = 0.1) -> Array:
+  """Per-question gate value ``[Q]`` in (0, 1) (for analysis)."""
+  where = jnp.asarray(ep.where, bool)
+  t_all = write_time(ep.positions, where)
+  dim = ep.queries.shape[-1]
+  q_and_f, docs_ext = _with_features(ep.queries, ep.docs, ep.query_features)
+
+  def one(qf, d, wh, g):
+    sol = solve_pool(qf, d, wh, g, t_all, pool=pool, iterations=iterations, lam=lam, power_iterations=20)
+    return RecencyGate().apply(gate_params(weights), gate_inputs(qf[dim:], sol, theta=theta, delta=delta))
+
+  return map_queries(one, q_and_f, docs_ext, where, episode_gram(ep.docs), batch_size=16)
+
+
+def _weights(options: Mapping[str, ArrayLike]) -> Array:
+  return jnp.stack([jnp.asarray(options[name], jnp.float32) for name in WEIGHTS])
+
+
+def tcfsr_learned_leg(ep: EpisodeArrays, key: Array, *, pool: int = 150, iterations: int = 80, lam: float = 0.005,
+                      w: float = 0.90, gamma: float = 0.2, theta: float = 0.7, delta: float = 0.1,
+                      u_current: float = 0.0, u_when: float = 0.0, u_count: float = 0.0, u_bias: float = 0.0,
+                      u_revision: float = 0.0, u_topcos: float = 0.0, batch_size: int | None = 16) -> Array:
+  """:func:`tcfsr_learned_scores` as a leg ``[Q, N]`` (gate weights ``u_*`` in :data:`GATE_INPUTS` order)."""
+  del key
+  if ep.query_features is None:
+    raise ValueError('tcfsr_learned needs EpisodeArrays.query_features (built by engram_jax.batch.episode_arrays)')
+  weights = _weights({'u_current': u_current, 'u_when': u_when, 'u_count': u_count, 'u_bias': u_bias,
+                      'u_revision': u_revision, 'u_topcos': u_topcos})
+  return tcfsr_learned_scores(ep.queries, ep.docs, ep.positions, ep.query_features, weights=weights,
+                              where=ep.where, gram=episode_gram(ep.docs), pool=pool, iterations=iterations, lam=lam,
+                              w=w, gamma=gamma, theta=theta, delta=delta, batch_size=batch_size)
+
+
+# ---- soft twin on precomputed pools ------------------------------------------------------------------------
+
+def learned_pool_scores(b: Array, g: Array, t: Array, valid: Array, text_features: Array, *, weights: ArrayLike,
+                        lam: ArrayLike, w: ArrayLike, gamma: ArrayLike, iterations: int, theta: float = 0.7,
+                        delta: float = 0.1, power_iterations: int = 20) -> Array:
+  """The operator on gathered pools: ``b [B, P]``, ``g [B, P, P]``, ``t [B, P]``, ``valid [B, P]``,
+  ``text_features [B, F_text]`` -> ``[B, P]`` (``-inf`` for invalid slots); equal to the hard operator."""
+  def one(bi, gi, ti, vi, fi):
+    both = vi[:, None] & vi[None, :]
+    gp = jnp.where(both, gi, 0.0)
+    bb, tp = jnp.where(vi, bi, 0.0), jnp.where(vi, ti, 0.0)
+    a = nnls_ridge_pg(gp, bb, lam=lam, iterations=iterations, valid=vi, power_iterations=power_iterations)
+    sol = PoolSolve(jnp.zeros(bb.shape, jnp.int32), vi, a, bb, tp, gp)
+    x = gate_inputs(fi, sol, theta=theta, delta=delta)
+    return jnp.where(vi, _gated_blend(sol, x, w=w, gamma=gamma, weights=weights), -jnp.inf)
+
+  return jax.vmap(one)(b, g, t, valid, text_features)
+
+
+def _rows(ep: EpisodeArrays, n_questions: int, n_pad: int, options, settings) -> dict:
+  del settings
+  out = pools.cosine_pool_rows(ep, n_questions, n_pad, options['pool'], times=True)
+  out['text_features'] = np.asarray(ep.query_features)[:n_questions]
+  return out
+
+
+def _soft(rows, values, ctx) -> Array:
+  sp = learned_pool_scores(rows['pool_cos'], rows['pool_gram'], rows['pool_t'], rows['pool_valid'],
+                           rows['text_features'], weights=_weights(values), lam=values['lam'], w=values['w'],
+                           gamma=values['gamma'], iterations=int(values['iterations']), theta=values['theta'],
+                           delta=values['delta'])
+  return pools.scatter_rows(sp, rows['pool_idx'], ctx.where.shape[-1], -jnp.inf)
+
+
+TCFSR_LEARNED = register(Operator(
+    name='tcfsr_learned', leg=tcfsr_learned_leg,
+    doc='CFS-R + recency prior weighted by a learned question-aware gate (flax logistic unit)',
+    knobs=cfsr_knobs() + (
+        Knob('gamma', 0.2, transform='identity', doc='recency weight'),
+        Knob('theta', 0.7, static=True, check='[0,1]', doc='revision detector: near-duplicate cosine'),
+        Knob('delta', 0.1, static=True, check='>=0', doc='revision detector: relevance band'),
+        *(Knob(name, 0.0, transform='identity', doc=f'gate weight of input {inp}')
+          for name, inp in zip(WEIGHTS, GATE_INPUTS)),
+        Knob('batch_size', 16, static=True, doc='queries solved at a time (None = all)')),
+    soft=SoftTwin(rows=_rows, scores=_soft)))
