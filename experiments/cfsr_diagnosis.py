@@ -34,7 +34,7 @@ import scipy.optimize
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from engram_jax import batch, evaluation, metrics, ranking
+from engram_jax import batch, evaluation, metrics
 from engram_jax.ops import cfsr as cfsr_ops
 from experiments import common
 
@@ -62,10 +62,21 @@ def blend(a: np.ndarray, b: np.ndarray, w: float) -> np.ndarray:
   return w * mm(a) + (1 - w) * mm(b)
 
 
+_NNLS_PG = jax.jit(lambda g, b, lam, iterations: cfsr_ops.nnls_ridge_pg(g, b, lam=lam, iterations=iterations),
+                   static_argnums=3)
+
+
+def order(scores: np.ndarray) -> np.ndarray:
+  """Item indices best first (ties: the later item first, the shared rule); -inf items last."""
+  n = len(scores)
+  return np.lexsort((-np.arange(n), -np.where(np.isfinite(scores), scores, -np.inf)))
+
+
 def best_gold_rank(scores: np.ndarray, gold: np.ndarray) -> int:
   """1-based rank of the best-ranked gold item under ``scores`` (``[N]``, -inf = unranked; ties: later first)."""
-  r = np.asarray(ranking.ranks(jnp.asarray(scores, jnp.float32)[None]))[0]
-  return int(r[gold].min()) if gold.any() else -1
+  ranks = np.empty(len(scores), int)
+  ranks[order(scores)] = np.arange(1, len(scores) + 1)
+  return int(ranks[gold].min()) if gold.any() else -1
 
 
 def diagnose_episode(arr: batch.EpisodeArrays, n_q: int, *, pool: int, lam: float, w: float, iterations: int,
@@ -92,8 +103,7 @@ def diagnose_episode(arr: batch.EpisodeArrays, n_q: int, *, pool: int, lam: floa
     mmb = (b - b.min()) / (b.max() - b.min()) if b.max() > b.min() else np.zeros_like(b)
     a_pg_mm = (s_pg[order] - (1 - w) * mmb) / w
     support = int(np.sum(a_pg_mm > 1e-6))
-    a_pg = cfsr_ops.nnls_ridge_pg(jnp.asarray(gram), jnp.asarray(b), lam=lam, iterations=iterations)
-    a_pg = np.asarray(a_pg, np.float64)
+    a_pg = np.asarray(_NNLS_PG(jnp.asarray(gram), jnp.asarray(b), lam, iterations), np.float64)
     f_pg, f_ex = objective(c, q, a_pg, lam), objective(c, q, a_exact, lam)
     exact_scores = np.full(n, -np.inf)
     exact_scores[order] = blend(a_exact, b, w)
@@ -112,8 +122,8 @@ def diagnose_episode(arr: batch.EpisodeArrays, n_q: int, *, pool: int, lam: floa
         'gold_rank_cfsr_exact': best_gold_rank(exact_scores, gold),
     }
     for name, s in (('cosine', cos), ('cfsr', s_pg), ('cfsr_exact', exact_scores), ('cfsr_w0.5', half_scores)):
-      top, _ = ranking.top_k(jnp.asarray(s, jnp.float32)[None], k=k)
-      row[f'ndcg@{k}_{name}'] = float(metrics.ndcg_at_k(np.asarray(top), gold[None], k=k)[0])
+      top = order(s)[:k]
+      row[f'ndcg@{k}_{name}'] = float(metrics.ndcg_at_k(top[None], gold[None], k=k)[0])
     out.append(row)
   return out
 
