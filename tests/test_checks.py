@@ -84,6 +84,9 @@ def test_mmr_lam_is_a_trade_off_in_unit_interval():
     (['fit.split=holdout', 'fit.n_test=0'], 'fit.n_test must be >= 1'),
     (['fit.folds=1'], 'fit.folds must be >= 2'),
     (['fit.steps=0'], 'fit.steps must be an integer >= 1'),
+    (['fit.anneal=[1.0,0.0]'], r'fit.anneal.end must be a number > 0, got 0'),
+    (['fit.anneal=[1.0]'], r'fit.anneal must be \[start, end\]'),
+    (['fit.gap_checks=-1'], 'fit.gap_checks must be >= 0'),
     (['pipeline=[cosine]'], 'nothing to fit'),
 ])
 def test_bad_fit_options_are_one_line_errors(overrides, match):

@@ -253,6 +253,19 @@ def test_experiment_writes_fitted_json(tmp_path):
     assert not set(f['scored_episodes']) & set(f['train_episodes'])
   assert res['n_questions'] == 105 + 197
   assert len(json.loads((tmp_path / 'out' / 'loss_curve.json').read_text())['conv-30']) == 2
+  # the soft-vs-hard gap at the start and end of each fold's fit (gap_checks 4 of 2 steps: steps 0, 1, 2)
+  gap = res['soft_hard_gap']
+  assert [r['step'] for r in gap['by_step']] == [0, 1, 2] and len(gap['per_fold']) == 2
+  for r in gap['by_step']:
+    assert 0.0 <= r['soft_ndcg'] <= 1.0 and 0.0 <= r['hard_ndcg'] <= 1.0
+    assert abs(r['gap'] - (r['soft_ndcg'] - r['hard_ndcg'])) < 1e-12
+  # per-category paired tests on the same questions, for the hand-set pipeline and each baseline
+  cats = res['per_question']['categories']
+  for c, v in res['by_category'].items():
+    assert v['n'] == cats.count(c) >= 10 and set(v['paired']) == {'rrf_cos_bm25', 'cosine'}
+    sel = [i for i, x in enumerate(cats) if x == c]
+    want = np.mean(np.asarray(res['per_question']['fitted']['ndcg@10'])[sel])
+    assert abs(v['fitted']['ndcg@10'] - want) < 1e-12
 
 
 def test_search_config_composes_and_flattens():
