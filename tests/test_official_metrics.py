@@ -250,3 +250,25 @@ def test_reader_protocol_and_offline_reader():
   assert reader('Who?', ['Charles Darwin is married to Amala Paul.', 'x']) == 'Charles Darwin is married to Amala Paul.'
   assert reader('Who?', []) == ''
   assert O.subem(reader('Who is Darwin married to?', ['Charles Darwin is married to Amala Paul.']), ['Amala Paul'])
+
+
+def test_turn_level_session_metrics_are_upstreams_turn2session():
+  """The dataset metrics ``session_recall_any@k`` / ``session_ndcg_any@k`` of a turn-level episode equal the literal
+  upstream transcription on random rankings (retrieved top turns), and a too-short ranking is refused."""
+  from engram_jax.data import longmemeval as L  # pylint: disable=import-outside-toplevel
+  from engram_jax.types import Episode, Item, Question  # pylint: disable=import-outside-toplevel
+  ids = ['s1_1', 's1_3', 'answer_a_2', 'noans_a_4', 's2_1', 's2_3', 'answer_b_1', 's3_1', 's3_3', 's4_1']
+  ep = Episode(id='q', items=tuple(Item(id=i, text=i, parent=O.turn_to_session_id(i), position=n)
+                                   for n, i in enumerate(ids)),
+               questions=(Question(id='q', text='x', gold=('answer_a_2', 'answer_b_1'), gold_parents=(),
+                                   category='c'),))
+  correct = O.longmemeval_correct_docs(ids)
+  rng = np.random.default_rng(0)
+  for _ in range(30):
+    ranking = rng.permutation(len(ids)).tolist()
+    for k in (1, 2, 3, 5):
+      want = _upstream_turn2session(ranking, correct, ids, k)
+      assert L.METRICS['session_recall_any'](ep, ep.questions[0], ranking, k) == want[0]
+      assert L.METRICS['session_ndcg_any'](ep, ep.questions[0], ranking, k) == pytest.approx(want[2])
+  with pytest.raises(ValueError, match='raise eval.k'):
+    L.METRICS['session_recall_any'](ep, ep.questions[0], [0, 1], 2)

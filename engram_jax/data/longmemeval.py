@@ -96,7 +96,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engram_jax import boundary
+from engram_jax import boundary, official
 from engram_jax.data.io import dataset_file, read_json, type_name
 from engram_jax.types import Episode, Item, LoadReport, Question
 
@@ -417,5 +417,33 @@ def load_longmemeval(root: str | os.PathLike | None = None, *, split: str = 's',
                                dataset=f'longmemeval_{split}')
 
 
-# dataset-owned metrics (name -> fn(episode, question, ranked indices, k)); evaluation.evaluate reads these
-METRICS = {'parent_recall': boundary.parent_recall_at}
+def _turn2session(ep: Episode, ranked: list[int], k: int) -> official.RetrievalScores:
+  """Upstream ``evaluate_retrieval_turn2session`` of a turn-level episode's ranked turn indices (the top
+  ``eval.k``; it must reach ``k`` distinct sessions, else the ValueError asks for a larger ``eval.k``)."""
+  corpus_ids = [it.id for it in ep.items]
+  ranked = [i for i in ranked if i >= 0]
+  try:
+    return official.evaluate_retrieval_turn2session(ranked, official.longmemeval_correct_docs(corpus_ids),
+                                                    corpus_ids, k=k)
+  except ValueError as e:
+    raise ValueError(f'{ep.id}: {e} (raise eval.k: the turn->session metrics need the top turns to cover '
+                     f'{k} sessions)') from e
+
+
+def session_recall_any_at(ep: Episode, q: Question, ranked: list[int], k: int) -> float:
+  """Official session-level ``recall_any@k`` from a turn ranking (``session_recall_any@k``, turn level only)."""
+  del q
+  return _turn2session(ep, ranked, k).recall_any
+
+
+def session_ndcg_any_at(ep: Episode, q: Question, ranked: list[int], k: int) -> float:
+  """Official session-level ``ndcg_any@k`` from a turn ranking (``session_ndcg_any@k``, turn level only)."""
+  del q
+  return _turn2session(ep, ranked, k).ndcg_any
+
+
+# dataset-owned metrics (name -> fn(episode, question, ranked indices, k)); evaluation.evaluate reads these.
+# session_*: upstream's turn->session conversion (evaluate_retrieval_turn2session) at turn level; ``k`` counts
+# distinct sessions, so eval.k (turns retrieved) must be large enough for the grown cutoff.
+METRICS = {'parent_recall': boundary.parent_recall_at, 'session_recall_any': session_recall_any_at,
+           'session_ndcg_any': session_ndcg_any_at}
