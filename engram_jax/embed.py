@@ -7,11 +7,17 @@ seed, tokenizer version). Computing a spec reads files only: it never loads mode
 
 The cache for one spec is a folder ``<cache_dir>/<model slug>-<spec hash[:12]>/`` holding ``spec.json`` and
 shards ``shard-*.npz`` (``keys``: sha256 of spec hash + text, ``vecs``: ``[N, D]`` float32, ``spec_hash``).
-``model_id`` is only the human-readable label. Every file is written atomically (a temporary file in the same
-folder, then ``os.replace``), so an interrupted run resumes where it stopped and concurrent readers never see a
-partial file. On read every shard is checked (float32, ``[N, D]`` with the spec's ``D``, finite, unit norm);
-a bad shard is reported, its good rows kept in a fresh shard, the shard deleted and the texts of its bad rows
-re-embedded. A warm cache never loads the model.
+``model_id`` is only the human-readable label. Every file is written atomically (a hidden temporary file in the
+same folder, flushed to disk, then ``os.replace``), so an interrupted run resumes where it stopped and concurrent
+readers never see a partial file (readers list ``shard-*.npz`` only). On read every shard is checked (float32,
+``[N, D]`` with the spec's ``D``, finite, unit norm); a bad shard is reported, its good rows kept in a fresh shard,
+the shard deleted and the texts of its bad rows re-embedded. A warm cache never loads the model.
+
+Concurrent jobs (a Hydra sweep, several SLURM tasks on a shared file system) may use one cache folder: a shard's
+name is the hash of its keys, and each chunk of texts is encoded under a file lock named after its shard
+(``filelock``), so two jobs that miss the same texts encode each chunk once: the second waits, then reads the
+first one's shard. Jobs missing different texts never wait for each other; a text in two jobs' chunks may end up
+in two shards, with equal vectors, and loading keeps one.
 """
 
 from __future__ import annotations
@@ -22,14 +28,17 @@ import hashlib
 import importlib.metadata
 import json
 import logging
+import multiprocessing
 import os
 import re
 import tempfile
+import weakref
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+import filelock
 import numpy as np
 from tqdm.auto import tqdm
 
@@ -282,14 +291,42 @@ def sentence_transformer_spec(folder: Path, *, device: str = 'cpu') -> Spec:
   }
 
 
+def pool_devices(device: str, processes: int) -> list[str]:
+  """The target device of each of ``processes`` pool workers: ``device`` itself when it names one (``cpu``,
+  ``cuda:1``), else the accelerators of that kind in turn (``cuda`` -> ``cuda:0``, ``cuda:1``, ...)."""
+  if processes < 1:
+    raise ValueError(f'processes must be >= 1, got {processes}')
+  if device == 'cpu' or ':' in device:
+    return [device] * processes
+  import torch  # pylint: disable=import-outside-toplevel
+  count = max(1, getattr(torch, device).device_count()) if hasattr(torch, device) else 1
+  return [f'{device}:{i % count}' for i in range(processes)]
+
+
+def _cpus() -> int:
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # not on Linux
+    return os.cpu_count() or 1
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class SentenceTransformerEncoder:
   """``texts -> [T, D]`` float32 backed by sentence-transformers. ``spec`` reads config files only; the model
-  is loaded on the first call (a warm cache never calls the encoder)."""
+  is loaded on the first call (a warm cache never calls the encoder).
+
+  ``processes > 1`` encodes through sentence-transformers' multi-process pool (``encode(..., pool=...)``): that
+  many spawned workers on ``pool_devices(device, processes)``, started on the first call and kept until
+  ``close()`` (or until the encoder is garbage-collected, or the interpreter exits). CPU workers get
+  ``cpus // processes`` threads each (``OMP_NUM_THREADS``, unless it is set). The vectors come back to this
+  process, which alone writes the cache; they equal the one-process ones up to float rounding (batches are
+  padded differently), so ``processes`` does not key the cache.
+  """
   model_id: str = DEFAULT_MODEL
   path: str | None = None
   batch_size: int = 64
   device: str = 'cpu'
+  processes: int = 1
 
   @functools.cached_property
   def folder(self) -> Path:
@@ -305,31 +342,100 @@ class SentenceTransformerEncoder:
     from sentence_transformers import SentenceTransformer  # pylint: disable=import-outside-toplevel
     return SentenceTransformer(str(self.folder), device=self.device)
 
+  @functools.cached_property
+  def pool(self) -> dict[str, Any]:
+    """The running multi-process pool (started on first use)."""
+    devices = pool_devices(self.device, self.processes)
+    threads = str(max(1, _cpus() // self.processes))
+    saved = {k: os.environ.get(k) for k in ('OMP_NUM_THREADS', 'MKL_NUM_THREADS')}
+    # a spawned child adopts its parent's global start method, and one of a library (loky's, in a worker of
+    # Hydra's joblib launcher) is unknown there: the workers die at start-up and the pool hangs
+    method = multiprocessing.get_start_method(allow_none=True)
+    foreign = method not in (None, *multiprocessing.get_all_start_methods())
+    try:
+      for k, v in saved.items():  # spawned workers read these at start-up; this process keeps its threads
+        if v is None and all(d == 'cpu' for d in devices):
+          os.environ[k] = threads
+      if foreign:
+        multiprocessing.set_start_method('spawn', force=True)
+      pool = self.model.start_multi_process_pool(devices)
+    finally:
+      if foreign:
+        multiprocessing.set_start_method(method, force=True)
+      for k, v in saved.items():
+        if v is None:
+          os.environ.pop(k, None)
+    # stopped when the encoder goes away or at exit; the finalizer holds the pool, never the encoder
+    self.__dict__['_stop_pool'] = weakref.finalize(self, type(self.model).stop_multi_process_pool, pool)
+    return pool
+
+  def close(self) -> None:
+    """Stop the multi-process pool, if one was started (a later call starts a new one)."""
+    stop = self.__dict__.pop('_stop_pool', None)
+    if stop is not None:
+      stop()
+      del self.__dict__['pool']
+
   def __call__(self, texts: list[str]) -> np.ndarray:
+    pool = {'pool': self.pool} if self.processes > 1 and texts else {}
     return self.model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True, normalize_embeddings=True,
-                             show_progress_bar=False).astype(np.float32)
+                             show_progress_bar=False, **pool).astype(np.float32)
 
 
 def sentence_transformer_encoder(model_id: str = DEFAULT_MODEL, *, path: str | None = None,
-                                 batch_size: int = 64, device: str = 'cpu') -> SentenceTransformerEncoder:
-  """A ``SentenceTransformerEncoder`` (loaded lazily on first call; ``.spec`` never loads it)."""
-  return SentenceTransformerEncoder(model_id, path, int(batch_size), device)
+                                 batch_size: int = 64, device: str = 'cpu',
+                                 processes: int = 1) -> SentenceTransformerEncoder:
+  """A ``SentenceTransformerEncoder`` (loaded lazily on first call; ``.spec`` never loads it). ``processes > 1``:
+  encode through a pool of that many worker processes (big corpora; see the class)."""
+  if int(processes) < 1:
+    raise ValueError(f'sentence_transformer_encoder: processes must be >= 1, got {processes}')
+  return SentenceTransformerEncoder(model_id, path, int(batch_size), device, int(processes))
 
 
 # ----------------------------------------------------------------------------------------------
 # The cache
 
 
-def _atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
-  """Write ``path`` through a temporary file in the same folder and ``os.replace``."""
+def _umask() -> int:
+  mask = os.umask(0o022)
+  os.umask(mask)
+  return mask
+
+
+UMASK = _umask()
+
+
+def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+  """Write ``path`` through a hidden temporary file in the same folder, flushed to disk, then ``os.replace``
+  (atomic on POSIX, also on NFS): a reader sees the old file or the whole new one, never a part; a crash leaves
+  at most a stray ``.*.tmp``. The file gets the usual ``0666 & ~umask`` mode (a group-shared cache stays readable),
+  not ``mkstemp``'s 0600."""
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
   try:
     with os.fdopen(fd, 'wb') as f:
+      if hasattr(os, 'fchmod'):
+        os.fchmod(f.fileno(), 0o666 & ~UMASK)
       write(f)
+      f.flush()
+      os.fsync(f.fileno())
     os.replace(tmp, path)
   except BaseException:
     Path(tmp).unlink(missing_ok=True)
     raise
+
+
+def shard_name(keys: Sequence[str]) -> str:
+  """The file name of the shard holding ``keys`` (cache keys, in order): the same keys always give the same name,
+  so two jobs writing the same chunk replace one file."""
+  return f'shard-{hashlib.sha256("".join(keys).encode()).hexdigest()[:16]}.npz'
+
+
+def _same_file(path: Path, seen: os.stat_result) -> bool:
+  try:
+    now = path.stat()
+  except FileNotFoundError:
+    return False
+  return (now.st_ino, now.st_dev, now.st_mtime_ns) == (seen.st_ino, seen.st_dev, seen.st_mtime_ns)
 
 
 def _good_rows(vecs: np.ndarray) -> np.ndarray:
@@ -392,47 +498,61 @@ class EmbeddingCache:
       return f'{vecs.shape[1]}-dim vectors, expected {self.dim}'
     return None
 
-  def _discard(self, shard: Path, problem: str, dropped: int) -> None:
+  def _discard(self, shard: Path, problem: str, dropped: int, seen: os.stat_result | None) -> None:
     log.warning('Embedding cache shard %s (%s) is bad: %s; deleting it, its texts will be re-embedded.',
                 shard, self.model_id, problem)
     self.rebuilt.append(shard.name)
     self.problems.append(f'{shard.name}: {problem}')
     self.dropped += dropped
-    shard.unlink(missing_ok=True)
+    if seen is None or _same_file(shard, seen):  # not a good copy another job wrote since we read it
+      shard.unlink(missing_ok=True)
+
+  def read(self, shard: Path) -> tuple[np.ndarray, np.ndarray]:
+    """The good rows ``(keys [N], vecs [N, D])`` of one shard (none when it is missing). A bad shard is reported
+    (``rebuilt``, ``problems``, ``dropped``), its good rows rewritten to a fresh shard, and deleted."""
+    empty = (np.zeros(0, str), np.zeros((0, self.dim or 0), np.float32))
+    seen = None
+    try:
+      seen = shard.stat()
+      with np.load(shard, allow_pickle=False) as z:
+        keys, vecs = z['keys'], z['vecs']
+        written_for = str(z['spec_hash']) if 'spec_hash' in z.files else None
+    except FileNotFoundError:
+      return empty  # deleted by a concurrent run since the listing
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as e:
+      if shard.exists():
+        reason = f'{type(e).__name__}: {e}' if zipfile.is_zipfile(shard) else 'not an .npz archive'
+        self._discard(shard, f'unreadable ({reason})', 0, seen)
+      return empty
+    problem = self._shard_problem(keys, vecs, written_for)
+    if problem is not None:
+      self._discard(shard, problem, len(keys) if keys.ndim == 1 else 0, seen)
+      return empty
+    good = _good_rows(vecs)
+    if not good.all():
+      if good.any():
+        self.write(keys[good].tolist(), vecs[good])
+      self._discard(shard, f'{int((~good).sum())} of {len(good)} vectors not finite and unit-norm '
+                    f'(tolerance {NORM_TOL})', int((~good).sum()), seen)
+    if self.dim is None:
+      self.dim = int(vecs.shape[1])
+    return keys[good], vecs[good]
 
   def load(self) -> dict[str, np.ndarray]:
-    """``{key: [D] float32}`` from every good shard; bad shards are reported (``rebuilt``, ``problems``,
-    ``dropped``), their good rows rewritten to a fresh shard, and deleted."""
+    """``{key: [D] float32}`` from every good shard (:meth:`read`)."""
     table: dict[str, np.ndarray] = {}
-    if not self.dir.is_dir():
-      return table
-    for shard in sorted(self.dir.glob('shard-*.npz')):
-      try:
-        with np.load(shard, allow_pickle=False) as z:
-          keys, vecs = z['keys'], z['vecs']
-          written_for = str(z['spec_hash']) if 'spec_hash' in z.files else None
-      except FileNotFoundError:
-        continue  # deleted by a concurrent run since the listing
-      except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as e:
-        if not shard.exists():
-          continue
-        reason = f'{type(e).__name__}: {e}' if zipfile.is_zipfile(shard) else 'not an .npz archive'
-        self._discard(shard, f'unreadable ({reason})', 0)
-        continue
-      problem = self._shard_problem(keys, vecs, written_for)
-      if problem is not None:
-        self._discard(shard, problem, len(keys) if keys.ndim == 1 else 0)
-        continue
-      good = _good_rows(vecs)
-      if not good.all():
-        if good.any():
-          self.write(keys[good].tolist(), vecs[good])
-        self._discard(shard, f'{int((~good).sum())} of {len(good)} vectors not finite and unit-norm '
-                      f'(tolerance {NORM_TOL})', int((~good).sum()))
-      if self.dim is None:
-        self.dim = int(vecs.shape[1])
-      table.update(zip(keys[good].tolist(), vecs[good]))
+    if self.dir.is_dir():
+      for shard in sorted(self.dir.glob('shard-*.npz')):
+        keys, vecs = self.read(shard)
+        table.update(zip(keys.tolist(), vecs))
     return table
+
+  def claim(self, keys: Sequence[str]) -> filelock.BaseFileLock:
+    """A file lock for the shard of ``keys`` (a context manager): held while encoding and writing it, so that
+    a concurrent job that misses the same chunk waits and then reads the shard instead of encoding it again."""
+    locks = self.dir / '.locks'
+    locks.mkdir(parents=True, exist_ok=True)
+    return filelock.FileLock(locks / f'{shard_name(keys)}.lock')
 
   def _write_spec(self) -> None:
     path = self.dir / 'spec.json'
@@ -443,7 +563,7 @@ class EmbeddingCache:
     except (OSError, ValueError):
       pass
     text = json.dumps(self.spec, sort_keys=True, indent=2) + '\n'
-    _atomic_write(path, lambda f: f.write(text.encode('utf-8')))
+    atomic_write(path, lambda f: f.write(text.encode('utf-8')))
 
   def write(self, keys: Sequence[str], vecs: np.ndarray) -> None:
     """Add one shard holding ``keys`` (cache keys) and ``vecs`` (``[N, D]`` unit-norm)."""
@@ -453,9 +573,8 @@ class EmbeddingCache:
                        f'(expected [N, {self.dim}])')
     self.dir.mkdir(parents=True, exist_ok=True)
     self._write_spec()
-    name = f'shard-{hashlib.sha256("".join(keys).encode()).hexdigest()[:16]}.npz'
-    _atomic_write(self.dir / name, lambda f: np.savez(f, keys=np.asarray(list(keys), dtype=str), vecs=vecs,
-                                                      spec_hash=np.asarray(self.spec_hash)))
+    atomic_write(self.dir / shard_name(keys), lambda f: np.savez(f, keys=np.asarray(list(keys), dtype=str),
+                                                                  vecs=vecs, spec_hash=np.asarray(self.spec_hash)))
 
 
 def _label(model_id: str, spec: Mapping[str, Any]) -> str:
@@ -501,19 +620,26 @@ def embed_with_report(texts: Sequence[str], *, cache_dir: str | os.PathLike, mod
   table = cache.load()
   keys = [cache.key(t) for t in texts]
   missing = list(dict.fromkeys(k for k in keys if k not in table))
+  embedded = 0
   if missing:
     by_key = dict(zip(keys, texts))
     bar = tqdm(total=len(missing), desc=f'embedding ({model_id})', unit='text', disable=not progress)
     for start in range(0, len(missing), shard_size):
       chunk = missing[start:start + shard_size]
-      vecs = _checked_output(encoder([by_key[k] for k in chunk]), len(chunk), cache)
-      cache.dim = cache.dim or int(vecs.shape[1])
-      cache.write(chunk, vecs)
-      table.update(zip(chunk, vecs))
+      with cache.claim(chunk):
+        done, vecs = cache.read(cache.dir / shard_name(chunk))  # written by a concurrent job while we waited
+        table.update(zip(done.tolist(), vecs))
+        todo = [k for k in chunk if k not in table]
+        if todo:
+          vecs = _checked_output(encoder([by_key[k] for k in todo]), len(todo), cache)
+          cache.dim = cache.dim or int(vecs.shape[1])
+          cache.write(todo, vecs)
+          table.update(zip(todo, vecs))
+          embedded += len(todo)
       bar.update(len(chunk))
     bar.close()
   report = CacheReport(model_id=model_id, folder=str(cache.dir), spec_hash=cache.spec_hash,
-                       cached=len(set(keys)) - len(missing), embedded=len(missing), rebuilt=list(cache.rebuilt),
+                       cached=len(set(keys)) - embedded, embedded=embedded, rebuilt=list(cache.rebuilt),
                        dropped=cache.dropped, problems=list(cache.problems))
   out = np.stack([table[k] for k in keys]) if keys else np.zeros((0, cache.dim or 0), np.float32)
   return out.astype(np.float32, copy=False), report

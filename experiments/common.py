@@ -5,6 +5,8 @@ another entry point's internals.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import importlib
 import json
 import logging
@@ -15,7 +17,7 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from engram_jax import embed, pipeline
+from engram_jax import compile_cache, embed, pipeline
 from engram_jax.types import Episode, LoadReport
 
 log = logging.getLogger(__name__)
@@ -23,15 +25,24 @@ CONF = Path(__file__).resolve().parents[1] / 'conf'
 PIPELINE_EXTRAS = ('tune', 'replicate', 'skip_datasets')
 
 
+@functools.cache
+def _staged_compile_cache(folder: str) -> str:
+  """This process's staging folder of the shared compilation cache ``folder`` (one per process and folder: the
+  jobs of an in-process multirun share it), published into ``folder`` at exit (engram_jax.compile_cache)."""
+  private = compile_cache.stage(folder)
+  atexit.register(compile_cache.publish, private, folder)
+  return str(private)
+
+
 def enable_compile_cache(cfg: DictConfig) -> str | None:
   """Turn on JAX's persistent compilation cache in ``cfg.paths.compile_cache_dir`` (null: off), so that a warm
-  rerun of the same configuration compiles nothing; returns the folder used."""
+  rerun of the same configuration compiles nothing; returns the folder used. Concurrent jobs share it safely: each
+  process works in a staging copy and publishes whole entries at exit (:mod:`engram_jax.compile_cache`)."""
   folder = cfg.paths.get('compile_cache_dir')
   if not folder:
     return None
   import jax  # pylint: disable=import-outside-toplevel
-  Path(folder).mkdir(parents=True, exist_ok=True)
-  jax.config.update('jax_compilation_cache_dir', str(folder))
+  jax.config.update('jax_compilation_cache_dir', _staged_compile_cache(str(folder)))
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
   jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
   return str(folder)

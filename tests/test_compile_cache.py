@@ -1,0 +1,56 @@
+"""The shared JAX compilation cache: jobs stage privately and publish whole entries atomically; a warm second
+process compiles nothing; two processes racing on one folder leave only whole entries."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from engram_jax import compile_cache
+
+ROOT = Path(__file__).resolve().parents[1]
+JOB = textwrap.dedent('''
+    import sys, jax, jax.numpy as jnp
+    from omegaconf import OmegaConf
+    from experiments import common
+    common.enable_compile_cache(OmegaConf.create({'paths': {'compile_cache_dir': sys.argv[1]}}))
+    f = jax.jit(lambda x: jnp.sin(x) * float(sys.argv[2]))
+    print(float(f(jnp.float32(1.0))))
+''')
+
+
+def _run(folder, scale):
+  return subprocess.Popen([sys.executable, '-c', JOB, str(folder), str(scale)], cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+
+
+def test_stage_links_and_publish_is_atomic_and_idempotent(tmp_path):
+  shared = tmp_path / 'jc'
+  shared.mkdir()
+  (shared / 'a-cache').write_bytes(b'A' * 10)
+  private = compile_cache.stage(shared)
+  assert private.parent == shared and (private / 'a-cache').read_bytes() == b'A' * 10
+  assert os.stat(private / 'a-cache').st_ino == os.stat(shared / 'a-cache').st_ino  # a hard link, not a copy
+  (private / 'b-cache').write_bytes(b'B' * 5)
+  other = compile_cache.stage(shared)
+  (other / 'b-cache').write_bytes(b'B' * 5)
+  assert compile_cache.publish(private, shared) == ['b-cache']
+  assert compile_cache.publish(other, shared) == []  # already there: one whole entry
+  assert sorted(p.name for p in shared.iterdir()) == ['a-cache', 'b-cache']  # staging folders gone, no temp files
+  assert (shared / 'b-cache').read_bytes() == b'B' * 5
+
+
+def test_concurrent_jobs_share_one_folder(tmp_path):
+  shared = tmp_path / 'jc'
+  jobs = [_run(shared, s) for s in (2.0, 2.0, 3.0)]  # two compile the same program at once, one another
+  outs = [j.communicate(timeout=300) for j in jobs]
+  assert all(j.returncode == 0 for j in jobs), [e for _, e in outs]
+  assert [float(o) for o, _ in outs][:2] == [float(outs[0][0])] * 2
+  entries = sorted(shared.glob('*-cache'))
+  assert entries and not list(shared.glob('.stage-*')) and not list(shared.glob('.*.tmp'))
+  # a warm process reads every published entry whole: no 'Error reading persistent compilation cache entry'
+  warm = _run(shared, 2.0)
+  out, err = warm.communicate(timeout=300)
+  assert warm.returncode == 0 and float(out) == float(outs[0][0])
+  assert 'Error reading' not in err, err
