@@ -310,3 +310,20 @@ def pad(x, n_pad, d_pad=None):
   out = np.zeros((n_pad, d_pad), x.dtype)
   out[:x.shape[0], :x.shape[1]] = x
   return out
+
+
+def revision_signal_ref(q, docs, where, *, pool, theta, delta):
+  """The time-aware CFS-R revision detector by its definition, with loops: ``(r_q, top pool cosine)`` for one
+  query ``q [D]`` over ``docs [N, D]`` (real rows ``where``; write time = position / (N_real - 1))."""
+  where = np.asarray(where, bool)
+  keep = sorted(np.flatnonzero(where), key=lambda i: (-(docs[i] @ q), -i))[:pool]  # later item wins ties
+  top = max(docs[i] @ q for i in keep)
+  n_real = int(where.sum())
+  t = np.where(where, np.arange(len(where)) / max(n_real - 1, 1), 0.0)
+  rho = {i: max(0.0, 1 - (top - docs[i] @ q) / delta) for i in keep}
+  best = 0.0
+  for i in keep:
+    for j in keep:
+      if i != j and docs[i] @ docs[j] >= theta:
+        best = max(best, rho[i] * rho[j] * abs(t[i] - t[j]))
+  return best, top

@@ -100,20 +100,6 @@ def test_newer_of_two_identical_memories_wins():
   np.testing.assert_allclose(closed, plain, atol=1e-12)
 
 
-def _revision_ref(q, docs, where, *, pool, theta, delta):
-  """r_q by its definition, with loops."""
-  keep = sorted(np.flatnonzero(where), key=lambda i: (-(docs[i] @ q), -i))[:pool]  # later item wins ties
-  top = max(docs[i] @ q for i in keep)
-  t = _t(where)
-  rho = {i: max(0.0, 1 - (top - docs[i] @ q) / delta) for i in keep}
-  best = 0.0
-  for i in keep:
-    for j in keep:
-      if i != j and docs[i] @ docs[j] >= theta:
-        best = max(best, rho[i] * rho[j] * abs(t[i] - t[j]))
-  return best
-
-
 @given(episodes(), st.floats(0.0, 0.9), st.floats(0.02, 0.5), st.floats(0.0, 0.5))
 def test_gated_matches_reference(ep, theta, delta, rho0):
   docs, queries, where = ep
@@ -122,7 +108,7 @@ def test_gated_matches_reference(ep, theta, delta, rho0):
   got = np.asarray(gated_jit(queries, docs, POS, where=where, gamma=0.3, theta=theta, delta=delta, rho0=rho0, **kw))
   clean = np.where(where[:, None], np.nan_to_num(docs), 0.0)
   for qi in range(Q):
-    r = _revision_ref(queries[qi], clean, where, pool=5, theta=theta, delta=delta)
+    r, _ = ref.revision_signal_ref(queries[qi], clean, where, pool=5, theta=theta, delta=delta)
     if abs(r - rho0) < 1e-9:
       continue  # a tie at the gate threshold: float rounding may fall either way
     want = base[qi] + 0.3 * float(r >= rho0) * _t(where)

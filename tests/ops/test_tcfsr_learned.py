@@ -14,6 +14,7 @@ import strategies
 from engram_jax import features, ranking
 from engram_jax.ops import cfsr, tcfsr
 from engram_jax.ops import tcfsr_learned as tl
+from engram_jax.testing import reference as ref
 
 N_PAD, D_PAD, Q = 24, 8, 3
 STATIC = ('pool', 'iterations', 'power_iterations', 'batch_size', 'theta', 'delta')
@@ -30,20 +31,6 @@ F = features.question_features(TEXTS)
 def _t(where):
   n_real = int(where.sum())
   return np.where(where, POS / max(n_real - 1, 1), 0.0)
-
-
-def _revision_ref(q, docs, where, *, pool, theta, delta):
-  """r_q and the top pool cosine by their definitions, with loops."""
-  keep = sorted(np.flatnonzero(where), key=lambda i: (-(docs[i] @ q), -i))[:pool]
-  top = max(docs[i] @ q for i in keep)
-  t = _t(where)
-  rho = {i: max(0.0, 1 - (top - docs[i] @ q) / delta) for i in keep}
-  best = 0.0
-  for i in keep:
-    for j in keep:
-      if i != j and docs[i] @ docs[j] >= theta:
-        best = max(best, rho[i] * rho[j] * abs(t[i] - t[j]))
-  return best, top
 
 
 def test_question_features():
@@ -77,7 +64,7 @@ def test_matches_reference(ep, u, gamma, theta):
   got = np.asarray(learned_jit(queries, docs, POS, F, weights=u, gamma=gamma, theta=theta, delta=0.1, **kw))
   clean = np.where(where[:, None], np.nan_to_num(docs), 0.0)
   for qi in range(Q):
-    r, top = _revision_ref(queries[qi], clean, where, pool=5, theta=theta, delta=0.1)
+    r, top = ref.revision_signal_ref(queries[qi], clean, where, pool=5, theta=theta, delta=0.1)
     x = np.concatenate([F[qi], [r, top]])
     g = 1.0 / (1.0 + np.exp(-(u @ x)))
     want = base[qi] + gamma * g * _t(where)
