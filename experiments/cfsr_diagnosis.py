@@ -66,7 +66,7 @@ _NNLS_PG = jax.jit(lambda g, b, lam, iterations: cfsr_ops.nnls_ridge_pg(g, b, la
                    static_argnums=3)
 
 
-def order(scores: np.ndarray) -> np.ndarray:
+def ranked(scores: np.ndarray) -> np.ndarray:
   """Item indices best first (ties: the later item first, the shared rule); -inf items last."""
   n = len(scores)
   return np.lexsort((-np.arange(n), -np.where(np.isfinite(scores), scores, -np.inf)))
@@ -75,7 +75,7 @@ def order(scores: np.ndarray) -> np.ndarray:
 def best_gold_rank(scores: np.ndarray, gold: np.ndarray) -> int:
   """1-based rank of the best-ranked gold item under ``scores`` (``[N]``, -inf = unranked; ties: later first)."""
   ranks = np.empty(len(scores), int)
-  ranks[order(scores)] = np.arange(1, len(scores) + 1)
+  ranks[ranked(scores)] = np.arange(1, len(scores) + 1)
   return int(ranks[gold].min()) if gold.any() else -1
 
 
@@ -122,7 +122,7 @@ def diagnose_episode(arr: batch.EpisodeArrays, n_q: int, *, pool: int, lam: floa
         'gold_rank_cfsr_exact': best_gold_rank(exact_scores, gold),
     }
     for name, s in (('cosine', cos), ('cfsr', s_pg), ('cfsr_exact', exact_scores), ('cfsr_w0.5', half_scores)):
-      top = order(s)[:k]
+      top = ranked(s)[:k]
       row[f'ndcg@{k}_{name}'] = float(metrics.ndcg_at_k(top[None], gold[None], k=k)[0])
     out.append(row)
   return out
