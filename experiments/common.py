@@ -42,6 +42,9 @@ def enable_compile_cache(cfg: DictConfig) -> str | None:
   if not folder:
     return None
   import jax  # pylint: disable=import-outside-toplevel
+  # XLA's own GPU caches would live under the (per-process) staging folder and put its path into every cache key,
+  # so no process would ever hit another's entries: keep them off (on CPU they do nothing anyway)
+  jax.config.update('jax_persistent_cache_enable_xla_caches', 'none')
   jax.config.update('jax_compilation_cache_dir', _staged_compile_cache(str(folder)))
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
   jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)

@@ -12,11 +12,14 @@ from engram_jax import compile_cache
 ROOT = Path(__file__).resolve().parents[1]
 JOB = textwrap.dedent('''
     import sys, jax, jax.numpy as jnp
+    from jax._src import monitoring
+    hits = []
+    monitoring.register_event_listener(lambda name, **kw: hits.append(name) if name.endswith('cache_hits') else None)
     from omegaconf import OmegaConf
     from experiments import common
     common.enable_compile_cache(OmegaConf.create({'paths': {'compile_cache_dir': sys.argv[1]}}))
     f = jax.jit(lambda x: jnp.sin(x) * float(sys.argv[2]))
-    print(float(f(jnp.float32(1.0))))
+    print(float(f(jnp.float32(1.0))), len(hits))
 ''')
 
 
@@ -46,11 +49,14 @@ def test_concurrent_jobs_share_one_folder(tmp_path):
   jobs = [_run(shared, s) for s in (2.0, 2.0, 3.0)]  # two compile the same program at once, one another
   outs = [j.communicate(timeout=300) for j in jobs]
   assert all(j.returncode == 0 for j in jobs), [e for _, e in outs]
-  assert [float(o) for o, _ in outs][:2] == [float(outs[0][0])] * 2
+  values = [float(o.split()[0]) for o, _ in outs]
+  assert values[:2] == [values[0]] * 2
   entries = sorted(shared.glob('*-cache'))
   assert entries and not list(shared.glob('.stage-*')) and not list(shared.glob('.*.tmp'))
   # a warm process reads every published entry whole: no 'Error reading persistent compilation cache entry'
   warm = _run(shared, 2.0)
   out, err = warm.communicate(timeout=300)
-  assert warm.returncode == 0 and float(out) == float(outs[0][0])
+  value, hits = out.split()
+  assert warm.returncode == 0 and float(value) == values[0]
   assert 'Error reading' not in err, err
+  assert int(hits) >= 1  # served from the shared cache (keys do not depend on the staging folder's path)
