@@ -92,17 +92,13 @@ def diagnose_episode(arr: batch.EpisodeArrays, n_q: int, *, pool: int, lam: floa
     q = np.asarray(arr.queries[j])
     gold = np.asarray(arr.labels[j])[:n]
     cos = docs @ q
-    order = np.argsort(-cos, kind='stable')[:min(pool, n)]
+    order = ranked(cos)[:min(pool, n)]  # the operator's pool: cosine top-P, later item first on ties
     c = docs[order]
     gram = c @ c.T
     ev = np.linalg.eigvalsh(gram.astype(np.float64))
     a_exact = exact_nnls_ridge(c, q, lam)
     s_pg = pg[j][:n]
-    # recover the PG coefficients' support from the operator's blend: w mm(a) = s - (1 - w) mm(b)
     b = cos[order]
-    mmb = (b - b.min()) / (b.max() - b.min()) if b.max() > b.min() else np.zeros_like(b)
-    a_pg_mm = (s_pg[order] - (1 - w) * mmb) / w
-    support = int(np.sum(a_pg_mm > 1e-6))
     a_pg = np.asarray(_NNLS_PG(jnp.asarray(gram), jnp.asarray(b), lam, iterations), np.float64)
     f_pg, f_ex = objective(c, q, a_pg, lam), objective(c, q, a_exact, lam)
     exact_scores = np.full(n, -np.inf)
@@ -113,7 +109,7 @@ def diagnose_episode(arr: batch.EpisodeArrays, n_q: int, *, pool: int, lam: floa
     off = gram[~np.eye(len(order), dtype=bool)]
     row = {
         'n_items': n, 'pool': len(order), 'mean_offdiag_cos': float(off.mean()) if off.size else float('nan'),
-        'cond': float(ev[-1] / max(ev[0], 1e-12)), 'support': support,
+        'cond': float(ev[-1] / max(ev[0], 1e-12)), 'support': int(np.sum(a_pg > 1e-6)),
         'support_exact': int(np.sum(a_exact > 1e-6)),
         'pg_rel_gap': (f_pg - f_ex) / max(f_ex, 1e-12),
         'gold_in_pool': float(gold_pool.any()),

@@ -84,16 +84,13 @@ def gap_monitor(cfg: DictConfig, name: str, pipe: pipeline.Pipeline, problem: fi
   knob values of that step, both averaged over the same training questions."""
   k = int(cfg.eval.k)
   soft_eval = fit.make_soft_eval(problem, max_gold=fit.max_gold_of(rows))
-  row_eps = np.asarray([e.id for e in episodes for _ in e.questions])
-  train_eps = sorted(set(row_eps[train]), key=[e.id for e in episodes].index)
-  sel = [i for i, e in enumerate(episodes) if e.id in set(train_eps)]
+  train_eps = set(np.asarray([e.id for e in episodes for _ in e.questions])[train])
+  sel = [i for i, e in enumerate(episodes) if e.id in train_eps]
 
   def watch(step: int, scale: float, vals: dict) -> dict[str, float]:
     del step
     soft = fit.soft_ndcg_rows(soft_eval, vals, rows, train, scale=scale, batch_size=int(cfg.fit.batch_size))
-    values = {p: float(vals[p]) for p, _ in problem.fitted}
-    if problem.normalise_weights:
-      values.update({f'legs.{leg.name}.weight': float(vals[f'legs.{leg.name}.weight']) for leg in problem.legs})
+    values = fit.fitted_values(problem, vals)
     r = evaluation.evaluate([episodes[i] for i in sel], None, {name: pipeline.with_values(pipe, values)}, k=k,
                             metrics=[f'ndcg@{k}'], seed=int(cfg.seed), progress=False,
                             arrays=[arrays[i] for i in sel])
@@ -123,15 +120,25 @@ def score_folds(cfg: DictConfig, name: str, pipe: pipeline.Pipeline, episodes, e
   return {m: np.concatenate([by_ep[e][m] for e in order]) for m in metrics}
 
 
-def paired_rows(name: str, baselines) -> list[str]:
-  return [name, *baselines]
+def paired_tests(after: dict[str, np.ndarray], before, rows: list[str], metrics: list[str], *, seed: int,
+                 n_resamples: int, sel: np.ndarray | slice = slice(None)) -> dict[str, dict[str, dict]]:
+  """Fitted minus each hand-set row in ``rows`` on the questions ``sel``, every (row, metric) pair in one batched
+  pass (:func:`engram_jax.stats.paired_tests`; a pair's result is the same alone or in the batch):
+  ``{row: {metric: PairedResult dict}}``."""
+  pairs = [(r, m) for r in rows for m in metrics]
+  res = stats.paired_tests(np.stack([after[m][sel] for _, m in pairs]),
+                           np.stack([before.scores[r][m][sel] for r, m in pairs]), seed=seed, n_resamples=n_resamples)
+  out: dict[str, dict[str, dict]] = {r: {} for r in rows}
+  for (r, m), t in zip(pairs, res):
+    out[r][m] = t.to_dict()
+  return out
 
 
-def category_tests(before, after: dict[str, np.ndarray], name: str, baselines, metrics: list[str], *, seed: int,
+def category_tests(before, after: dict[str, np.ndarray], rows: list[str], metrics: list[str], *, seed: int,
                    n_resamples: int, min_questions: int = 10) -> dict[str, Any]:
-  """Per question category (with at least ``min_questions``): the fitted mean and the paired difference to the
-  hand-set pipeline and every baseline (time-sensitive subsets: LongMemEval's knowledge-update and
-  temporal-reasoning, LoCoMo's category 2)."""
+  """Per question category (with at least ``min_questions``): the fitted mean and the paired difference to each
+  hand-set row (time-sensitive subsets: LongMemEval's knowledge-update and temporal-reasoning, LoCoMo's
+  category 2)."""
   cats = np.asarray([str(c) for c in before.categories])
   out = {}
   for c in sorted(set(cats)):
@@ -139,11 +146,8 @@ def category_tests(before, after: dict[str, np.ndarray], name: str, baselines, m
     if sel.sum() < min_questions:
       continue
     out[c] = {'n': int(sel.sum()), 'fitted': {m: float(np.mean(after[m][sel])) for m in metrics},
-              'hand_set': {r: {m: float(np.mean(before.scores[r][m][sel])) for m in metrics}
-                           for r in paired_rows(name, baselines)},
-              'paired': {r: {m: stats.paired_test(after[m][sel], before.scores[r][m][sel], seed=seed,
-                                                  n_resamples=n_resamples).to_dict() for m in metrics}
-                         for r in paired_rows(name, baselines)}}
+              'hand_set': {r: {m: float(np.mean(before.scores[r][m][sel])) for m in metrics} for r in rows},
+              'paired': paired_tests(after, before, rows, metrics, seed=seed, n_resamples=n_resamples, sel=sel)}
   return out
 
 
@@ -208,12 +212,10 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   rows = {f'{name} (hand-set)': before.scores[name], f'{name} (fitted, out of fold)': after}
   rows.update({f'{b} (hand-set)': before.scores[b] for b in baselines})
   summary = {r: {m: _interval(v[m], seed, nres) for m in metrics} for r, v in rows.items()}
-  paired = {f'fitted - {name} (hand-set)': {m: stats.paired_test(after[m], before.scores[name][m], seed=seed,
-                                                                  n_resamples=nres).to_dict() for m in metrics}}
-  for b in baselines:
-    paired[f'fitted - {b} (hand-set)'] = {m: stats.paired_test(after[m], before.scores[b][m], seed=seed,
-                                                                n_resamples=nres).to_dict() for m in metrics}
-  by_category = category_tests(before, after, name, baselines, metrics, seed=seed, n_resamples=nres)
+  hand_rows = [name, *baselines]
+  paired = {f'fitted - {r} (hand-set)': v
+            for r, v in paired_tests(after, before, hand_rows, metrics, seed=seed, n_resamples=nres).items()}
+  by_category = category_tests(before, after, hand_rows, metrics, seed=seed, n_resamples=nres)
   fitted = {'pipeline': name, 'folds': {ep: res.values for fold, res in zip(folds, fits) for ep in fold}}
   split = {'kind': cfg.fit.split, 'seed': int(cfg.fit.seed), 'folds': [
       {'scored_episodes': list(f), 'train_episodes': sorted({e.id for e in episodes} - set(f)),
@@ -247,8 +249,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   primary = (protocol_info or {}).get('primary_metric') or metrics[0]
   if len(by_category) > 1:
     lines += ['', f'By category ({primary}; fitted minus each hand-set row, paired, 95% CI, p):', '',
-              '| category | n | fitted | ' + ' | '.join(f'- {r}' for r in paired_rows(name, baselines)) + ' |',
-              '|---|---|---|' + '---|' * len(paired_rows(name, baselines))]
+              '| category | n | fitted | ' + ' | '.join(f'- {r}' for r in hand_rows) + ' |',
+              '|---|---|---|' + '---|' * len(hand_rows)]
     for c, v in by_category.items():
       cells = [f'{t[primary]["delta"]:+.4f} [{t[primary]["lo"]:+.4f}, {t[primary]["hi"]:+.4f}], {t[primary]["p"]:.3g}'
                for t in v['paired'].values()]

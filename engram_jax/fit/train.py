@@ -104,6 +104,15 @@ def max_gold_of(rows: Rows) -> int:
 Monitor = Callable[[int, float, dict[str, Array]], dict[str, float]]
 
 
+def fitted_values(problem: Problem, vals: Mapping[str, Array]) -> dict[str, float]:
+  """The values the hard pipeline takes from a fit (:func:`effective_values`' output): every fitted knob, and every
+  fusion weight when they are renormalised."""
+  out = {p: float(vals[p]) for p, _ in problem.fitted}
+  if problem.normalise_weights:
+    out.update({f'legs.{leg.name}.weight': float(vals[f'legs.{leg.name}.weight']) for leg in problem.legs})
+  return out
+
+
 def fit(problem: Problem, knobs: Knobs, fixed: Mapping[str, float], rows: Rows, train: np.ndarray, *,
         optimizer: optax.GradientTransformation, steps: int, batch_size: int, seed: int = DEFAULT_SEED,
         step_fn: Callable | None = None, max_gold: int | None = None, anneal: tuple[float, float] = (1.0, 1.0),
@@ -141,12 +150,9 @@ def fit(problem: Problem, knobs: Knobs, fixed: Mapping[str, float], rows: Rows, 
     state, loss = step_fn(state, fixed_j, rows, jnp.asarray(idx), jnp.asarray(w), jnp.float32(scale))
     losses.append(loss)
     scales.append(scale)
-  vals = effective_values(problem, state.raw, fixed_j)
-  out = {p: float(vals[p]) for p, _ in problem.fitted}
+  out = fitted_values(problem, effective_values(problem, state.raw, fixed_j))
   if not all(np.isfinite(v) for v in out.values()) or not np.all(np.isfinite(np.asarray(losses))):
     raise FloatingPointError(f'fit of {problem.name} diverged (non-finite loss or knobs): {out}')
-  if problem.normalise_weights:
-    out.update({f'legs.{leg.name}.weight': float(vals[f'legs.{leg.name}.weight']) for leg in problem.legs})
   return FitResult(values=out, losses=[float(x) for x in losses], train_rows=len(train),
                    wall_s=time.perf_counter() - t0, scales=scales, monitor=watched)
 
@@ -182,7 +188,6 @@ def crossfit(problem: Problem, knobs: Knobs, fixed: Mapping[str, float], rows: R
           f'{np.mean(res.losses[-10:]):.4f} in {res.wall_s:.1f}s; {res.values}')
     out.append(res)
   return out
-
 
 
 def make_soft_eval(problem: Problem, *, max_gold: int) -> Callable:

@@ -126,21 +126,6 @@ def _with_features(query: Array, docs: Array, query_features: Array) -> tuple[Ar
           jnp.concatenate([docs, jnp.zeros(docs.shape[:-1] + f.shape[-1:], docs.dtype)], axis=-1))
 
 
-def learned_gate(ep: EpisodeArrays, *, weights: ArrayLike, pool: int = 150, iterations: int = 80,
-                 lam: float = 0.005, theta: float = 0.7, delta: float = 0.1) -> Array:
-  """Per-question gate value ``[Q]`` in (0, 1) (for analysis)."""
-  where = jnp.asarray(ep.where, bool)
-  t_all = write_time(ep.positions, where)
-  dim = ep.queries.shape[-1]
-  q_and_f, docs_ext = _with_features(ep.queries, ep.docs, ep.query_features)
-
-  def one(qf, d, wh, g):
-    sol = solve_pool(qf, d, wh, g, t_all, pool=pool, iterations=iterations, lam=lam, power_iterations=20)
-    return RecencyGate().apply(gate_params(weights), gate_inputs(qf[dim:], sol, theta=theta, delta=delta))
-
-  return map_queries(one, q_and_f, docs_ext, where, episode_gram(ep.docs), batch_size=16)
-
-
 def _weights(options: Mapping[str, ArrayLike]) -> Array:
   return jnp.stack([jnp.asarray(options[name], jnp.float32) for name in WEIGHTS])
 
