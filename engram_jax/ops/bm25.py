@@ -43,7 +43,7 @@ from jax.typing import ArrayLike
 
 from engram_jax.ops import pools
 from engram_jax.shapes import bucket
-from engram_jax.ops.registry import Knob, Operator, SoftTwin, register
+from engram_jax.ops.registry import Knob, Operator, SoftTwin, knob_defaults, register
 
 if TYPE_CHECKING:  # a type only: engram_jax.batch imports the BM25 tokenizers from here
   from engram_jax.batch import EpisodeArrays
@@ -62,6 +62,14 @@ def flat_tokenize(text: str) -> list[str]:
 
 
 TOKENIZERS = {'words': tokenize, 'flat': flat_tokenize}
+
+
+# The declaration of BM25's knobs: the one place their defaults are written (signatures below read _D).
+KNOBS = (Knob('k1', 1.5, transform='log', check='>0', doc='BM25 term saturation'),
+         Knob('b', 0.75, transform='logit', check='[0,1]', doc='BM25 length normalisation'),
+         Knob('epsilon', 0.25, static=True, check='>=0', doc='BM25 idf floor factor'),
+         Knob('tokenizer', 'words', static=True, check=tuple(TOKENIZERS), doc='term tokenizer'))
+_D = knob_defaults(KNOBS)
 
 
 def get_tokenizer(name: str) -> Callable[[str], list[str]]:
@@ -181,8 +189,9 @@ def _idf(df: Array, n: Array, epsilon: ArrayLike) -> Array:
 GATHER_BUDGET = 1 << 24
 
 
-def bm25_sparse_scores(lex: Lexicon, *, where: Array | None = None, k1: ArrayLike = 1.5, b: ArrayLike = 0.75,
-                       epsilon: ArrayLike = 0.25, batch_size: int | None = 32) -> Array:
+def bm25_sparse_scores(lex: Lexicon, *, where: Array | None = None, k1: ArrayLike = _D['k1'],
+                       b: ArrayLike = _D['b'], epsilon: ArrayLike = _D['epsilon'],
+                       batch_size: int | None = 32) -> Array:
   r"""Okapi BM25 scores from sparse term statistics; equal to :func:`bm25_scores` on the dense counts (tested) and
   to ``rank_bm25.BM25Okapi``.
 
@@ -236,8 +245,8 @@ def bm25_sparse_scores(lex: Lexicon, *, where: Array | None = None, k1: ArrayLik
   return jnp.where(real, s, -jnp.inf)
 
 
-def bm25_scores(query_tf: Array, doc_tf: Array, *, where: Array | None = None, k1: ArrayLike = 1.5,
-                b: ArrayLike = 0.75, epsilon: ArrayLike = 0.25) -> Array:
+def bm25_scores(query_tf: Array, doc_tf: Array, *, where: Array | None = None, k1: ArrayLike = _D['k1'],
+                b: ArrayLike = _D['b'], epsilon: ArrayLike = _D['epsilon']) -> Array:
   r"""Okapi BM25 scores, equal to ``rank_bm25.BM25Okapi(corpus).get_scores(query)``.
 
   Definition:
@@ -314,8 +323,8 @@ def bm25_from_stats(tf: Array, wq: Array, dlr: Array, *, k1: Array, b: Array) ->
 
 
 
-def bm25_leg(ep: EpisodeArrays, key: Array, *, k1: float = 1.5, b: float = 0.75, epsilon: float = 0.25,
-             tokenizer: str = 'words') -> Array:
+def bm25_leg(ep: EpisodeArrays, key: Array, *, k1: float = _D['k1'], b: float = _D['b'],
+             epsilon: float = _D['epsilon'], tokenizer: str = _D['tokenizer']) -> Array:
   """BM25Okapi scores ``[Q, N]`` over the term counts of ``tokenizer`` (``'words'``, or ``'flat'`` for
   LongMemEval's official flat-bm25).
 
@@ -329,7 +338,9 @@ def bm25_leg(ep: EpisodeArrays, key: Array, *, k1: float = 1.5, b: float = 0.75,
   return bm25_sparse_scores(ep.lexicons[tokenizer], where=ep.where, k1=k1, b=b, epsilon=epsilon)
 
 
-def _rows(ep: EpisodeArrays, n_questions: int, n_pad: int, options, settings) -> dict:
+def term_rows(ep: EpisodeArrays, n_questions: int, n_pad: int, options, settings) -> dict:
+  """BM25's soft-twin rows (its ``SoftTwin.rows``; reusable by operators built on BM25): per question the term
+  counts ``'tf' [Q, T, n_pad]``, count x idf ``'w' [Q, T]`` and ``'dlr' [Q, n_pad]`` (|d| / avgdl; pad with 1.0)."""
   del settings
   if options['tokenizer'] != 'words':
     raise ValueError(f"fitting BM25 is supported with the 'words' tokenizer, got {options['tokenizer']!r}")
@@ -338,16 +349,20 @@ def _rows(ep: EpisodeArrays, n_questions: int, n_pad: int, options, settings) ->
           'dlr': pools.pad_items(np.broadcast_to(dlr, (n_questions, dlr.shape[0])), n_pad, 1.0)}
 
 
+def term_scores(rows, values) -> Array:
+  """BM25 ``[B, N]`` on a batch of :func:`term_rows` (no mask), differentiable in ``values['k1']``, ``['b']``."""
+  return bm25_from_stats(rows['tf'], rows['w'], rows['dlr'], k1=values['k1'], b=values['b'])
+
+
+TERM_FILL = {'dlr': 1.0}  # the padding of term_rows' entries when episodes of different sizes are stacked
+
+
 def _soft(rows, values, ctx) -> Array:
-  s = bm25_from_stats(rows['tf'], rows['w'], rows['dlr'], k1=values['k1'], b=values['b'])
+  s = term_scores(rows, values)
   return jnp.where(ctx.where, s, -jnp.inf)
 
 
 BM25 = register(Operator(
-    name='bm25', leg=bm25_leg, doc="Okapi BM25 (rank_bm25's BM25Okapi semantics)",
-    knobs=(Knob('k1', 1.5, transform='log', check='>0', doc='BM25 term saturation'),
-           Knob('b', 0.75, transform='logit', check='[0,1]', doc='BM25 length normalisation'),
-           Knob('epsilon', 0.25, static=True, check='>=0', doc='BM25 idf floor factor'),
-           Knob('tokenizer', 'words', static=True, check=tuple(TOKENIZERS), doc='term tokenizer')),
-    soft=SoftTwin(rows=_rows, scores=_soft, fill={'dlr': 1.0}),
+    name='bm25', leg=bm25_leg, doc="Okapi BM25 (rank_bm25's BM25Okapi semantics)", knobs=KNOBS,
+    soft=SoftTwin(rows=term_rows, scores=_soft, fill=TERM_FILL),
     needs=lambda options: {'tokenizers': (options['tokenizer'],)}))

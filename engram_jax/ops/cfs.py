@@ -20,14 +20,22 @@ from engram_jax.ops import pools
 from engram_jax.ops.greedy import (Selection, SoftSelection, episode_gram, greedy, map_pool_batch, map_queries,
                                    pool_inputs, scatter_pool_selection, scatter_probs, selection_scores,
                                    soft_greedy, soft_pool_inputs)
-from engram_jax.ops.registry import Knob, Operator, SoftTwin, register
+from engram_jax.ops.registry import Knob, Operator, SoftTwin, knob_defaults, register
 
 if TYPE_CHECKING:  # a type only: engram_jax.batch imports the BM25 tokenizers from here
   from engram_jax.batch import EpisodeArrays
 
+# The declaration of CFS's knobs: the one place their defaults are written (signatures below read _D).
+KNOBS = (Knob('k', 10, static=True, check='int>=1', doc='number of picks'),
+         Knob('beta', 0.20, transform='log', check='>0', doc='field strength'),
+         Knob('sigma', 0.40, transform='log', check='>0', doc='a Gaussian width'),
+         Knob('floor', 1e-6, static=True, check='>0', doc='cosine floor under the log'),
+         Knob('pool', None, static=True, check='int>=1', doc='cosine prefilter (None = all items)'))
+_D = knob_defaults(KNOBS)
 
-def cfs_select(query: Array, docs: Array, *, k: int, beta: ArrayLike = 0.20, sigma: ArrayLike = 0.40,
-               where: Array | None = None, floor: float = 1e-6, pool: int | None = None,
+
+def cfs_select(query: Array, docs: Array, *, k: int, beta: ArrayLike = _D['beta'], sigma: ArrayLike = _D['sigma'],
+               where: Array | None = None, floor: float = _D['floor'], pool: int | None = None,
                gram: Array | None = None) -> Selection:
   r"""Conditional Field Subtraction: greedy picks under a summed Gaussian coverage field.
 
@@ -49,7 +57,7 @@ def cfs_select(query: Array, docs: Array, *, k: int, beta: ArrayLike = 0.20, sig
     query: ``[..., D]`` unit-norm query; leading axes are batch.
     docs: ``[N, D]`` or ``[..., N, D]`` unit-norm candidates.
     k: number of picks; static (sets a shape). ``k > N`` pads with -1.
-    beta, sigma: penalty strength and bandwidth (0.20, 0.40); traced, so they can be fit.
+    beta, sigma: penalty strength and bandwidth (defaults: the knobs); traced, so they can be fit.
     where: ``[N]`` or ``[..., N]`` True for real candidates; padded ones are never picked.
     floor: epsilon under the log, since cosine can be <= 0.
     pool: optional static cosine top-``pool`` prefilter (``pool >= N`` means all).
@@ -83,9 +91,9 @@ def cfs_select(query: Array, docs: Array, *, k: int, beta: ArrayLike = 0.20, sig
   return map_queries(one, query, docs, where, gram)
 
 
-def soft_cfs_select_gram(rel: Array, gram: Array, *, k: int, beta: ArrayLike = 0.20, sigma: ArrayLike = 0.40,
-                         temperature: ArrayLike = 0.1, where: Array | None = None,
-                         floor: float = 1e-6) -> SoftSelection:
+def soft_cfs_select_gram(rel: Array, gram: Array, *, k: int, beta: ArrayLike = _D['beta'],
+                         sigma: ArrayLike = _D['sigma'], temperature: ArrayLike = 0.1, where: Array | None = None,
+                         floor: float = _D['floor']) -> SoftSelection:
   r"""Relaxed CFS from relevance ``rel [..., P]`` and item inner products ``gram [..., P, P]``.
 
   The relaxed field after picks :math:`p_1..p_t` is :math:`\sum_{u \le t} K p_u` with
@@ -115,8 +123,9 @@ def soft_cfs_select_gram(rel: Array, gram: Array, *, k: int, beta: ArrayLike = 0
   return map_pool_batch(one, rel, gram, where, temperature)
 
 
-def soft_cfs_select(query: Array, docs: Array, *, k: int, beta: ArrayLike = 0.20, sigma: ArrayLike = 0.40,
-                    temperature: ArrayLike = 0.1, where: Array | None = None, floor: float = 1e-6,
+def soft_cfs_select(query: Array, docs: Array, *, k: int, beta: ArrayLike = _D['beta'],
+                    sigma: ArrayLike = _D['sigma'], temperature: ArrayLike = 0.1, where: Array | None = None,
+                    floor: float = _D['floor'],
                     pool: int | None = None, gram: Array | None = None,
                     batch_size: int | None = None) -> SoftSelection:
   r"""Relaxed twin of :func:`cfs_select` (softmax-relaxed greedy steps, see :func:`soft_cfs_select_gram`).
@@ -137,8 +146,8 @@ def soft_cfs_select(query: Array, docs: Array, *, k: int, beta: ArrayLike = 0.20
 
 
 
-def cfs_leg(ep: EpisodeArrays, key: Array, *, k: int = 10, beta: float = 0.20, sigma: float = 0.40,
-            floor: float = 1e-6, pool: int | None = None) -> Array:
+def cfs_leg(ep: EpisodeArrays, key: Array, *, k: int = _D['k'], beta: float = _D['beta'],
+            sigma: float = _D['sigma'], floor: float = _D['floor'], pool: int | None = _D['pool']) -> Array:
   """CFS picks as leg scores ``[Q, N]``; item similarities from the episode Gram up to
   :data:`engram_jax.ops.greedy.GRAM_ITEMS` items, from the pooled rows above it (never N x N)."""
   del key
@@ -161,10 +170,5 @@ def _soft(rows, values, ctx) -> SoftSelection:
 
 
 CFS = register(Operator(
-    name='cfs', leg=cfs_leg, doc='Conditional Field Subtraction picks',
-    knobs=(Knob('k', 10, static=True, check='int>=1', doc='number of picks'),
-           Knob('beta', 0.20, transform='log', check='>0', doc='field strength'),
-           Knob('sigma', 0.40, transform='log', check='>0', doc='a Gaussian width'),
-           Knob('floor', 1e-6, static=True, check='>0', doc='cosine floor under the log'),
-           Knob('pool', None, static=True, check='int>=1', doc='cosine prefilter (None = all items)')),
+    name='cfs', leg=cfs_leg, doc='Conditional Field Subtraction picks', knobs=KNOBS,
     soft=SoftTwin(rows=pools.greedy_pool_rows, scores=_soft, selection=True)))

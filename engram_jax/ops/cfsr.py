@@ -30,16 +30,26 @@ from jax.typing import ArrayLike
 from engram_jax import ranking
 from engram_jax.ops import pools
 from engram_jax.ops.greedy import episode_gram, map_queries
-from engram_jax.ops.registry import Knob, Operator, SoftTwin, register
+from engram_jax.ops.registry import Knob, Operator, SoftTwin, knob_defaults, register
 
-if TYPE_CHECKING:  # a type only: engram_jax.batch imports the BM25 tokenizers from here
+if TYPE_CHECKING:  # a type only (engram_jax.batch imports engram_jax.ops)
   from engram_jax.batch import EpisodeArrays
+
+# The declaration of CFS-R's knobs: the one place their defaults are written (signatures below read _D; the
+# time-aware variants in engram_jax.ops.tcfsr reuse the first four).
+KNOBS = (Knob('pool', 150, static=True, check='int>=1', doc='cosine pool P'),
+         Knob('iterations', 80, static=True, check='int>=0', doc='projected-gradient steps'),
+         Knob('lam', 0.005, transform='log', check='>0', doc='ridge strength'),
+         Knob('w', 0.90, transform='logit', check='[0,1]', doc='blend weight'),
+         Knob('batch_size', 16, static=True, check=None, doc='queries solved at a time (None = all)'))
+_D = knob_defaults(KNOBS)
 
 
 def minmax(x: Array, valid: Array) -> Array:
-  """``(x - min) / (max - min)`` over ``valid`` entries; 0 where ``max == min`` or nothing is valid."""
-  lo = jnp.min(jnp.where(valid, x, jnp.inf))
-  hi = jnp.max(jnp.where(valid, x, -jnp.inf))
+  """``(x - min) / (max - min)`` over the ``valid`` entries of each list ``[..., P]`` (last axis); 0 where
+  ``max == min`` or nothing is valid."""
+  lo = jnp.min(jnp.where(valid, x, jnp.inf), axis=-1, keepdims=True)
+  hi = jnp.max(jnp.where(valid, x, -jnp.inf), axis=-1, keepdims=True)
   span = hi - lo
   ok = valid & (span > 0)
   return jnp.where(ok, (x - jnp.where(ok, lo, 0.0)) / jnp.where(ok, span, 1.0), 0.0)
@@ -75,7 +85,7 @@ def nnls_ridge_pg(g: Array, b: Array, *, lam: ArrayLike, iterations: int, valid:
 
     :math:`L` is the Lipschitz constant of :math:`\nabla f`; :math:`\hat\lambda_{max}` is the Rayleigh
     quotient after ``power_iterations`` power iterations on :math:`G` from the all-ones vector (the
-    same rule in ``tests/reference_ops.py``). It converges to :math:`\lambda_{max}` from below; the
+    same rule in :mod:`engram_jax.testing.reference`). It converges to :math:`\lambda_{max}` from below; the
     iteration stays convergent for any estimate above :math:`\lambda_{max}/2` (step < 2/L).
 
   Args:
@@ -135,8 +145,8 @@ def cosine_pool(q: Array, d: Array, wh: Array, g: Array | None, *, pool: int
 
 
 def cfsr_scores(query: Array, docs: Array, *, where: Array | None = None, gram: Array | None = None,
-                pool: int = 150, iterations: int = 80, lam: ArrayLike = 0.005, w: ArrayLike = 0.90,
-                power_iterations: int = 20, batch_size: int | None = None) -> Array:
+                pool: int = _D['pool'], iterations: int = _D['iterations'], lam: ArrayLike = _D['lam'],
+                w: ArrayLike = _D['w'], power_iterations: int = 20, batch_size: int | None = None) -> Array:
   r"""CFS-R scores: non-negative reconstruction share blended with cosine, over a cosine pool.
 
   Definition:
@@ -161,10 +171,10 @@ def cfsr_scores(query: Array, docs: Array, *, where: Array | None = None, gram: 
     where: ``[N]`` or ``[..., N]`` True for real items.
     gram: optional ``[N, N]`` (or ``[..., N, N]``) precomputed ``docs @ docs.T``: compute it once per
       episode and each query gathers its P x P block instead of multiplying P x D by D x P.
-    pool: P, static (150).
-    iterations: projected-gradient steps, static (80).
-    lam: ridge weight :math:`\lambda` (0.005); traced, differentiable.
-    w: blend weight (0.90); traced, differentiable.
+    pool: P, static (default: the ``pool`` knob).
+    iterations: projected-gradient steps, static (the ``iterations`` knob).
+    lam: ridge weight :math:`\lambda` (the ``lam`` knob); traced, differentiable.
+    w: blend weight (the ``w`` knob); traced, differentiable.
     power_iterations: static (20).
     batch_size: static; if set, queries are solved ``batch_size`` at a time (``lax.map`` over
       chunks, ``vmap`` inside) so that each chunk's P x P Grams stay in cache across the
@@ -222,8 +232,8 @@ def _solve_pools_lam_bwd(iterations, power_iterations, batch_size, da_dlam, ct):
 _solve_pools_lam.defvjp(_solve_pools_lam_fwd, _solve_pools_lam_bwd)
 
 
-def cfsr_pool_scores(b: Array, g: Array, *, valid: Array | None = None, lam: ArrayLike = 0.005,
-                     w: ArrayLike = 0.90, iterations: int = 80, power_iterations: int = 20,
+def cfsr_pool_scores(b: Array, g: Array, *, valid: Array | None = None, lam: ArrayLike = _D['lam'],
+                     w: ArrayLike = _D['w'], iterations: int = _D['iterations'], power_iterations: int = 20,
                      batch_size: int | None = None, lam_grad: str = 'reverse') -> Array:
   r"""CFS-R scores on a pool that is already gathered: ``b [..., P]`` pool cosines, ``g [..., P, P]`` pool Gram.
 
@@ -261,13 +271,12 @@ def cfsr_pool_scores(b: Array, g: Array, *, valid: Array | None = None, lam: Arr
   else:
     raise ValueError(f"lam_grad must be 'reverse' or 'forward', got {lam_grad!r}")
   w_ = jnp.asarray(w, b.dtype)
-  mm = jax.vmap(minmax)
-  s = w_ * mm(a, fv) + (1.0 - w_) * mm(fb, fv)
+  s = w_ * minmax(a, fv) + (1.0 - w_) * minmax(fb, fv)
   return jnp.where(fv, s, -jnp.inf).reshape(batch + (p,))
 
 
-def cfsr_leg(ep: EpisodeArrays, key: Array, *, pool: int = 150, iterations: int = 80, lam: float = 0.005,
-             w: float = 0.90, batch_size: int | None = 16) -> Array:
+def cfsr_leg(ep: EpisodeArrays, key: Array, *, pool: int = _D['pool'], iterations: int = _D['iterations'],
+             lam: float = _D['lam'], w: float = _D['w'], batch_size: int | None = _D['batch_size']) -> Array:
   """CFS-R scores ``[Q, N]`` (``-inf`` outside the cosine pool); queries solved in chunks of ``batch_size``
   (about 3x faster than one vmap over all queries on CPU; ``None`` = all at once, likely better on GPU).
 
@@ -293,9 +302,4 @@ def _soft(rows, values, ctx) -> Array:
 
 CFSR = register(Operator(
     name='cfsr', leg=cfsr_leg, doc='Conditional Field Reconstruction: NNLS share of the query over a cosine pool',
-    knobs=(Knob('pool', 150, static=True, check='int>=1', doc='cosine pool P'),
-           Knob('iterations', 80, static=True, check='int>=0', doc='projected-gradient steps'),
-           Knob('lam', 0.005, transform='log', check='>0', doc='ridge strength'),
-           Knob('w', 0.90, transform='logit', check='[0,1]', doc='blend weight'),
-           Knob('batch_size', 16, static=True, check=None, doc='queries solved at a time (None = all)')),
-    soft=SoftTwin(rows=_rows, scores=_soft)))
+    knobs=KNOBS, soft=SoftTwin(rows=_rows, scores=_soft)))

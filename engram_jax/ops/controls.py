@@ -21,13 +21,20 @@ from jax.typing import ArrayLike
 from engram_jax import ranking
 from engram_jax.ops.bm25 import bm25_leg
 from engram_jax.ops.cosine import cosine_scores
-from engram_jax.ops.registry import Knob, Operator, register
+from engram_jax.ops.registry import Knob, Operator, knob_defaults, register
 
 if TYPE_CHECKING:  # a type only: engram_jax.batch imports the BM25 tokenizers from here
   from engram_jax.batch import EpisodeArrays
 
 # mem0/utils/scoring.py get_bm25_params: (upper bound on query terms, midpoint, steepness).
 MEM0_BM25_PARAMS = ((3, 5.0, 0.7), (6, 7.0, 0.6), (9, 9.0, 0.5), (15, 10.0, 0.5), (None, 12.0, 0.5))
+
+# The declarations of the controls' knobs: the one place their defaults are written (signatures below read them).
+COS2_KNOBS = (Knob('eps', 0.30, check='>=0', doc='noise scale'),
+              Knob('seed', 0, check='int>=0', doc='noise draw (traced: seeds share one compiled program)'))
+MEM0_KNOBS = (Knob('threshold', 0.1, check='[0,1]', doc='semantic gate'),
+              Knob('pool', 60, static=True, check='int>=1', doc='over-fetch of both searches'))
+_COS2, _MEM0 = knob_defaults(COS2_KNOBS), knob_defaults(MEM0_KNOBS)
 
 
 def perturbed_cosine(query: Array, docs: Array, *, key: Array, eps: ArrayLike, where: Array | None = None) -> Array:
@@ -85,7 +92,7 @@ def mem0_bm25_params(n_query_terms: Array) -> tuple[Array, Array]:
 
 
 def additive_fuse(semantic: Array, bm25: Array, n_query_terms: Array, *, where: Array | None = None,
-                  threshold: ArrayLike = 0.1, pool: int = 60) -> Array:
+                  threshold: ArrayLike = _MEM0['threshold'], pool: int = _MEM0['pool']) -> Array:
   r"""mem0-style additive fusion of semantic and sigmoid-normalised BM25 scores.
 
   Transcribes the semantics of mem0's hybrid search (``mem0/utils/scoring.py``: ``normalize_bm25``,
@@ -146,12 +153,13 @@ def additive_fuse(semantic: Array, bm25: Array, n_query_terms: Array, *, where: 
   return jnp.where(sem_cand, fused, -jnp.inf)
 
 
-def cos2_leg(ep: EpisodeArrays, key: Array, *, eps: float = 0.30, seed: int = 0) -> Array:
+def cos2_leg(ep: EpisodeArrays, key: Array, *, eps: float = _COS2['eps'], seed: int = _COS2['seed']) -> Array:
   """Perturbed cosine ("cos2"): cosine plus ``eps`` Gaussian noise; ``seed`` selects the noise draw."""
   return perturbed_cosine(ep.queries, ep.docs, key=jax.random.fold_in(key, seed), eps=eps, where=ep.where)
 
 
-def mem0_leg(ep: EpisodeArrays, key: Array, *, threshold: float = 0.1, pool: int = 60) -> Array:
+def mem0_leg(ep: EpisodeArrays, key: Array, *, threshold: float = _MEM0['threshold'],
+             pool: int = _MEM0['pool']) -> Array:
   """mem0-style additive fusion of cosine and sigmoid-normalised BM25 (one score, use with fusion none).
 
   mem0 may return fewer than k candidates (semantic gate, pool); for equal k the remaining real items
@@ -164,11 +172,6 @@ def mem0_leg(ep: EpisodeArrays, key: Array, *, threshold: float = 0.1, pool: int
   return jnp.where(jnp.isneginf(fused) & ep.where, backfill, fused)
 
 
-COS2 = register(Operator(
-    name='cos2', leg=cos2_leg, doc='control: cosine + eps Gaussian noise',
-    knobs=(Knob('eps', 0.30, check='>=0', doc='noise scale'),
-           Knob('seed', 0, check='int>=0', doc='noise draw (traced: seeds share one compiled program)'))))
-MEM0 = register(Operator(
-    name='mem0', leg=mem0_leg, doc='control: mem0-style additive fusion of cosine and BM25',
-    knobs=(Knob('threshold', 0.1, check='[0,1]', doc='semantic gate'),
-           Knob('pool', 60, static=True, check='int>=1', doc='over-fetch of both searches'))))
+COS2 = register(Operator(name='cos2', leg=cos2_leg, doc='control: cosine + eps Gaussian noise', knobs=COS2_KNOBS))
+MEM0 = register(Operator(name='mem0', leg=mem0_leg, doc='control: mem0-style additive fusion of cosine and BM25',
+                         knobs=MEM0_KNOBS))

@@ -20,13 +20,19 @@ from engram_jax.ops import pools
 from engram_jax.ops.greedy import (Selection, SoftSelection, episode_gram, greedy, map_pool_batch, map_queries,
                                    pool_inputs, scatter_pool_selection, scatter_probs, selection_scores,
                                    soft_greedy, soft_pool_inputs)
-from engram_jax.ops.registry import Knob, Operator, SoftTwin, register
+from engram_jax.ops.registry import Knob, Operator, SoftTwin, knob_defaults, register
 
 if TYPE_CHECKING:  # a type only: engram_jax.batch imports the BM25 tokenizers from here
   from engram_jax.batch import EpisodeArrays
 
+# The declaration of MMR's knobs: the one place their defaults are written (signatures below read _D).
+KNOBS = (Knob('k', 10, static=True, check='int>=1', doc='number of picks'),
+         Knob('lam', 0.5, transform='logit', check='[0,1]', doc='MMR relevance/diversity trade-off'),
+         Knob('pool', None, static=True, check='int>=1', doc='cosine prefilter (None = all items)'))
+_D = knob_defaults(KNOBS)
 
-def mmr_select(query: Array, docs: Array, *, k: int, lam: ArrayLike = 0.5, where: Array | None = None,
+
+def mmr_select(query: Array, docs: Array, *, k: int, lam: ArrayLike = _D['lam'], where: Array | None = None,
                pool: int | None = None, gram: Array | None = None) -> Selection:
   r"""Maximal Marginal Relevance (Carbonell & Goldstein 1998), greedy.
 
@@ -63,7 +69,7 @@ def mmr_select(query: Array, docs: Array, *, k: int, lam: ArrayLike = 0.5, where
   return map_queries(one, query, docs, where, gram)
 
 
-def soft_mmr_select_gram(rel: Array, gram: Array, *, k: int, lam: ArrayLike = 0.5,
+def soft_mmr_select_gram(rel: Array, gram: Array, *, k: int, lam: ArrayLike = _D['lam'],
                          temperature: ArrayLike = 0.01, where: Array | None = None) -> SoftSelection:
   r"""Relaxed MMR from relevance ``rel [..., P]`` and item similarities ``gram [..., P, P]``.
 
@@ -89,7 +95,8 @@ def soft_mmr_select_gram(rel: Array, gram: Array, *, k: int, lam: ArrayLike = 0.
   return map_pool_batch(one, rel, gram, where, temperature)
 
 
-def soft_mmr_select(query: Array, docs: Array, *, k: int, lam: ArrayLike = 0.5, temperature: ArrayLike = 0.01,
+def soft_mmr_select(query: Array, docs: Array, *, k: int, lam: ArrayLike = _D['lam'],
+                    temperature: ArrayLike = 0.01,
                     where: Array | None = None, pool: int | None = None, gram: Array | None = None,
                     batch_size: int | None = None) -> SoftSelection:
   r"""Relaxed twin of :func:`mmr_select` (softmax-relaxed greedy steps, see :func:`soft_mmr_select_gram`).
@@ -109,7 +116,8 @@ def soft_mmr_select(query: Array, docs: Array, *, k: int, lam: ArrayLike = 0.5, 
 
 
 
-def mmr_leg(ep: EpisodeArrays, key: Array, *, k: int = 10, lam: float = 0.5, pool: int | None = None) -> Array:
+def mmr_leg(ep: EpisodeArrays, key: Array, *, k: int = _D['k'], lam: float = _D['lam'],
+            pool: int | None = _D['pool']) -> Array:
   """MMR picks as leg scores ``[Q, N]`` (picked items ranked in pick order, others ``-inf``); item similarities
   from the episode Gram up to :data:`engram_jax.ops.greedy.GRAM_ITEMS` items, from the pooled rows above it."""
   del key
@@ -128,8 +136,5 @@ def _soft(rows, values, ctx) -> SoftSelection:
 
 
 MMR = register(Operator(
-    name='mmr', leg=mmr_leg, doc='Maximal Marginal Relevance picks',
-    knobs=(Knob('k', 10, static=True, check='int>=1', doc='number of picks'),
-           Knob('lam', 0.5, transform='logit', check='[0,1]', doc='MMR relevance/diversity trade-off'),
-           Knob('pool', None, static=True, check='int>=1', doc='cosine prefilter (None = all items)')),
+    name='mmr', leg=mmr_leg, doc='Maximal Marginal Relevance picks', knobs=KNOBS,
     soft=SoftTwin(rows=pools.greedy_pool_rows, scores=_soft, selection=True)))

@@ -37,10 +37,11 @@ def question_cosines(ep: EpisodeArrays, n_questions: int, n_pad: int) -> np.ndar
 
 
 def write_time(positions: jax.Array, where: jax.Array) -> jax.Array:
-  r"""Write-order fraction ``[N]``: :math:`t_i = p_i / \max(N_{real} - 1, 1)` (0 oldest, 1 newest), 0 for padded
-  items. The time of the time-aware operators (:mod:`engram_jax.ops.tcfsr`) and of their soft twins' rows."""
+  r"""Write-order fraction ``[..., N]``: :math:`t_i = p_i / \max(N_{real} - 1, 1)` (0 oldest, 1 newest), 0 for padded
+  items, ``N_real`` counted per list (the last axis; leading axes are batch, e.g. a soft twin's ``[B, N]`` rows).
+  The time of the time-aware operators (:mod:`engram_jax.ops.tcfsr`) and of their soft twins' rows."""
   where = jnp.asarray(where, bool)
-  n_real = jnp.sum(where)
+  n_real = jnp.sum(where, axis=-1, keepdims=True)
   t = jnp.asarray(positions).astype(jnp.result_type(float)) / jnp.maximum(n_real - 1, 1)
   return jnp.where(where, t, 0.0)
 

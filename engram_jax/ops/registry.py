@@ -3,9 +3,15 @@
 An operator module (``engram_jax/ops/<family>.py``) declares each operator once with :func:`register`:
 
 * ``leg(ep, key, **knobs) -> [Q, N]`` scores of every question of a padded episode (``-inf`` = not ranked);
-* its knobs (:class:`Knob`): name, default (written only here), the unconstrained transform used for fitting,
-  whether it is static (sets shapes: k, pool, iterations) and its allowed range;
-* its soft twin (:class:`SoftTwin`) for fitting, or ``smooth`` saying why the hard leg already is one.
+* its knobs (:class:`Knob`): name, default, the unconstrained transform used for fitting, whether it is static
+  (sets shapes: k, pool, iterations) and its allowed range;
+* its soft twin (:class:`SoftTwin`) for fitting, or ``soft=None`` (then nothing of it is fittable).
+
+One source of truth for defaults: a knob's default is written only in its ``Knob(...)``. An operator module declares
+its knobs first and derives every keyword default of its leg and helpers from them (:func:`knob_defaults`:
+``lam: ArrayLike = _D['lam']``), so a signature cannot drift from the declaration;
+:func:`engram_jax.testing.check_operator` asserts that the leg's keywords are the knobs, in order, with those
+defaults, and that the soft twin equals the hard leg when cold.
 
 The pipeline builder (:mod:`engram_jax.pipeline`), the fitter (:mod:`engram_jax.fit`) and the bench iterate this
 registry; none of them branches on operator kind. Adding an operator is one module that calls :func:`register`
@@ -16,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 # Leg-level keys of a pipeline YAML leg node; an operator's knobs may not use them.
@@ -132,7 +138,7 @@ class Operator:
 
   @property
   def defaults(self) -> dict[str, Any]:
-    return {k.name: k.default for k in self.knobs}
+    return knob_defaults(self.knobs)
 
   @property
   def fittable(self) -> tuple[str, ...]:
@@ -152,6 +158,11 @@ class Operator:
     for k in self.knobs:
       k.validate(out[k.name], where)
     return out
+
+
+def knob_defaults(knobs: Sequence[Knob]) -> dict[str, Any]:
+  """``{name: default}`` of ``knobs``: what a module's signatures take their keyword defaults from."""
+  return {k.name: k.default for k in knobs}
 
 
 OPERATORS: dict[str, Operator] = {}

@@ -46,14 +46,32 @@ import jax.numpy as jnp
 from jax import Array
 from jax.typing import ArrayLike
 
-from engram_jax.ops import pools
+from engram_jax.ops import cfsr, pools
 from engram_jax.ops.pools import write_time
 from engram_jax.ops.cfsr import cosine_pool, minmax, nnls_ridge_pg
 from engram_jax.ops.greedy import episode_gram, map_queries
-from engram_jax.ops.registry import Knob, Operator, SoftTwin, register
+from engram_jax.ops.registry import Knob, Operator, SoftTwin, knob_defaults, register
 
 if TYPE_CHECKING:  # a type only: engram_jax.batch imports the BM25 tokenizers from here
   from engram_jax.batch import EpisodeArrays
+
+
+def cfsr_knobs() -> tuple[Knob, ...]:
+  """CFS-R's knobs ``pool``, ``iterations``, ``lam``, ``w`` (:data:`engram_jax.ops.cfsr.KNOBS`), shared by all."""
+  return cfsr.KNOBS[:4]
+
+
+# The declarations of the variants' knobs: the one place their defaults are written (signatures below read them).
+_BATCH = cfsr.KNOBS[4]
+PRIOR_KNOBS = cfsr_knobs() + (Knob('gamma', 0.1, transform='identity', doc='recency weight'), _BATCH)
+BASIS_KNOBS = cfsr_knobs() + (Knob('alpha', 0.2, transform='softplus', check='>=0', doc='time-feature scale'),
+                              Knob('anchor', 1.0, transform='identity', doc='target time'), _BATCH)
+GATED_KNOBS = cfsr_knobs() + (Knob('gamma', 0.2, transform='identity', doc='recency weight'),
+                              Knob('theta', 0.7, transform='logit', check='[0,1]', doc='near-duplicate cosine'),
+                              Knob('delta', 0.1, static=True, check='>=0', doc='relevance band below the best cosine'),
+                              Knob('rho0', 0.1, transform='logit', check='[0,1]', doc='gate threshold'), _BATCH)
+_C = knob_defaults(cfsr.KNOBS)
+_P, _B, _G = knob_defaults(PRIOR_KNOBS), knob_defaults(BASIS_KNOBS), knob_defaults(GATED_KNOBS)
 
 
 class PoolSolve(NamedTuple):
@@ -107,8 +125,9 @@ def _run(one, query, docs, positions, where, gram, batch_size):
 
 
 def tcfsr_prior_scores(query: Array, docs: Array, positions: Array, *, where: Array | None = None,
-                       gram: Array | None = None, pool: int = 150, iterations: int = 80, lam: ArrayLike = 0.005,
-                       w: ArrayLike = 0.90, gamma: ArrayLike = 0.1, power_iterations: int = 20,
+                       gram: Array | None = None, pool: int = _C['pool'], iterations: int = _C['iterations'],
+                       lam: ArrayLike = _C['lam'], w: ArrayLike = _C['w'], gamma: ArrayLike = _P['gamma'],
+                       power_iterations: int = 20,
                        batch_size: int | None = None) -> Array:
   r"""CFS-R with a recency prior inside the blend.
 
@@ -143,8 +162,9 @@ def tcfsr_prior_scores(query: Array, docs: Array, positions: Array, *, where: Ar
 
 
 def tcfsr_basis_scores(query: Array, docs: Array, positions: Array, *, where: Array | None = None,
-                       gram: Array | None = None, pool: int = 150, iterations: int = 80, lam: ArrayLike = 0.005,
-                       w: ArrayLike = 0.90, alpha: ArrayLike = 0.2, anchor: ArrayLike = 1.0,
+                       gram: Array | None = None, pool: int = _C['pool'], iterations: int = _C['iterations'],
+                       lam: ArrayLike = _C['lam'], w: ArrayLike = _C['w'], alpha: ArrayLike = _B['alpha'],
+                       anchor: ArrayLike = _B['anchor'],
                        power_iterations: int = 20, batch_size: int | None = None) -> Array:
   r"""CFS-R over a time-augmented basis: reconstruct ``[z_q, alpha * anchor]`` from rows ``[c_i, alpha * t_i]``.
 
@@ -175,7 +195,7 @@ def tcfsr_basis_scores(query: Array, docs: Array, positions: Array, *, where: Ar
   return _run(one, query, docs, positions, where, gram, batch_size)
 
 
-def revision_signal(sol: PoolSolve, *, theta: ArrayLike, delta: ArrayLike = 0.1,
+def revision_signal(sol: PoolSolve, *, theta: ArrayLike, delta: ArrayLike = _G['delta'],
                     temperature: ArrayLike | None = None) -> Array:
   r"""The revision detector's statistic for one query's pool (a scalar >= 0).
 
@@ -212,9 +232,10 @@ def _gated(query, docs, positions, *, where, gram, pool, iterations, lam, w, gam
 
 
 def tcfsr_gated_scores(query: Array, docs: Array, positions: Array, *, where: Array | None = None,
-                       gram: Array | None = None, pool: int = 150, iterations: int = 80, lam: ArrayLike = 0.005,
-                       w: ArrayLike = 0.90, gamma: ArrayLike = 0.2, theta: ArrayLike = 0.7, delta: ArrayLike = 0.1,
-                       rho0: ArrayLike = 0.1, power_iterations: int = 20, batch_size: int | None = None) -> Array:
+                       gram: Array | None = None, pool: int = _C['pool'], iterations: int = _C['iterations'],
+                       lam: ArrayLike = _C['lam'], w: ArrayLike = _C['w'], gamma: ArrayLike = _G['gamma'],
+                       theta: ArrayLike = _G['theta'], delta: ArrayLike = _G['delta'], rho0: ArrayLike = _G['rho0'],
+                       power_iterations: int = 20, batch_size: int | None = None) -> Array:
   r"""CFS-R plus a recency prior for queries whose pool shows a revised fact.
 
   Definition:
@@ -236,9 +257,10 @@ def tcfsr_gated_scores(query: Array, docs: Array, positions: Array, *, where: Ar
 
 
 def soft_tcfsr_gated_scores(query: Array, docs: Array, positions: Array, *, where: Array | None = None,
-                            gram: Array | None = None, pool: int = 150, iterations: int = 80,
-                            lam: ArrayLike = 0.005, w: ArrayLike = 0.90, gamma: ArrayLike = 0.2,
-                            theta: ArrayLike = 0.7, delta: ArrayLike = 0.1, rho0: ArrayLike = 0.1,
+                            gram: Array | None = None, pool: int = _C['pool'], iterations: int = _C['iterations'],
+                            lam: ArrayLike = _C['lam'], w: ArrayLike = _C['w'], gamma: ArrayLike = _G['gamma'],
+                            theta: ArrayLike = _G['theta'], delta: ArrayLike = _G['delta'],
+                            rho0: ArrayLike = _G['rho0'],
                             temperature: ArrayLike = 0.05,
                             power_iterations: int = 20, batch_size: int | None = None) -> Array:
   r"""Relaxed :func:`tcfsr_gated_scores`: both steps become :math:`\sigma(x / T)` at ``temperature`` T > 0.
@@ -257,33 +279,37 @@ def _leg_args(ep: EpisodeArrays) -> dict:
   return {'where': ep.where, 'gram': episode_gram(ep.docs)}
 
 
-def tcfsr_prior_leg(ep: EpisodeArrays, key: Array, *, pool: int = 150, iterations: int = 80, lam: float = 0.005,
-                    w: float = 0.90, gamma: float = 0.1, batch_size: int | None = 16) -> Array:
+def tcfsr_prior_leg(ep: EpisodeArrays, key: Array, *, pool: int = _P['pool'], iterations: int = _P['iterations'],
+                    lam: float = _P['lam'], w: float = _P['w'], gamma: float = _P['gamma'],
+                    batch_size: int | None = _P['batch_size']) -> Array:
   """:func:`tcfsr_prior_scores` as a leg ``[Q, N]``."""
   del key
   return tcfsr_prior_scores(ep.queries, ep.docs, ep.positions, **_leg_args(ep), pool=pool, iterations=iterations,
                             lam=lam, w=w, gamma=gamma, batch_size=batch_size)
 
 
-def tcfsr_basis_leg(ep: EpisodeArrays, key: Array, *, pool: int = 150, iterations: int = 80, lam: float = 0.005,
-                    w: float = 0.90, alpha: float = 0.2, anchor: float = 1.0, batch_size: int | None = 16) -> Array:
+def tcfsr_basis_leg(ep: EpisodeArrays, key: Array, *, pool: int = _B['pool'], iterations: int = _B['iterations'],
+                    lam: float = _B['lam'], w: float = _B['w'], alpha: float = _B['alpha'],
+                    anchor: float = _B['anchor'], batch_size: int | None = _B['batch_size']) -> Array:
   """:func:`tcfsr_basis_scores` as a leg ``[Q, N]``."""
   del key
   return tcfsr_basis_scores(ep.queries, ep.docs, ep.positions, **_leg_args(ep), pool=pool, iterations=iterations,
                             lam=lam, w=w, alpha=alpha, anchor=anchor, batch_size=batch_size)
 
 
-def tcfsr_gated_leg(ep: EpisodeArrays, key: Array, *, pool: int = 150, iterations: int = 80, lam: float = 0.005,
-                    w: float = 0.90, gamma: float = 0.2, theta: float = 0.7, delta: float = 0.1, rho0: float = 0.1,
-                    batch_size: int | None = 16) -> Array:
+def tcfsr_gated_leg(ep: EpisodeArrays, key: Array, *, pool: int = _G['pool'], iterations: int = _G['iterations'],
+                    lam: float = _G['lam'], w: float = _G['w'], gamma: float = _G['gamma'], theta: float = _G['theta'],
+                    delta: float = _G['delta'], rho0: float = _G['rho0'],
+                    batch_size: int | None = _G['batch_size']) -> Array:
   """:func:`tcfsr_gated_scores` as a leg ``[Q, N]``."""
   del key
   return tcfsr_gated_scores(ep.queries, ep.docs, ep.positions, **_leg_args(ep), pool=pool, iterations=iterations,
                             lam=lam, w=w, gamma=gamma, theta=theta, delta=delta, rho0=rho0, batch_size=batch_size)
 
 
-def revision_gate(ep: EpisodeArrays, *, pool: int = 150, iterations: int = 80, lam: float = 0.005,
-                  theta: float = 0.7, delta: float = 0.1, rho0: float = 0.1) -> Array:
+def revision_gate(ep: EpisodeArrays, *, pool: int = _G['pool'], iterations: int = _G['iterations'],
+                  lam: float = _G['lam'], theta: float = _G['theta'], delta: float = _G['delta'],
+                  rho0: float = _G['rho0']) -> Array:
   """Per-question gate ``[Q]`` (1 where the revision detector opens), for analysis of the gated leg."""
   where = jnp.asarray(ep.where, bool)
   t_all = write_time(ep.positions, where)
@@ -299,7 +325,8 @@ def revision_gate(ep: EpisodeArrays, *, pool: int = 150, iterations: int = 80, l
 
 def pool_scores(b: Array, g: Array, t: Array, valid: Array, *, variant: str, lam: ArrayLike, w: ArrayLike,
                 iterations: int, power_iterations: int = 20, gamma: ArrayLike = 0.0, alpha: ArrayLike = 0.0,
-                anchor: ArrayLike = 1.0, theta: ArrayLike = 0.7, delta: ArrayLike = 0.1, rho0: ArrayLike = 0.1,
+                anchor: ArrayLike = _B['anchor'], theta: ArrayLike = _G['theta'], delta: ArrayLike = _G['delta'],
+                rho0: ArrayLike = _G['rho0'],
                 temperature: ArrayLike | None = None) -> Array:
   """One variant's scores on gathered pools: ``b [B, P]`` pool cosines, ``g [B, P, P]`` pool Gram, ``t [B, P]``
   write-time fractions, ``valid [B, P]`` -> ``[B, P]`` (``-inf`` for invalid slots). The same computation as the
@@ -340,27 +367,12 @@ def _soft(variant: str):
   return scores
 
 
-def cfsr_knobs() -> tuple[Knob, ...]:
-  return (Knob('pool', 150, static=True, check='int>=1', doc='cosine pool P'),
-          Knob('iterations', 80, static=True, check='int>=0', doc='projected-gradient steps'),
-          Knob('lam', 0.005, transform='log', check='>0', doc='ridge strength'),
-          Knob('w', 0.90, transform='logit', check='[0,1]', doc='blend weight'))
-
-
-_BATCH = Knob('batch_size', 16, static=True, doc='queries solved at a time (None = all)')
 TCFSR_PRIOR = register(Operator(
-    name='tcfsr_prior', leg=tcfsr_prior_leg, doc='CFS-R + recency prior gamma * t in the blend',
-    knobs=cfsr_knobs() + (Knob('gamma', 0.1, transform='identity', doc='recency weight'), _BATCH),
+    name='tcfsr_prior', leg=tcfsr_prior_leg, doc='CFS-R + recency prior gamma * t in the blend', knobs=PRIOR_KNOBS,
     soft=SoftTwin(rows=_rows, scores=_soft('prior'))))
 TCFSR_BASIS = register(Operator(
-    name='tcfsr_basis', leg=tcfsr_basis_leg, doc='CFS-R over a time-augmented basis',
-    knobs=cfsr_knobs() + (Knob('alpha', 0.2, transform='softplus', check='>=0', doc='time-feature scale'),
-                           Knob('anchor', 1.0, transform='identity', doc='target time'), _BATCH),
+    name='tcfsr_basis', leg=tcfsr_basis_leg, doc='CFS-R over a time-augmented basis', knobs=BASIS_KNOBS,
     soft=SoftTwin(rows=_rows, scores=_soft('basis'))))
 TCFSR_GATED = register(Operator(
-    name='tcfsr_gated', leg=tcfsr_gated_leg, doc='CFS-R + recency gated by a revision detector',
-    knobs=cfsr_knobs() + (Knob('gamma', 0.2, transform='identity', doc='recency weight'),
-                           Knob('theta', 0.7, transform='logit', check='[0,1]', doc='near-duplicate cosine'),
-                           Knob('delta', 0.1, static=True, check='>=0', doc='relevance band below the best cosine'),
-                           Knob('rho0', 0.1, transform='logit', check='[0,1]', doc='gate threshold'), _BATCH),
+    name='tcfsr_gated', leg=tcfsr_gated_leg, doc='CFS-R + recency gated by a revision detector', knobs=GATED_KNOBS,
     soft=SoftTwin(rows=_rows, scores=_soft('gated'))))

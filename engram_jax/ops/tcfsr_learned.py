@@ -37,7 +37,7 @@ from engram_jax import features
 from engram_jax.ops import pools
 from engram_jax.ops.cfsr import nnls_ridge_pg
 from engram_jax.ops.greedy import episode_gram, map_queries
-from engram_jax.ops.registry import Knob, Operator, SoftTwin, register
+from engram_jax.ops.registry import Knob, Operator, SoftTwin, knob_defaults, register
 from engram_jax.ops.tcfsr import (PoolSolve, blend_pool, cfsr_knobs, check_corpus, revision_signal, scatter_pool,
                                   solve_pool)
 from engram_jax.ops.pools import write_time
@@ -49,6 +49,16 @@ GATE_INPUTS: tuple[str, ...] = (*features.FEATURES, 'revision', 'topcos')
 WEIGHTS: tuple[str, ...] = tuple(f'u_{name}' for name in GATE_INPUTS)
 if WEIGHTS != ('u_current', 'u_when', 'u_count', 'u_bias', 'u_revision', 'u_topcos'):
   raise ImportError(f'tcfsr_learned: the leg\'s gate keywords do not match the gate inputs {GATE_INPUTS}')
+
+# The declaration of the knobs: the one place their defaults are written (signatures below read _L).
+KNOBS = cfsr_knobs() + (
+    Knob('gamma', 0.2, transform='identity', doc='recency weight'),
+    Knob('theta', 0.7, static=True, check='[0,1]', doc='revision detector: near-duplicate cosine'),
+    Knob('delta', 0.1, static=True, check='>=0', doc='revision detector: relevance band'),
+    *(Knob(name, 0.0, transform='identity', doc=f'gate weight of input {inp}')
+      for name, inp in zip(WEIGHTS, GATE_INPUTS)),
+    Knob('batch_size', 16, static=True, doc='queries solved at a time (None = all)'))
+_L = knob_defaults(KNOBS)
 
 
 class RecencyGate(nn.Module):
@@ -80,9 +90,10 @@ def _gated_blend(sol: PoolSolve, x: Array, *, w: ArrayLike, gamma: ArrayLike, we
 
 
 def tcfsr_learned_scores(query: Array, docs: Array, positions: Array, query_features: Array, *,
-                         weights: ArrayLike, where: Array | None = None, gram: Array | None = None, pool: int = 150,
-                         iterations: int = 80, lam: ArrayLike = 0.005, w: ArrayLike = 0.90, gamma: ArrayLike = 0.2,
-                         theta: float = 0.7, delta: float = 0.1, power_iterations: int = 20,
+                         weights: ArrayLike, where: Array | None = None, gram: Array | None = None,
+                         pool: int = _L['pool'], iterations: int = _L['iterations'], lam: ArrayLike = _L['lam'],
+                         w: ArrayLike = _L['w'], gamma: ArrayLike = _L['gamma'], theta: float = _L['theta'],
+                         delta: float = _L['delta'], power_iterations: int = 20,
                          batch_size: int | None = None) -> Array:
   r"""CFS-R plus a recency prior weighted by a learned, question-aware gate (module docstring).
 
@@ -130,10 +141,12 @@ def _weights(options: Mapping[str, ArrayLike]) -> Array:
   return jnp.stack([jnp.asarray(options[name], jnp.float32) for name in WEIGHTS])
 
 
-def tcfsr_learned_leg(ep: EpisodeArrays, key: Array, *, pool: int = 150, iterations: int = 80, lam: float = 0.005,
-                      w: float = 0.90, gamma: float = 0.2, theta: float = 0.7, delta: float = 0.1,
-                      u_current: float = 0.0, u_when: float = 0.0, u_count: float = 0.0, u_bias: float = 0.0,
-                      u_revision: float = 0.0, u_topcos: float = 0.0, batch_size: int | None = 16) -> Array:
+def tcfsr_learned_leg(ep: EpisodeArrays, key: Array, *, pool: int = _L['pool'], iterations: int = _L['iterations'],
+                      lam: float = _L['lam'], w: float = _L['w'], gamma: float = _L['gamma'],
+                      theta: float = _L['theta'], delta: float = _L['delta'], u_current: float = _L['u_current'],
+                      u_when: float = _L['u_when'], u_count: float = _L['u_count'], u_bias: float = _L['u_bias'],
+                      u_revision: float = _L['u_revision'], u_topcos: float = _L['u_topcos'],
+                      batch_size: int | None = _L['batch_size']) -> Array:
   """:func:`tcfsr_learned_scores` as a leg ``[Q, N]`` (gate weights ``u_*`` in :data:`GATE_INPUTS` order)."""
   del key
   if ep.query_features is None:
@@ -148,8 +161,8 @@ def tcfsr_learned_leg(ep: EpisodeArrays, key: Array, *, pool: int = 150, iterati
 # ---- soft twin on precomputed pools ------------------------------------------------------------------------
 
 def learned_pool_scores(b: Array, g: Array, t: Array, valid: Array, text_features: Array, *, weights: ArrayLike,
-                        lam: ArrayLike, w: ArrayLike, gamma: ArrayLike, iterations: int, theta: float = 0.7,
-                        delta: float = 0.1, power_iterations: int = 20) -> Array:
+                        lam: ArrayLike, w: ArrayLike, gamma: ArrayLike, iterations: int, theta: float = _L['theta'],
+                        delta: float = _L['delta'], power_iterations: int = 20) -> Array:
   """The operator on gathered pools: ``b [B, P]``, ``g [B, P, P]``, ``t [B, P]``, ``valid [B, P]``,
   ``text_features [B, F_text]`` -> ``[B, P]`` (``-inf`` for invalid slots); equal to the hard operator."""
   def one(bi, gi, ti, vi, fi):
@@ -181,12 +194,5 @@ def _soft(rows, values, ctx) -> Array:
 
 TCFSR_LEARNED = register(Operator(
     name='tcfsr_learned', leg=tcfsr_learned_leg,
-    doc='CFS-R + recency prior weighted by a learned question-aware gate (flax logistic unit)',
-    knobs=cfsr_knobs() + (
-        Knob('gamma', 0.2, transform='identity', doc='recency weight'),
-        Knob('theta', 0.7, static=True, check='[0,1]', doc='revision detector: near-duplicate cosine'),
-        Knob('delta', 0.1, static=True, check='>=0', doc='revision detector: relevance band'),
-        *(Knob(name, 0.0, transform='identity', doc=f'gate weight of input {inp}')
-          for name, inp in zip(WEIGHTS, GATE_INPUTS)),
-        Knob('batch_size', 16, static=True, doc='queries solved at a time (None = all)')),
+    doc='CFS-R + recency prior weighted by a learned question-aware gate (flax logistic unit)', knobs=KNOBS,
     soft=SoftTwin(rows=_rows, scores=_soft)))

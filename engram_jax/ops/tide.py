@@ -21,12 +21,23 @@ from engram_jax import ranking
 from engram_jax.ops import bm25 as bm25_ops
 from engram_jax.ops import pools
 from engram_jax.ops.cosine import cosine_scores
-from engram_jax.ops.registry import Knob, Operator, SoftTwin, register
+from engram_jax.ops.registry import Knob, Operator, SoftTwin, knob_defaults, register
 
 if TYPE_CHECKING:  # a type only: engram_jax.batch imports the BM25 tokenizers from here
   from engram_jax.batch import EpisodeArrays
 
 BASES = ('cosine', 'bm25')
+
+# The declaration of Tide's knobs: the one place their defaults are written (the leg's signature reads _D; a BM25
+# base's k1 / b / epsilon default to BM25's own declaration).
+_BM25 = knob_defaults(bm25_ops.KNOBS)
+KNOBS = (Knob('recency', 0.15, transform='identity', doc='recency weight w'),
+         Knob('pool', 10, static=True, check='int>=1', doc='base candidates re-scored'),
+         Knob('base', 'cosine', static=True, check=BASES, doc='base leg'),
+         Knob('k1', _BM25['k1'], static=True, check='>0', doc='BM25 term saturation of a BM25 base'),
+         Knob('b', _BM25['b'], static=True, check='[0,1]', doc='BM25 length normalisation of a BM25 base'),
+         Knob('epsilon', _BM25['epsilon'], static=True, check='>=0', doc='BM25 idf floor factor of a BM25 base'))
+_D = knob_defaults(KNOBS)
 
 
 def _scatter_flags(idx: Array, flags: Array, n: int) -> Array:
@@ -93,8 +104,9 @@ def base_scores(ep: EpisodeArrays, key: Array, *, base: str, k1: float, b: float
   raise ValueError(f'tide: unknown base {base!r}; allowed: {list(BASES)}')
 
 
-def tide_leg(ep: EpisodeArrays, key: Array, *, recency: float = 0.15, pool: int = 10, base: str = 'cosine',
-             k1: float = 1.5, b: float = 0.75, epsilon: float = 0.25) -> Array:
+def tide_leg(ep: EpisodeArrays, key: Array, *, recency: float = _D['recency'], pool: int = _D['pool'],
+             base: str = _D['base'], k1: float = _D['k1'], b: float = _D['b'],
+             epsilon: float = _D['epsilon']) -> Array:
   """Tide ``[Q, N]``: the base leg's (``cosine`` or ``bm25``) top-``pool`` re-scored with ``+ recency * position
   / (N - 1)``."""
   s = base_scores(ep, key, base=base, k1=k1, b=b, epsilon=epsilon)
@@ -117,11 +129,5 @@ def _soft(rows: Mapping[str, Array], values: Mapping[str, Array], ctx) -> Array:
 
 
 TIDE = register(Operator(
-    name='tide', leg=tide_leg, doc='base top-pool + recency * write-order fraction (Tide)',
-    knobs=(Knob('recency', 0.15, transform='identity', doc='recency weight w'),
-           Knob('pool', 10, static=True, check='int>=1', doc='base candidates re-scored'),
-           Knob('base', 'cosine', static=True, check=BASES, doc='base leg'),
-           Knob('k1', 1.5, static=True, check='>0', doc='BM25 term saturation of a BM25 base'),
-           Knob('b', 0.75, static=True, check='[0,1]', doc='BM25 length normalisation of a BM25 base'),
-           Knob('epsilon', 0.25, static=True, check='>=0', doc='BM25 idf floor factor of a BM25 base')),
+    name='tide', leg=tide_leg, doc='base top-pool + recency * write-order fraction (Tide)', knobs=KNOBS,
     soft=SoftTwin(rows=_rows, scores=_soft, fill={'base': -np.inf})))
