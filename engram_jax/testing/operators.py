@@ -1,0 +1,229 @@
+r"""The operator contract, checked for one registered operator: :func:`check_operator`.
+
+A soft twin that does not reproduce its hard leg fits the wrong function silently (issue 17: a twin that computed the
+write fraction over a whole ``[B, N]`` batch instead of per row shrank it by B, and the fit still ran). So every
+operator in the registry, built in or out of tree, is held to the same checks, on the batched rows the fitter runs
+(:func:`engram_jax.fit.build_rows`, :func:`engram_jax.fit.soft_leg`) over random padded episodes
+(:func:`engram_jax.testing.episodes.random_padded_episodes`: several episode sizes padded to one N, so the masks
+are ragged, and B >= 2 questions per episode):
+
+1. **Declaration.** The leg's keyword arguments are the knobs, in order, with the declared defaults; every default
+   is in its own range; a static knob has no transform; an operator without a twin has nothing fittable. The leg
+   runs jitted: ``[Q, N]`` scores, no NaN, ``-inf`` on padded items, a score for every real question, and the same
+   scores for the same key (a stochastic leg is reproducible from a fixed key).
+2. **Cold equality** (operators with a twin). With every temperature times :data:`engram_jax.fit.twins.COLD` the
+   twin reproduces the hard leg on every question: the same top-10 ids (near-ties within the tolerance exempt) and
+   every hard top-10 score within ``1e-5 + 1e-4 |hard|``; a selection twin (CFS, MMR) the same pick order. At the
+   declared defaults and at two random in-range draws of the fittable knobs.
+3. **Gradients and direction.** For every fittable knob, a fixed random linear functional ``F`` of the twin's output
+   (its scores, or each pick's distribution weighted ``K - t``: a scalar loss) has a finite, non-zero gradient at
+   the fit's temperatures.
+   Moving the knob (steps of 0.05, 0.5 and 1.5 in its unconstrained parametrisation, up to the first that moves the
+   hard leg) changes ``F`` of the hard leg and of the cold twin with the same sign; a knob that moves the twin but
+   never the hard leg fails; and where the twin does not depend on the temperatures (it is the hard formula), the
+   gradient predicts the sign of the hard leg's change over a step of 0.01.
+
+A failure raises AssertionError naming the operator, the check, the knob (and its values) and the largest
+difference.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from engram_jax import fit, pipeline
+from engram_jax.fit import twins
+from engram_jax.fit.knobs import inverse
+from engram_jax.ops import registry
+from engram_jax.ops.greedy import SoftSelection
+from engram_jax.testing.episodes import random_padded_episodes
+
+STEPS = (0.05, 0.5, 1.5)  # knob steps in the unconstrained parametrisation, smallest first
+GRAD_STEP = 0.01         # the step over which a temperature-free twin's gradient must predict the hard change
+
+
+def _fail(name: str, what: str) -> None:
+  raise AssertionError(f'check_operator({name!r}): {what}')
+
+
+def check_declaration(op: registry.Operator) -> None:
+  """Part 1 (without running the leg): knobs against the leg's signature, defaults in range, static knobs and
+  twins consistent."""
+  params = list(inspect.signature(op.leg).parameters.values())
+  if len(params) < 2 or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
+    _fail(op.name, f'the leg must be leg(ep, key, *, knobs...), got {inspect.signature(op.leg)}')
+  kw = {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+  names = [k.name for k in op.knobs]
+  if names != list(kw):
+    _fail(op.name, f'knobs {names} do not match the leg\'s keyword arguments {list(kw)} (names and order)')
+  for k in op.knobs:
+    if kw[k.name] is not inspect.Parameter.empty and kw[k.name] != k.default:
+      _fail(op.name, f'knob {k.name}: the leg\'s default {kw[k.name]!r} is not the declared {k.default!r} '
+                     '(derive it from the declaration: registry.knob_defaults)')
+    try:
+      k.validate(k.default, where=f'operator {op.name}')
+    except ValueError as e:
+      _fail(op.name, f'knob {k.name}: its default is out of its own range: {e}')
+    if k.static and k.transform is not None:
+      _fail(op.name, f'knob {k.name}: a static knob cannot be fittable (transform {k.transform!r})')
+  if op.soft is None and op.fittable:
+    _fail(op.name, f'knobs {list(op.fittable)} are fittable but the operator has no soft twin')
+  if op.soft is not None and not op.fittable:
+    _fail(op.name, 'a soft twin with nothing to fit (no knob has a transform)')
+
+
+def check_leg(op: registry.Operator, arrays, options: Mapping[str, Any], n_questions, *, seed: int) -> None:
+  """Part 1 (running the leg): shapes, NaN, padding, a score per real question, reproducible from a fixed key."""
+  static, traced = twins.traced_options(op, options)
+  hard = twins.hard_fn(op.name, static)  # the compilation the cold-equality check reuses
+  fn = lambda arr, key: hard(arr, key, traced)
+  key = jax.random.key(seed)
+  for arr, nq in zip(arrays, n_questions):
+    s = np.asarray(fn(arr, key))
+    where = np.asarray(arr.where)
+    if s.shape != np.asarray(arr.labels).shape:
+      _fail(op.name, f'the leg returned {s.shape}, expected [Q, N] = {np.asarray(arr.labels).shape}')
+    if np.isnan(s).any():
+      _fail(op.name, f'the leg returned NaN ({int(np.isnan(s).sum())} entries)')
+    if not np.isneginf(s[:, ~where]).all():
+      _fail(op.name, 'the leg scores padded items (they must be -inf)')
+    if not np.isfinite(s[:nq][:, where]).any(axis=-1).all():
+      _fail(op.name, 'the leg ranks no item for some real question')
+    again = np.asarray(fn(arr, key))
+    if not np.array_equal(s, again):
+      _fail(op.name, f'the leg is not reproducible from a fixed key (max difference {np.nanmax(np.abs(s - again))})')
+
+
+def random_values(op: registry.Operator, rng: np.random.Generator) -> dict[str, float]:
+  """An in-range draw of every fittable knob (around its default, validated)."""
+  out = {}
+  for name in op.fittable:
+    knob = op.knob(name)
+    d = float(knob.default)
+    if knob.transform == 'log':
+      v = d * float(np.exp(rng.uniform(-1.0, 1.0)))
+    elif knob.transform == 'logit':
+      v = float(rng.uniform(0.05, 0.95))
+    elif knob.transform == 'softplus':
+      v = d * float(rng.uniform(0.5, 2.0)) + float(rng.uniform(0.0, 0.3))
+    else:
+      v = d + float(rng.uniform(-0.5, 0.5))
+    knob.validate(v, where=f'check_operator({op.name!r}) random draw')
+    out[name] = v
+  return out
+
+
+def _functional(out, u: jax.Array) -> jax.Array:
+  """``F``: a fixed random linear functional of a twin's (or hard leg's) output: scores (``-inf`` as 0), or each
+  pick's distribution weighted ``K - t``."""
+  if isinstance(out, SoftSelection):
+    k = out.probs.shape[-2]
+    w = (k - jnp.arange(k, dtype=out.probs.dtype))[:, None]
+    return jnp.sum(jnp.sum(out.probs * w, axis=-2) * u)
+  x = jnp.asarray(out)
+  return jnp.sum(jnp.where(jnp.isfinite(x), x, 0.0) * u)
+
+
+def check_operator(name: str, *, seed: int = 0) -> None:
+  """Check operator ``name`` of the registry against its contract (module docstring); AssertionError on failure,
+  naming the operator, the check, the knob and the largest difference. An operator without a soft twin is checked
+  for its declaration (and that its leg runs) only.
+
+  Out-of-tree operators get the same check: register the module, then call ``check_operator('<name>')``.
+  """
+  op = registry.get(name)
+  check_declaration(op)
+  tokenizers = pipeline.build_options([pipeline.make_pipeline(legs={name: {'op': name}})])['tokenizers']
+  episodes, arrays = random_padded_episodes(seed, tokenizers=tokenizers)
+  n_questions = [len(e.questions) for e in episodes]
+  check_leg(op, arrays, op.defaults, n_questions, seed=seed)
+  if op.soft is None:
+    return
+
+  n_pad = max(a.docs.shape[0] for a in arrays)
+  pipe = pipeline.make_pipeline(legs={name: {'op': name}}, fusion='rrf', name=name)
+  paths = [f'legs.{name}.{k}' for k in op.fittable]
+  # a greedy twin's pool covers every item, so that it is compared with the hard leg over the same candidates
+  settings = fit.Settings(greedy_pool=n_pad, solve_batch=None)
+  problem, _, every = fit.make_problem(pipe, paths, settings=settings)
+  rows = fit.build_rows(problem, pipe, episodes, arrays, seed=seed)
+  where = np.asarray(rows.where)
+
+  def run(values: Mapping[str, float], scale: float = twins.COLD):
+    vals = {**every, **{f'legs.{name}.{k}': v for k, v in values.items()}}
+    hard = twins.hard_rows(problem, 0, arrays, n_questions, range(len(arrays)), twins.leg_options(problem, 0, vals),
+                           n_pad=n_pad, seed=seed)
+    return hard, twins.soft_rows(problem, 0, vals, rows, scale=scale)
+
+  # 2. cold equality at the defaults and at random in-range draws
+  rng = np.random.default_rng(seed)
+  draws = [('declared default', {k: float(op.defaults[k]) for k in op.fittable})]
+  draws += [(f'random draw {i + 1}', random_values(op, rng)) for i in range(2)]
+  for label, values in draws:
+    hard, soft = run(values)
+    gap = twins.compare(soft, hard, where, k=10, leg=name, op=name, at=f'{label} {_fmt(values)}')
+    if not gap.ok:
+      _fail(name, gap.message())
+
+  # 3. gradients and direction, at the declared defaults
+  base = draws[0][1]
+  u = jnp.asarray(rng.normal(size=where.shape) * where, jnp.float32)
+  fixed = {p: jnp.asarray(v, jnp.float32) for p, v in every.items()}
+  f_grad = jax.jit(jax.grad(lambda v, r: _functional(fit.soft_leg(problem, 0, v, r, 1.0)[0], u)))(fixed, rows)
+  warm = twins.soft_rows(problem, 0, every, rows, scale=1.0)
+  _, cold = run(base)
+  smooth = not isinstance(warm, SoftSelection) and np.allclose(
+      np.where(np.isfinite(warm), warm, 0.0), np.where(np.isfinite(cold), cold, 0.0), rtol=1e-5, atol=1e-6)
+  f = lambda out: float(_functional(jax.tree_util.tree_map(jnp.asarray, out), u))
+  hard0 = run(base)[0]
+  f_hard0, f_cold0 = f(hard0), f(cold)
+  scale_f = 1e-5 * (1.0 + float(jnp.sum(jnp.abs(u))))
+  for knob in op.fittable:
+    path = f'legs.{name}.{knob}'
+    g = float(f_grad[path])
+    if not np.isfinite(g) or g == 0.0:
+      _fail(name, f'knob {knob}: the gradient of F through the twin is {g} (must be finite and non-zero) '
+                  f'at {_fmt(base)}')
+    transform = op.knob(knob).transform
+    raw0 = inverse(transform, base[knob])
+    moved_hard = False
+    for step in STEPS:
+      value = _forward(transform, raw0 + step)
+      hard1, cold1 = run({**base, knob: value})
+      d_hard, d_cold = f(hard1) - f_hard0, f(cold1) - f_cold0
+      if abs(d_hard) <= scale_f:
+        continue
+      moved_hard = True
+      if np.sign(d_hard) != np.sign(d_cold) or abs(d_cold) <= scale_f:
+        _fail(name, f'knob {knob}: moving it {base[knob]:.4g} -> {value:.4g} changes F of the hard leg by '
+                    f'{d_hard:+.4g} but of the cold twin by {d_cold:+.4g} (opposite ways)')
+      break
+    if not moved_hard:
+      value = _forward(transform, raw0 + STEPS[-1])
+      d_cold = f(run({**base, knob: value})[1]) - f_cold0
+      if abs(d_cold) > scale_f:
+        _fail(name, f'knob {knob}: moving it {base[knob]:.4g} -> {value:.4g} moves the twin (F by {d_cold:+.4g}) but '
+                    'never the hard leg')
+    if smooth:
+      value = _forward(transform, raw0 + GRAD_STEP)
+      d_hard = f(run({**base, knob: value})[0]) - f_hard0
+      predicted = g * (value - base[knob])
+      if abs(d_hard) > scale_f and abs(predicted) > scale_f and np.sign(d_hard) != np.sign(predicted):
+        _fail(name, f'knob {knob}: the twin\'s gradient predicts F {predicted:+.4g} for {base[knob]:.4g} -> '
+                    f'{value:.4g}, the hard leg moves {d_hard:+.4g} (opposite ways)')
+
+
+def _forward(transform: str, raw: float) -> float:
+  """:data:`engram_jax.fit.knobs.FORWARD` in float64 NumPy (a knob's value from its unconstrained value)."""
+  return float({'log': np.exp, 'logit': lambda x: 1.0 / (1.0 + np.exp(-x)), 'softplus': lambda x: np.logaddexp(0.0, x),
+                'identity': lambda x: x}[transform](raw))
+
+
+def _fmt(values: Mapping[str, float]) -> str:
+  return '{' + ', '.join(f'{k}={v:.4g}' for k, v in values.items()) + '}'
