@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from engram_jax import batch, evaluation, fit, pipeline, report, stats
 from engram_jax.data import splits
+from engram_jax.fit import twins
 from experiments import checks, common, protocol
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,9 @@ def fit_folds(cfg: DictConfig, name: str, pipe: pipeline.Pipeline, episodes, arr
       settings=fit.Settings(greedy_pool=int(cfg.fit.greedy_pool), candidates=int(cfg.fit.candidates),
                             solve_batch=cfg.fit.solve_batch))
   rows = fit.build_rows(problem, pipe, episodes, arrays, seed=int(cfg.seed))
+  if cfg.fit.get('check_twins', True):
+    check_twins(problem, rows, episodes, arrays, every, seed=int(cfg.seed),
+                max_questions=int(cfg.fit.get('check_twins_questions') or 512))
   row_eps = [e.id for e in episodes for _ in e.questions]
   qids = [q.id for e in episodes for q in e.questions]
   steps, checks_n = int(cfg.fit.steps), int(cfg.fit.get('gap_checks') or 0)
@@ -75,6 +79,32 @@ def fit_folds(cfg: DictConfig, name: str, pipe: pipeline.Pipeline, episodes, arr
                       anneal=tuple(cfg.fit.get('anneal') or (1.0, 1.0)), monitor=monitor,
                       monitor_steps=monitor_steps)
   return problem, every, fits
+
+
+def check_twins(problem: fit.Problem, rows: fit.Rows, episodes, arrays, every: dict[str, float], *, seed: int,
+                max_questions: int) -> None:
+  """Before step 0: every fitted leg's soft twin, cold, against its hard leg (:mod:`engram_jax.fit.twins`) on the
+  training rows of the first episodes (up to ``max_questions`` questions), at the hand-set knob values and with
+  every fitted knob moved once. Raises a one-line ValueError naming the operator and the gap when they differ
+  (``fit.check_twins=false`` skips the check)."""
+  n_questions = [len(e.questions) for e in episodes]
+  sel, total = [], 0
+  for e, n in enumerate(n_questions):
+    if total >= max_questions:
+      break
+    sel.append(e)
+    total += n
+  moved = dict(every)
+  for l in range(len(problem.legs)):
+    moved = twins.moved_values(problem, l, moved)
+  for at, vals in (('hand-set', every), ('moved', moved)):
+    for gap in twins.cold_twin_gaps(problem, rows, arrays, n_questions, vals, seed=seed, at=at, episode_index=sel):
+      log.info('twin check: %s', gap.message() if not gap.ok else
+               f'operator {gap.op} (leg {gap.leg}, {at}): cold soft twin == hard leg on {gap.n_questions} questions '
+               f'(max |soft - hard| {gap.max_diff:.3g})')
+      if not gap.ok:
+        raise ValueError(f'refusing to fit: {gap.message()}; fix the soft twin (engram_jax.testing.check_operator('
+                         f'{gap.op!r}) runs the full check) or set fit.check_twins=false')
 
 
 def gap_monitor(cfg: DictConfig, name: str, pipe: pipeline.Pipeline, problem: fit.Problem, rows: fit.Rows, episodes,

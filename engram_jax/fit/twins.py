@@ -31,7 +31,6 @@ from engram_jax.batch import EpisodeArrays
 from engram_jax.fit.problem import Problem, Rows, soft_leg
 from engram_jax.ops import pools
 from engram_jax.ops.greedy import SoftSelection
-from engram_jax.pipeline import Pipeline
 
 COLD = 1e-9    # every temperature of the fit times this: the twin's cold limit (far below float32 score gaps)
 RTOL = 1e-4    # score tolerance: |soft - hard| <= ATOL + RTOL |hard| on the hard top-k
@@ -224,7 +223,7 @@ def move(transform: str | None, value: float) -> float:
   return value + 0.3
 
 
-def cold_twin_gaps(problem: Problem, pipe: Pipeline, rows: Rows, arrays: Sequence[EpisodeArrays],
+def cold_twin_gaps(problem: Problem, rows: Rows, arrays: Sequence[EpisodeArrays],
                    n_questions: Sequence[int], vals: Mapping[str, Any], *, seed: int, at: str = 'hand-set',
                    episode_index: Sequence[int] | None = None, rtol: float = RTOL, atol: float = ATOL,
                    batch_size: int = 256) -> list[TwinGap]:
@@ -232,7 +231,7 @@ def cold_twin_gaps(problem: Problem, pipe: Pipeline, rows: Rows, arrays: Sequenc
   default), at knob values ``vals`` (by path, as :func:`engram_jax.fit.problem.make_problem` returns them).
 
   Args:
-    problem, pipe, rows: the fit's problem, pipeline and rows (:func:`engram_jax.fit.problem.build_rows` over the
+    problem, rows: the fit's problem and rows (:func:`engram_jax.fit.problem.build_rows` over the
       episodes whose padded arrays are ``arrays``, ``n_questions[e]`` real questions each, in row order).
     vals: every traced knob's value by path.
     seed: the seed ``build_rows`` was given (the hard legs' keys).
@@ -241,7 +240,6 @@ def cold_twin_gaps(problem: Problem, pipe: Pipeline, rows: Rows, arrays: Sequenc
   Returns:
     One :class:`TwinGap` per fitted leg (empty when no leg is fitted: fusion weights alone have no twin to check).
   """
-  del pipe
   starts = np.concatenate([[0], np.cumsum(n_questions)])
   episode_index = list(range(len(arrays))) if episode_index is None else list(episode_index)
   sel = np.concatenate([np.arange(starts[e], starts[e + 1]) for e in episode_index]).astype(np.int64)

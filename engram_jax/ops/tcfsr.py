@@ -86,7 +86,8 @@ class PoolSolve(NamedTuple):
 
 
 def solve_pool(q: Array, d: Array, wh: Array, g: Array | None, t_all: Array, *, pool: int, iterations: int,
-           lam: ArrayLike, power_iterations: int, alpha: ArrayLike = 0.0, anchor: ArrayLike = 1.0) -> PoolSolve:
+           lam: ArrayLike, power_iterations: int, alpha: ArrayLike = 0.0,
+               anchor: ArrayLike = _B['anchor']) -> PoolSolve:
   cos, idx, valid, gp = cosine_pool(q, d, wh, g, pool=pool)
   both = valid[:, None] & valid[None, :]
   gp = jnp.where(both, gp, 0.0)  # padded rows may hold junk or NaN: keep them out of every product

@@ -72,8 +72,9 @@ def check_declaration(op: registry.Operator) -> None:
       _fail(op.name, f'knob {k.name}: its default is out of its own range: {e}')
     if k.static and k.transform is not None:
       _fail(op.name, f'knob {k.name}: a static knob cannot be fittable (transform {k.transform!r})')
-  if op.soft is None and op.fittable:
-    _fail(op.name, f'knobs {list(op.fittable)} are fittable but the operator has no soft twin')
+  with_transform = [k.name for k in op.knobs if k.transform is not None]
+  if op.soft is None and with_transform:
+    _fail(op.name, f'knobs {with_transform} have a transform (fittable) but the operator has no soft twin')
   if op.soft is not None and not op.fittable:
     _fail(op.name, 'a soft twin with nothing to fit (no knob has a transform)')
 

@@ -13,6 +13,13 @@ import math
 
 import numpy as np
 
+from engram_jax.ops import bm25 as _bm25_op, cfs as _cfs_op, cfsr as _cfsr_op, controls as _controls_op, mmr as _mmr_op
+from engram_jax.ops.registry import knob_defaults
+
+# Default knob values come from the operators' declarations (the one place they are written); the computations below
+# share nothing else with the JAX code.
+_BM25, _MMR, _CFS = knob_defaults(_bm25_op.KNOBS), knob_defaults(_mmr_op.KNOBS), knob_defaults(_cfs_op.KNOBS)
+_CFSR, _MEM0 = knob_defaults(_cfsr_op.KNOBS), knob_defaults(_controls_op.MEM0_KNOBS)
 
 
 def order_with_ties(scores, where=None):
@@ -26,7 +33,7 @@ def cosine(query, docs):
   return np.array([sum(q * d for q, d in zip(query, doc)) for doc in docs])
 
 
-def bm25(query_tokens, docs_tokens, k1=1.5, b=0.75, epsilon=0.25):
+def bm25(query_tokens, docs_tokens, k1=_BM25['k1'], b=_BM25['b'], epsilon=_BM25['epsilon']):
   """Okapi BM25 exactly as rank_bm25 0.2.2 describes it, written out with loops."""
   n = len(docs_tokens)
   avgdl = sum(len(d) for d in docs_tokens) / n
@@ -129,7 +136,7 @@ def _pool_ref(rel, real, pool):
   return order_later_wins(rel, real)[:pool]
 
 
-def mmr_select_ref(query, docs, *, k, lam=0.5, where=None, pool=None):
+def mmr_select_ref(query, docs, *, k, lam=_MMR['lam'], where=None, pool=None):
   """MMR picks ``(indices [K], scores [K])``; -1 / -inf past the real candidates."""
   docs = np.asarray(docs, np.float64)
   query = np.asarray(query, np.float64)
@@ -154,7 +161,8 @@ def mmr_select_ref(query, docs, *, k, lam=0.5, where=None, pool=None):
   return np.array(idx, np.int64), np.array(scores, np.float64)
 
 
-def cfs_select_ref(query, docs, *, k, beta=0.20, sigma=0.40, where=None, floor=1e-6, pool=None):
+def cfs_select_ref(query, docs, *, k, beta=_CFS['beta'], sigma=_CFS['sigma'], where=None, floor=_CFS['floor'],
+                   pool=None):
   """CFS picks ``(indices [K], scores [K])``; -1 / -inf past the real candidates."""
   docs = np.asarray(docs, np.float64)
   query = np.asarray(query, np.float64)
@@ -199,8 +207,8 @@ def _minmax_ref(x):
   return [0.0 for _ in x]
 
 
-def cfsr_scores_ref(query, docs, *, where=None, pool=150, iterations=80, lam=0.005, w=0.90,
-                    power_iterations=20):
+def cfsr_scores_ref(query, docs, *, where=None, pool=_CFSR['pool'], iterations=_CFSR['iterations'], lam=_CFSR['lam'],
+                    w=_CFSR['w'], power_iterations=20):
   """CFS-R scores ``[N]`` for one query (``-inf`` outside the pool).
 
   Solver: a_0 = 0, a <- max(0, a - grad / L), grad = 2 C (C^T a - z) + 2 lam a,
@@ -271,7 +279,8 @@ def mem0_bm25_params_ref(num_terms):
   return 12.0, 0.5
 
 
-def additive_fuse_ref(semantic, bm25, n_query_terms, *, where=None, threshold=0.1, pool=60):
+def additive_fuse_ref(semantic, bm25, n_query_terms, *, where=None, threshold=_MEM0['threshold'],
+                      pool=_MEM0['pool']):
   """mem0 additive scoring for one query, in mem0's own dict-based shape (no entity, no recency)."""
   semantic = np.asarray(semantic, np.float64)
   bm25 = np.asarray(bm25, np.float64)

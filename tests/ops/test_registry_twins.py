@@ -1,0 +1,116 @@
+"""The operator contract over the whole registry: every registered operator passes
+:func:`engram_jax.testing.check_operator` (a new built-in operator is covered without writing a test; modules named
+in ``ENGRAM_CHECK_OPS_MODULES``, comma-separated, are imported first, so an out-of-tree operator can be run through
+the same test). Plus the checker's own tests: a twin with the ``[B, N]`` bug of issue 17 is rejected by name, a
+declaration that drifts from its leg is rejected, the shared helpers reduce over the item axis only, and no default
+of a declared knob is written outside its ``Knob(...)``.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib
+import os
+from pathlib import Path
+
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+
+from engram_jax import ops
+from engram_jax.ops import cfsr, pools, registry
+from engram_jax.testing import check_operator
+from engram_jax.testing.operators import check_declaration
+
+ROOT = Path(__file__).resolve().parents[2]
+for _module in filter(None, os.environ.get('ENGRAM_CHECK_OPS_MODULES', '').split(',')):
+  importlib.import_module(_module)
+
+
+@pytest.mark.parametrize('name', sorted(ops.OPERATORS))
+def test_operator_contract(name):
+  check_operator(name)
+
+
+@contextlib.contextmanager
+def registered_from(module_name: str):
+  """Import (or re-import) a module that registers operators; restore the registry afterwards."""
+  before = dict(registry.OPERATORS)
+  try:
+    module = importlib.reload(importlib.import_module(module_name))
+    yield module
+  finally:
+    registry.OPERATORS.clear()
+    registry.OPERATORS.update(before)
+
+
+def test_buggy_batched_twin_is_rejected_by_name():
+  with registered_from('tests.ops.buggy_recency'):
+    with pytest.raises(AssertionError, match=r"check_operator\('bm25_recent'\): operator bm25_recent .*"
+                                             r"cold soft twin != hard leg: top-10 ids differ on [1-9]"):
+      check_operator('bm25_recent')
+
+
+def _declared(leg, knobs):
+  return registry.Operator(name='decl_test', leg=leg, knobs=knobs)
+
+
+def test_declaration_must_match_the_leg():
+  def leg(ep, key, *, a=1.0, b=2.0):
+    del ep, key
+  with pytest.raises(AssertionError, match=r"'decl_test'.*knobs \['b', 'a'\] do not match .*\['a', 'b'\]"):
+    check_declaration(_declared(leg, (registry.Knob('b', 2.0), registry.Knob('a', 1.0))))
+  with pytest.raises(AssertionError, match=r"knob b: the leg's default 2.0 is not the declared 3.0"):
+    check_declaration(_declared(leg, (registry.Knob('a', 1.0), registry.Knob('b', 3.0))))
+  with pytest.raises(AssertionError, match=r'knob b: its default is out of its own range'):
+    check_declaration(_declared(leg, (registry.Knob('a', 1.0, check='[0,1]'),
+                                      registry.Knob('b', 2.0, check='[0,1]'))))
+  with pytest.raises(AssertionError, match=r"knobs \[.a.\] have a transform \(fittable\) but the operator has no soft twin"):
+    check_declaration(_declared(leg, (registry.Knob('a', 1.0, transform='log'), registry.Knob('b', 2.0))))
+  check_declaration(_declared(leg, (registry.Knob('a', 1.0), registry.Knob('b', 2.0))))
+
+
+@given(st.integers(1, 4), st.integers(1, 12), st.integers(0, 2 ** 31 - 1))
+def test_helpers_reduce_over_the_item_axis_only(b, n, seed):
+  """``write_time`` and ``minmax`` on ``[B, N]`` equal them row by row (as rax functions take leading axes)."""
+  rng = np.random.default_rng(seed)
+  where = rng.random((b, n)) < 0.7
+  positions = np.broadcast_to(np.arange(n), (b, n))
+  rows = np.stack([np.asarray(pools.write_time(positions[i], where[i])) for i in range(b)])
+  np.testing.assert_array_equal(np.asarray(pools.write_time(positions, where)), rows)
+  np.testing.assert_array_equal(np.asarray(jax.vmap(pools.write_time)(positions, where)), rows)
+  x = rng.normal(size=(b, n))
+  mm = np.stack([np.asarray(cfsr.minmax(jnp.asarray(x[i]), where[i])) for i in range(b)])
+  np.testing.assert_array_equal(np.asarray(cfsr.minmax(jnp.asarray(x), where)), mm)
+
+
+def _literal(node):
+  return node.value if isinstance(node, ast.Constant) and not isinstance(node.value, bool) else None
+
+
+def test_no_default_literal_of_a_declared_knob_outside_its_declaration():
+  """No function of the operator modules or their NumPy references gives a knob-named argument a literal default
+  equal to that knob's declared default (signatures read the declaration: ``registry.knob_defaults``). Elsewhere a
+  ``k`` or ``seed`` is another quantity (an evaluation cutoff, an RNG seed), not a knob."""
+  declared = {}
+  for op in ops.OPERATORS.values():
+    for k in op.knobs:
+      if k.default is not None and not isinstance(k.default, bool):
+        declared.setdefault(k.name, set()).add(k.default)
+  found = []
+  for path in sorted((ROOT / 'engram_jax' / 'ops').glob('*.py')) + [ROOT / 'engram_jax' / 'testing' / 'reference.py']:
+    for node in ast.walk(ast.parse(path.read_text())):
+      if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        continue
+      args = node.args
+      pairs = list(zip(args.args[len(args.args) - len(args.defaults):], args.defaults))
+      pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
+      for arg, default in pairs:
+        value = _literal(default)
+        if value is not None and arg.arg in declared and value in declared[arg.arg]:
+          found.append(f'{path.relative_to(ROOT)}:{default.lineno} {arg.arg}={value!r}')
+  assert not found, f'default literals of declared knobs outside their Knob(...): {found}'
