@@ -19,7 +19,6 @@ same comparison (and more) on random episodes for one registered operator.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -31,6 +30,7 @@ from engram_jax.batch import EpisodeArrays
 from engram_jax.fit.problem import Problem, Rows, soft_leg
 from engram_jax.ops import pools
 from engram_jax.ops.greedy import SoftSelection
+from engram_jax.ops.registry import Operator
 
 COLD = 1e-9    # every temperature of the fit times this: the twin's cold limit (far below float32 score gaps)
 RTOL = 1e-4    # score tolerance: |soft - hard| <= ATOL + RTOL |hard| on the hard top-k
@@ -103,12 +103,21 @@ def traced_options(op, options: Mapping[str, Any]) -> tuple[tuple[tuple[str, Any
   return tuple(static), traced
 
 
-@functools.lru_cache(maxsize=64)
-def hard_fn(op_name: str, static: tuple[tuple[str, Any], ...]):
-  """Operator ``op_name``'s jitted hard leg ``(arr, key, traced knob values) -> [Q, N]`` with its static knobs fixed."""
-  from engram_jax.ops import registry  # pylint: disable=import-outside-toplevel
-  op = registry.get(op_name)
-  return jax.jit(lambda arr, key, traced: op.leg(arr, key, **dict(static), **traced))
+_JITTED: dict[tuple, tuple[Operator, Any]] = {}
+
+
+def _cached(op: Operator, key: tuple, make):
+  """A jitted function per (operator object, key): a re-registered operator of the same name gets its own."""
+  hit = _JITTED.get((id(op), key))
+  if hit is None or hit[0] is not op:
+    hit = _JITTED[(id(op), key)] = (op, make())
+  return hit[1]
+
+
+def hard_fn(op: Operator, static: tuple[tuple[str, Any], ...]):
+  """Operator ``op``'s jitted hard leg ``(arr, key, traced knob values) -> [Q, N]`` with its static knobs fixed."""
+  return _cached(op, ('hard', static), lambda: jax.jit(lambda arr, key, traced: op.leg(arr, key, **dict(static),
+                                                                                       **traced)))
 
 
 def hard_rows(problem: Problem, l: int, arrays: Sequence[EpisodeArrays], n_questions: Sequence[int],
@@ -118,7 +127,7 @@ def hard_rows(problem: Problem, l: int, arrays: Sequence[EpisodeArrays], n_quest
   gives it (``-inf`` on padded items). Non-static knobs are traced (one compilation per static setting)."""
   op = problem.legs[l].operator
   static, traced = traced_options(op, options)
-  fn = hard_fn(op.name, static)
+  fn = hard_fn(op, static)
   base_key = jax.random.key(seed)
   out = []
   for e in episode_index:
@@ -128,10 +137,10 @@ def hard_rows(problem: Problem, l: int, arrays: Sequence[EpisodeArrays], n_quest
   return np.concatenate(out) if out else np.zeros((0, n_pad))
 
 
-@functools.lru_cache(maxsize=64)
 def soft_fn(problem: Problem, l: int):
-  """Jitted ``(vals, rows, scale) -> `` leg ``l``'s soft output (:func:`engram_jax.fit.problem.soft_leg`)."""
-  return jax.jit(lambda v, r, scale: soft_leg(problem, l, v, r, scale)[0])
+  """Jitted ``(vals, rows, scale) ->`` leg ``l``'s soft output (:func:`engram_jax.fit.problem.soft_leg`)."""
+  return _cached(problem.legs[l].operator, ('soft', problem, l),
+                 lambda: jax.jit(lambda v, r, scale: soft_leg(problem, l, v, r, scale)[0]))
 
 
 def soft_rows(problem: Problem, l: int, vals: Mapping[str, Any], rows: Rows, *, scale: float = COLD,

@@ -82,7 +82,7 @@ def check_declaration(op: registry.Operator) -> None:
 def check_leg(op: registry.Operator, arrays, options: Mapping[str, Any], n_questions, *, seed: int) -> None:
   """Part 1 (running the leg): shapes, NaN, padding, a score per real question, reproducible from a fixed key."""
   static, traced = twins.traced_options(op, options)
-  hard = twins.hard_fn(op.name, static)  # the compilation the cold-equality check reuses
+  hard = twins.hard_fn(op, static)  # the compilation the cold-equality check reuses
   fn = lambda arr, key: hard(arr, key, traced)
   key = jax.random.key(seed)
   for arr, nq in zip(arrays, n_questions):
