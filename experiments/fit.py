@@ -103,8 +103,11 @@ def check_twins(problem: fit.Problem, rows: fit.Rows, episodes, arrays, every: d
                f'operator {gap.op} (leg {gap.leg}, {at}): cold soft twin == hard leg on {gap.n_questions} questions '
                f'(max |soft - hard| {gap.max_diff:.3g})')
       if not gap.ok:
-        raise ValueError(f'refusing to fit: {gap.message()}; fix the soft twin (engram_jax.testing.check_operator('
-                         f'{gap.op!r}) runs the full check) or set fit.check_twins=false')
+        hint = (f' (a relaxed greedy leg picks among the cosine top fit.greedy_pool={problem.settings.greedy_pool} '
+                'items, its hard leg among its own pool: a larger fit.greedy_pool may close the gap)'
+                if gap.selection else '')
+        raise ValueError(f'refusing to fit: {gap.message()}{hint}; fix the soft twin (engram_jax.testing.'
+                         f'check_operator({gap.op!r}) runs the full check) or set fit.check_twins=false')
 
 
 def gap_monitor(cfg: DictConfig, name: str, pipe: pipeline.Pipeline, problem: fit.Problem, rows: fit.Rows, episodes,
