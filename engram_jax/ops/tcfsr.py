@@ -319,7 +319,7 @@ def revision_gate(ep: EpisodeArrays, *, pool: int = _G['pool'], iterations: int 
     sol = solve_pool(q, d, wh, g, t_all, pool=pool, iterations=iterations, lam=lam, power_iterations=20)
     return (revision_signal(sol, theta=theta, delta=delta) >= rho0).astype(jnp.float32)
 
-  return map_queries(one, ep.queries, ep.docs, where, episode_gram(ep.docs), batch_size=16)
+  return map_queries(one, ep.queries, ep.docs, where, episode_gram(ep.docs), batch_size=_G['batch_size'])
 
 
 # ---- soft twins on precomputed pools (the fitter's rows) -------------------------------------------------
