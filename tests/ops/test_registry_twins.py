@@ -114,3 +114,29 @@ def test_no_default_literal_of_a_declared_knob_outside_its_declaration():
         if value is not None and arg.arg in declared and value in declared[arg.arg]:
           found.append(f'{path.relative_to(ROOT)}:{default.lineno} {arg.arg}={value!r}')
   assert not found, f'default literals of declared knobs outside their Knob(...): {found}'
+
+
+def _recent_leg(ep, key, *, c=0.3):
+  del key
+  s = jnp.einsum('qd,nd->qn', ep.queries, ep.docs)
+  return jnp.where(ep.where, s + c * pools.write_time(ep.positions, ep.where), -jnp.inf)
+
+
+def _flipped_gradient_twin(rows, values, ctx):
+  """The hard formula's value, but d/dc of it is -t: cold equality holds, the gradient points the wrong way."""
+  del rows
+  ct = values['c'] * pools.write_time(ctx.positions, ctx.where)
+  return jnp.where(ctx.where, ctx.cos + ct - 2.0 * (ct - jax.lax.stop_gradient(ct)), -jnp.inf)
+
+
+def test_a_gradient_that_points_the_wrong_way_is_rejected():
+  op = registry.Operator(name='flipped_test', leg=_recent_leg, knobs=(registry.Knob('c', 0.3, transform='identity'),),
+                         soft=registry.SoftTwin(rows=lambda *a: {}, scores=_flipped_gradient_twin))
+  before = dict(registry.OPERATORS)
+  try:
+    registry.register(op)
+    with pytest.raises(AssertionError, match=r"'flipped_test'\): knob c: the twin's gradient predicts F [-+]"):
+      check_operator('flipped_test')
+  finally:
+    registry.OPERATORS.clear()
+    registry.OPERATORS.update(before)
