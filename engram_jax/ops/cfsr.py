@@ -18,8 +18,6 @@ training (forward-mode gradient in ``lam``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import functools
 
 import jax
@@ -28,12 +26,10 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from engram_jax import ranking
+from engram_jax.batch import EpisodeArrays
 from engram_jax.ops import pools
 from engram_jax.ops.greedy import episode_gram, map_queries
 from engram_jax.ops.registry import Knob, Operator, SoftTwin, register
-
-if TYPE_CHECKING:  # a type only: engram_jax.batch imports the BM25 tokenizers from here
-  from engram_jax.batch import EpisodeArrays
 
 
 def minmax(x: Array, valid: Array) -> Array:
