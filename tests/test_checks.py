@@ -11,7 +11,8 @@ from engram_jax import fit, pipeline
 from engram_jax.ops import cosine
 from engram_jax.data import io, splits
 from engram_jax.data.locomo import load_locomo
-from experiments import checks, common, evaluate
+from experiments import evaluate
+from experiments.lib import checks, common
 
 CONF = str(Path(__file__).resolve().parents[1] / 'conf')
 try:

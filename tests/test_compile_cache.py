@@ -16,7 +16,7 @@ JOB = textwrap.dedent('''
     hits = []
     monitoring.register_event_listener(lambda name, **kw: hits.append(name) if name.endswith('cache_hits') else None)
     from omegaconf import OmegaConf
-    from experiments import common
+    from experiments.lib import common
     common.enable_compile_cache(OmegaConf.create({'paths': {'compile_cache_dir': sys.argv[1]}}))
     f = jax.jit(lambda x: jnp.sin(x) * float(sys.argv[2]))
     print(float(f(jnp.float32(1.0))), len(hits))

@@ -269,7 +269,8 @@ def test_experiment_writes_fitted_json(tmp_path):
 
 
 def test_search_config_composes_and_flattens():
-  from experiments import common, search_compare  # pylint: disable=import-outside-toplevel
+  from experiments.lib import common  # pylint: disable=import-outside-toplevel
+  from experiments.research import search_compare  # pylint: disable=import-outside-toplevel
   with initialize_config_dir(config_dir=CONF, version_base='1.3'):
     cfg = compose(config_name='fit_search', overrides=['values.k0=30', '+values.legs.cos.weight=0.5'])
   assert cfg.fit.split == 'holdout' and list(cfg.pipeline) == ['rrf_cos_bm25']

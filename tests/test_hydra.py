@@ -12,7 +12,8 @@ from hydra.utils import instantiate
 
 from engram_jax import pipeline
 from engram_jax.data import io
-from experiments import common, evaluate
+from experiments import evaluate
+from experiments.lib import common
 
 CONF = str(Path(__file__).resolve().parents[1] / 'conf')
 PIPELINES = sorted(p.stem for p in Path(CONF, 'pipeline').glob('*.yaml'))

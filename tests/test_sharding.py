@@ -18,7 +18,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from engram_jax import sharding
-from experiments import common
+from experiments.lib import common
 
 ROOT = Path(__file__).resolve().parents[1]
 
