@@ -8,7 +8,7 @@ from engram_jax import batch
 from engram_jax.data import io
 from engram_jax.ops import OPERATORS
 from engram_jax.testing.synthetic import synthetic_episodes
-from experiments.bench import cli, harness, operators, scale
+from experiments.bench import cli, floor, harness, operators, scale
 
 
 @pytest.fixture(scope='module')
@@ -104,6 +104,7 @@ def _have_locomo() -> bool:
     return False
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _have_locomo(), reason='LoCoMo not found under the data root')
 def test_harness_times_the_whole_evaluation_path(tmp_path):
   rows = harness.harness(['embedder=hashing', 'dataset.loader.conversations=[conv-30]', 'eval.n_resamples=100',
@@ -164,3 +165,16 @@ def test_scale_cli_writes_the_table(tmp_path, capsys):
   assert '| cfsr | 70 |' in out.read_text() and out.with_suffix('.json').is_file()
   with pytest.raises(SystemExit):
     cli.main(['--scale', '--scale-ops', 'nope'])
+
+
+# ---- the CFS-R floor --------------------------------------------------------------------------------------------
+
+
+def test_cfsr_floor_times_the_leg_its_parts_and_a_matmul_of_the_same_flops():
+  eps = synthetic_episodes(n_episodes=1, n_queries=4, dim=16, n_items=(40, 40))
+  r = floor.cfsr_floor(eps, repeats=1, batch_size=2, pool=10, iterations=5, power_iterations=3)
+  assert r['n_queries'] == 4 and r['pool'] == 10 and set(r['seconds']) == {'leg', 'pool', 'solve', 'gemm'}
+  assert all(t > 0 for t in r['seconds'].values())
+  assert r['gflop'] == pytest.approx(2 * 10 ** 2 * (5 + 3) * 4 / 1e9)
+  table = floor.format_cfsr_floor(r)
+  assert '| solve |' in table and "floor at this machine's dense-matmul rate" in table

@@ -101,6 +101,7 @@ def test_parent_recall_in_evaluate():
     assert got >= 0.0
 
 
+@pytest.mark.slow
 @real
 def test_entry_point_on_one_conversation(tmp_path):
   from experiments.research import boundary as entry  # pylint: disable=import-outside-toplevel

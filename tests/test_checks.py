@@ -162,6 +162,7 @@ def test_fit_holdout_with_an_empty_side_fails_before_training(tmp_path, n_test):
     fit_exp.run(cfg, tmp_path / 'out')
 
 
+@pytest.mark.slow
 @real
 def test_eval_metrics_override_is_honoured(tmp_path):
   cfg = _compose(['embedder=hashing', 'dataset.loader.conversations=[conv-30]', 'eval.n_resamples=50',

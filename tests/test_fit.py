@@ -235,6 +235,7 @@ def test_unknown_knobs_are_clear_errors():
     fit.make_problem(_tide(0.1), ['k0'])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAVE, reason='LoCoMo not found under the data root')
 def test_experiment_writes_fitted_json(tmp_path):
   from experiments import fit as fit_exp  # pylint: disable=import-outside-toplevel

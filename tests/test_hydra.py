@@ -61,6 +61,7 @@ def test_unknown_pipeline_is_a_clear_error():
     _compose(['pipeline=[nope]'])
 
 
+@pytest.mark.slow
 @real
 def test_run_writes_results_json(tmp_path):
   cfg = _compose(['embedder=hashing', 'dataset.loader.conversations=[conv-30]', 'eval.n_resamples=200',
@@ -81,6 +82,7 @@ def test_run_writes_results_json(tmp_path):
   assert 'timing' not in saved
 
 
+@pytest.mark.slow
 @real
 def test_multirun_one_run_per_pipeline(tmp_path):
   cmd = [sys.executable, '-m', 'experiments.evaluate', '-m', 'pipeline=cosine,bm25', 'embedder=hashing',
@@ -93,6 +95,7 @@ def test_multirun_one_run_per_pipeline(tmp_path):
     assert list(saved['pipelines']) == [name]
 
 
+@pytest.mark.slow
 @real
 def test_fitted_parameters_are_applied_per_episode(tmp_path):
   fitted = tmp_path / 'fitted.json'

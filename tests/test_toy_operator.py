@@ -124,6 +124,7 @@ def test_soft_twin_is_the_hard_leg():
 
 # ---- (a) evaluated from a config ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @real
 def test_evaluated_from_config(tmp_path):
   from experiments import evaluate  # pylint: disable=import-outside-toplevel
@@ -145,6 +146,7 @@ def test_evaluated_from_config(tmp_path):
 
 # ---- (b) fitted by gradient ---------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @real
 def test_fitted_by_experiments_fit(tmp_path):
   from experiments import fit as fit_exp  # pylint: disable=import-outside-toplevel
