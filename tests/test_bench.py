@@ -16,6 +16,7 @@ def episodes():
   return synthetic_episodes(n_episodes=2, n_queries=6, dim=16, n_items=(40, 70))
 
 
+@pytest.mark.slow
 def test_every_registered_operator_and_the_fusion_get_a_row(episodes):
   rows = operators.time_operators(episodes, repeats=1, rounds=2, ref_queries=3, peers=False)
   assert [r['op'] for r in rows] == [*OPERATORS, operators.FUSION]
@@ -126,6 +127,7 @@ def test_growth_exponent_is_the_log_log_slope():
   assert scale.growth_exponent([1e3], [1e-6]) is None
 
 
+@pytest.mark.slow
 def test_scale_table_rows_memory_and_the_check_at_small_n():
   ops = list(scale.SCALE_OPS)
   result = scale.time_scale([60, 130], ops, n_queries=4, dim=16, rounds=1, repeats=1, check_n=520)

@@ -84,6 +84,7 @@ def test_fit_recovers_a_planted_tide_weight():
   assert _ndcg(P.with_values(start, res.values), eps, embs, arrays) > _ndcg(start, eps, embs, arrays) + 0.2
 
 
+@pytest.mark.slow
 def test_fit_recovers_planted_rrf_weights():
   eps, embs, arrays = _planted(_rrf(COS, BM25, weights=[0.3, 1.7]), n_eps=2, n=60, q=48)
   start = _rrf(COS, BM25, weights=[1.0, 1.0])
