@@ -13,7 +13,7 @@ from flax import struct
 from jax import Array
 
 from engram_jax import features
-from engram_jax.ops import bm25 as bm25_ops
+from engram_jax.lexicon import Lexicon, build_lexicon, get_tokenizer
 from engram_jax.shapes import bucket
 from engram_jax.types import Episode
 
@@ -22,9 +22,9 @@ from engram_jax.types import Episode
 class EpisodeArrays:
   """One episode, padded. Shapes: N items, Q questions, D dims, V vocabulary (all bucketed).
 
-  ``lexicons[name]`` holds the sparse term statistics (:class:`engram_jax.ops.bm25.Lexicon`: ``[N, L]`` item
+  ``lexicons[name]`` holds the sparse term statistics (:class:`engram_jax.lexicon.Lexicon`: ``[N, L]`` item
   terms, ``[Q, T]`` question terms, ``[V]`` vocabulary mask) of every tokenizer asked for in :func:`episode_arrays`
-  (:data:`engram_jax.ops.bm25.TOKENIZERS`): always ``'words'``, e.g. ``'flat'`` for LongMemEval's flat-bm25.
+  (:data:`engram_jax.lexicon.TOKENIZERS`): always ``'words'``, e.g. ``'flat'`` for LongMemEval's flat-bm25.
   ``query_len`` counts the ``'words'`` tokens of each question.
   """
 
@@ -35,7 +35,7 @@ class EpisodeArrays:
   query_where: Array  # [Q] True for real questions
   query_len: Array    # [Q] number of query tokens (in or out of the vocabulary)
   labels: Array       # [Q, N] True for gold items
-  lexicons: dict[str, bm25_ops.Lexicon] = struct.field(default_factory=dict)  # tokenizer -> its term statistics
+  lexicons: dict[str, Lexicon] = struct.field(default_factory=dict)  # tokenizer -> its term statistics
   query_features: Array | None = None  # [Q, F] question text features (engram_jax.features; 0 for padding)
 
 
@@ -48,7 +48,7 @@ def episode_arrays(episode: Episode, doc_emb: np.ndarray, query_emb: np.ndarray,
     episode: the episode.
     doc_emb: ``[N_real, D]`` item embeddings (unit-norm).
     query_emb: ``[Q_real, D]`` question embeddings.
-    tokenizers: names in :data:`engram_jax.ops.bm25.TOKENIZERS` whose term statistics to build
+    tokenizers: names in :data:`engram_jax.lexicon.TOKENIZERS` whose term statistics to build
       (``lexicons[name]``); ``'words'`` is always built.
     n_multiple, q_multiple, v_multiple, l_multiple, t_multiple: bucket multiples of N, Q, V, L (distinct terms
       per item) and T (distinct terms per question).
@@ -56,7 +56,7 @@ def episode_arrays(episode: Episode, doc_emb: np.ndarray, query_emb: np.ndarray,
   Raises:
     ValueError: on NaN/inf embeddings, shape mismatches (naming the episode) or an unknown tokenizer.
   """
-  tokenize_fns = {t: bm25_ops.get_tokenizer(t) for t in dict.fromkeys(('words', *tokenizers))}
+  tokenize_fns = {t: get_tokenizer(t) for t in dict.fromkeys(('words', *tokenizers))}
   n, q = episode.n_items, len(episode.questions)
   if doc_emb.shape[0] != n or query_emb.shape[0] != q or doc_emb.shape[1:] != query_emb.shape[1:]:
     raise ValueError(f'Shape mismatch in episode {episode.id}: {n} items / {q} questions vs embeddings '
@@ -80,8 +80,8 @@ def episode_arrays(episode: Episode, doc_emb: np.ndarray, query_emb: np.ndarray,
     q_toks = [fn(x.text) for x in episode.questions]
     if name == 'words':
       query_len[:q] = [len(t) for t in q_toks]
-    lexicons[name] = bm25_ops.build_lexicon([fn(it.text) for it in episode.items], q_toks, n_rows=nb, q_rows=qb,
-                                            l_multiple=l_multiple, t_multiple=t_multiple, v_multiple=v_multiple)
+    lexicons[name] = build_lexicon([fn(it.text) for it in episode.items], q_toks, n_rows=nb, q_rows=qb,
+                                   l_multiple=l_multiple, t_multiple=t_multiple, v_multiple=v_multiple)
   query_features = np.zeros((qb, len(features.FEATURES)), np.float32)
   query_features[:q] = features.question_features([x.text for x in episode.questions])
   return EpisodeArrays(
@@ -116,9 +116,9 @@ def stack_arrays(arrays: Sequence[EpisodeArrays]) -> EpisodeArrays:
   def stack(field: str, fill=0) -> np.ndarray:
     return _stack_padded([getattr(a, field) for a in arrays], fill)
 
-  def stack_lexicon(t: str) -> bm25_ops.Lexicon:
+  def stack_lexicon(t: str) -> Lexicon:
     lexs = [a.lexicons[t] for a in arrays]
-    return bm25_ops.Lexicon(**{f: _stack_padded([getattr(x, f) for x in lexs], False if f == 'vocab_where' else 0)
+    return Lexicon(**{f: _stack_padded([getattr(x, f) for x in lexs], False if f == 'vocab_where' else 0)
                                for f in ('doc_terms', 'doc_counts', 'query_terms', 'query_counts', 'vocab_where')})
 
   return EpisodeArrays(

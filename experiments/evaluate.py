@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from engram_jax import analysis, evaluation, report, timing
 from engram_jax.data import splits
-from experiments import checks, common
+from experiments.lib import checks, common
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from engram_jax import batch, evaluation, fit, pipeline, report, stats
 from engram_jax.data import splits
 from engram_jax.fit import twins
-from experiments import checks, common, protocol
+from experiments.lib import checks, common, protocol
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Evidence boundary: parent vs exact recall by hand, the bounded expansion policy, the parent_recall@k metric in
-evaluate(), and the experiments.boundary entry point on one LoCoMo conversation."""
+evaluate(), and the experiments.research.boundary entry point on one LoCoMo conversation."""
 
 import json
 
@@ -101,9 +101,10 @@ def test_parent_recall_in_evaluate():
     assert got >= 0.0
 
 
+@pytest.mark.slow
 @real
 def test_entry_point_on_one_conversation(tmp_path):
-  from experiments import boundary as entry  # pylint: disable=import-outside-toplevel
+  from experiments.research import boundary as entry  # pylint: disable=import-outside-toplevel
   out = tmp_path / 'run'
   entry.main(['--evaluate', 'experiment=boundary', 'pipeline=[cosine,bm25]', 'embedder=hashing', 'eval.k=40',
               'dataset.loader.conversations=[conv-30]', 'eval.n_resamples=100', 'eval.progress=false',

@@ -1,5 +1,5 @@
-"""experiments.cfsr_diagnosis on a small episode: the exact NNLS is optimal, the PG solver is not better than it,
-ranks and NDCG follow the shared tie rule, and the per-question record is complete."""
+"""experiments.research.cfsr_diagnosis on a small episode: the exact NNLS is optimal, the PG solver is not better
+than it, ranks and NDCG follow the shared tie rule, and the per-question record is complete."""
 
 import sys
 from pathlib import Path
@@ -8,7 +8,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / 'ops'))
 import ops_testing  # noqa: E402  pylint: disable=wrong-import-position
-from experiments import cfsr_diagnosis as D  # noqa: E402  pylint: disable=wrong-import-position
+from experiments.research import cfsr_diagnosis as D  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def test_ranked_puts_later_items_first_on_ties_and_unranked_last():

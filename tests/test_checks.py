@@ -11,7 +11,8 @@ from engram_jax import fit, pipeline
 from engram_jax.ops import cosine
 from engram_jax.data import io, splits
 from engram_jax.data.locomo import load_locomo
-from experiments import checks, common, evaluate
+from experiments import evaluate
+from experiments.lib import checks, common
 
 CONF = str(Path(__file__).resolve().parents[1] / 'conf')
 try:
@@ -161,6 +162,7 @@ def test_fit_holdout_with_an_empty_side_fails_before_training(tmp_path, n_test):
     fit_exp.run(cfg, tmp_path / 'out')
 
 
+@pytest.mark.slow
 @real
 def test_eval_metrics_override_is_honoured(tmp_path):
   cfg = _compose(['embedder=hashing', 'dataset.loader.conversations=[conv-30]', 'eval.n_resamples=50',

@@ -148,6 +148,7 @@ def test_project_launcher_configs_extend_the_plugins(name):
           'ray_local': lambda: launcher.ray.remote.num_cpus == 2}[name]()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAVE, reason='LoCoMo not found under the data root')
 def test_every_launcher_collects_the_same_table(tmp_path):
   """``pipeline=[cosine],[bm25]`` x ``eval.k=5,10`` on two cut LoCoMo conversations (hashing embedder), run by the

@@ -7,6 +7,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from engram_jax import compile_cache
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -16,7 +18,7 @@ JOB = textwrap.dedent('''
     hits = []
     monitoring.register_event_listener(lambda name, **kw: hits.append(name) if name.endswith('cache_hits') else None)
     from omegaconf import OmegaConf
-    from experiments import common
+    from experiments.lib import common
     common.enable_compile_cache(OmegaConf.create({'paths': {'compile_cache_dir': sys.argv[1]}}))
     f = jax.jit(lambda x: jnp.sin(x) * float(sys.argv[2]))
     print(float(f(jnp.float32(1.0))), len(hits))
@@ -44,6 +46,7 @@ def test_stage_links_and_publish_is_atomic_and_idempotent(tmp_path):
   assert (shared / 'b-cache').read_bytes() == b'B' * 5
 
 
+@pytest.mark.slow
 def test_concurrent_jobs_share_one_folder(tmp_path):
   shared = tmp_path / 'jc'
   jobs = [_run(shared, s) for s in (2.0, 2.0, 3.0)]  # two compile the same program at once, one another

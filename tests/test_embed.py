@@ -263,6 +263,7 @@ def test_hydra_overrides_key_the_cache():
   assert enc.path == '/some/folder' and st.embedder.model_id == 'all-MiniLM-L6-v2'
 
 
+@pytest.mark.slow
 def test_real_minilm_from_the_wheel(tmp_path):
   enc = embed.sentence_transformer_encoder()
   v = embed.embed_texts(['I adopted a dog last week.', 'We got a puppy recently.', 'The invoice is overdue.'],

@@ -117,6 +117,7 @@ def _check_cache(cache_dir, texts):
   return rows
 
 
+@pytest.mark.slow
 def test_overlapping_jobs_and_a_reader_share_one_cache(tmp_path):
   """Two jobs embed overlapping text sets at once (the overlap split into other chunks by each) while a third
   process keeps loading the cache: both finish with fresh-equal vectors, the reader never meets a partial or bad
@@ -129,6 +130,7 @@ def test_overlapping_jobs_and_a_reader_share_one_cache(tmp_path):
   _check_cache(tmp_path / 'cache', TEXTS)
 
 
+@pytest.mark.slow
 def test_jobs_missing_the_same_texts_embed_each_once(tmp_path):
   """Two jobs with the same texts, released together: each chunk is encoded by one of them (the other waits on
   the chunk's lock and reads its shard), so the cache holds each text once."""

@@ -100,6 +100,7 @@ def _compile_requests(eps, pipes, **kw):
   return res, timer.stop()['compile_requests']
 
 
+@pytest.mark.slow
 def test_stacked_episodes_give_the_same_results_as_episode_by_episode():
   eps = [_episode(12, 3, 'a'), _episode(140, 70, 'b'), _episode(30, 5, 'c'), _episode(300, 9, 'd')]
   pipes = _stack_pipes()

@@ -84,6 +84,7 @@ def test_fit_recovers_a_planted_tide_weight():
   assert _ndcg(P.with_values(start, res.values), eps, embs, arrays) > _ndcg(start, eps, embs, arrays) + 0.2
 
 
+@pytest.mark.slow
 def test_fit_recovers_planted_rrf_weights():
   eps, embs, arrays = _planted(_rrf(COS, BM25, weights=[0.3, 1.7]), n_eps=2, n=60, q=48)
   start = _rrf(COS, BM25, weights=[1.0, 1.0])
@@ -235,6 +236,7 @@ def test_unknown_knobs_are_clear_errors():
     fit.make_problem(_tide(0.1), ['k0'])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAVE, reason='LoCoMo not found under the data root')
 def test_experiment_writes_fitted_json(tmp_path):
   from experiments import fit as fit_exp  # pylint: disable=import-outside-toplevel
@@ -269,7 +271,8 @@ def test_experiment_writes_fitted_json(tmp_path):
 
 
 def test_search_config_composes_and_flattens():
-  from experiments import common, search_compare  # pylint: disable=import-outside-toplevel
+  from experiments.lib import common  # pylint: disable=import-outside-toplevel
+  from experiments.research import search_compare  # pylint: disable=import-outside-toplevel
   with initialize_config_dir(config_dir=CONF, version_base='1.3'):
     cfg = compose(config_name='fit_search', overrides=['values.k0=30', '+values.legs.cos.weight=0.5'])
   assert cfg.fit.split == 'holdout' and list(cfg.pipeline) == ['rrf_cos_bm25']

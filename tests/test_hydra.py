@@ -12,7 +12,8 @@ from hydra.utils import instantiate
 
 from engram_jax import pipeline
 from engram_jax.data import io
-from experiments import common, evaluate
+from experiments import evaluate
+from experiments.lib import common
 
 CONF = str(Path(__file__).resolve().parents[1] / 'conf')
 PIPELINES = sorted(p.stem for p in Path(CONF, 'pipeline').glob('*.yaml'))
@@ -60,6 +61,7 @@ def test_unknown_pipeline_is_a_clear_error():
     _compose(['pipeline=[nope]'])
 
 
+@pytest.mark.slow
 @real
 def test_run_writes_results_json(tmp_path):
   cfg = _compose(['embedder=hashing', 'dataset.loader.conversations=[conv-30]', 'eval.n_resamples=200',
@@ -80,6 +82,7 @@ def test_run_writes_results_json(tmp_path):
   assert 'timing' not in saved
 
 
+@pytest.mark.slow
 @real
 def test_multirun_one_run_per_pipeline(tmp_path):
   cmd = [sys.executable, '-m', 'experiments.evaluate', '-m', 'pipeline=cosine,bm25', 'embedder=hashing',
@@ -92,6 +95,7 @@ def test_multirun_one_run_per_pipeline(tmp_path):
     assert list(saved['pipelines']) == [name]
 
 
+@pytest.mark.slow
 @real
 def test_fitted_parameters_are_applied_per_episode(tmp_path):
   fitted = tmp_path / 'fitted.json'

@@ -1,7 +1,9 @@
 """Import discipline, read from the source: the library never imports hydra, omegaconf, ``experiments`` or ``tests``,
-and no module imports another module's private (``_name``) function."""
+no module imports another module's private (``_name``) function,
+and the library's modules import each other without a cycle."""
 
 import ast
+import graphlib
 from pathlib import Path
 
 import pytest
@@ -71,3 +73,69 @@ def test_the_checks_can_fail(tmp_path):
                'x = ev._load\n')
   assert private_uses(p) == [('engram_jax.diversity', '_map_queries', 2), ('ev', '_load', 4)]
   assert [m for m, _, _ in _imports(p)][0] == 'hydra'
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+  """``engram_jax/ops/bm25.py`` -> ``engram_jax.ops.bm25``; a package's ``__init__.py`` -> the package."""
+  parts = list(path.relative_to(root).with_suffix('').parts)
+  return '.'.join(parts[:-1] if parts[-1] == '__init__' else parts)
+
+
+def import_graph(paths: list[Path], root: Path = ROOT) -> dict[str, set[str]]:
+  """Module -> the project modules it imports, read from the source (every import statement: top level, inside a
+  function or under ``if TYPE_CHECKING``). ``from pkg import name`` points at ``pkg.name`` when that is a module,
+  else at ``pkg``; relative imports are resolved. A package's ``__init__`` running before its submodules is not
+  counted as an edge (every submodule would otherwise form a loop with its own package)."""
+  modules = {module_name(p, root): p for p in paths}
+  graph: dict[str, set[str]] = {m: set() for m in modules}
+
+  def known(name: str) -> str | None:
+    while name and name not in modules:
+      name = name.rpartition('.')[0]
+    return name or None
+
+  for mod, path in modules.items():
+    package = mod if path.name == '__init__.py' else mod.rpartition('.')[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding='utf-8'), filename=str(path))):
+      targets = []
+      if isinstance(node, ast.Import):
+        targets = [known(a.name) for a in node.names]
+      elif isinstance(node, ast.ImportFrom):
+        base = node.module or ''
+        if node.level:
+          anchor = package.split('.')[:len(package.split('.')) - node.level + 1]
+          base = '.'.join(anchor + ([base] if base else []))
+        targets = [f'{base}.{a.name}' if f'{base}.{a.name}' in modules else known(base) for a in node.names]
+      graph[mod] |= {t for t in targets if t is not None and t != mod}
+  return graph
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+  """One import cycle of ``graph`` (a list of modules, first == last), or None when it is acyclic."""
+  try:
+    tuple(graphlib.TopologicalSorter(graph).static_order())
+  except graphlib.CycleError as e:
+    return list(e.args[1])
+  return None
+
+
+def test_the_library_has_no_import_cycle():
+  graph = import_graph(LIBRARY)
+  assert 'engram_jax.lexicon' in graph['engram_jax.batch'] and 'engram_jax.batch' in graph['engram_jax.ops.bm25']
+  cycle = import_cycle(graph)
+  assert cycle is None, f'import cycle in engram_jax: {" -> ".join(cycle)}'
+
+
+def test_the_cycle_check_can_fail(tmp_path):
+  pkg = tmp_path / 'pkg'
+  (pkg / 'sub').mkdir(parents=True)
+  (pkg / '__init__.py').write_text('')
+  (pkg / 'sub' / '__init__.py').write_text('from pkg.sub import b  # noqa\n')
+  (pkg / 'a.py').write_text('from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n  from pkg.sub.b import X\n')
+  (pkg / 'sub' / 'b.py').write_text('def f():\n  from .. import a\n')
+  graph = import_graph(sorted(pkg.rglob('*.py')), tmp_path)
+  assert graph == {'pkg': set(), 'pkg.sub': {'pkg.sub.b'}, 'pkg.a': {'pkg.sub.b'}, 'pkg.sub.b': {'pkg.a'}}
+  assert sorted(import_cycle(graph)[1:]) == ['pkg.a', 'pkg.sub.b']
+  del graph['pkg.sub.b']
+  graph['pkg.sub.b'] = set()
+  assert import_cycle(graph) is None

@@ -471,6 +471,7 @@ def s_entries():
   return L.read_longmemeval(REAL, split='s')
 
 
+@pytest.mark.slow
 @needs_data
 def test_real_s_both_levels(s_entries):
   assert len(s_entries) == 498
@@ -512,6 +513,7 @@ def test_real_s_both_levels(s_entries):
   assert scores['session']['recall_all@10'] == 1.0 and scores['session']['ndcg_any@10'] == 1.0
 
 
+@pytest.mark.slow
 @needs_data
 def test_real_s_official_corpus_counts_and_skips(s_entries):
   eps, rep = L.episodes_from_entries(s_entries, level='session')  # corpus='official' by default
@@ -528,6 +530,7 @@ def test_real_s_official_corpus_counts_and_skips(s_entries):
   assert len(eps) + rep.counts['excluded_no_gold'] == 498
 
 
+@pytest.mark.slow
 @needs_data
 def test_real_s_metrics_equal_official_eval_per_question(s_entries):
   """Session level, every question the official skip rules score: engram_jax's recall_any@k / ndcg_any@k over

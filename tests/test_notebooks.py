@@ -37,6 +37,7 @@ def _run(tmp_path, out, overrides):
   return out
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAVE, reason='LoCoMo not found under the data root')
 def test_research_notebook_executes(tmp_path):
   from nbclient import NotebookClient  # pylint: disable=import-outside-toplevel

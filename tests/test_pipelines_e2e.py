@@ -26,6 +26,7 @@ PIPELINES = sorted(Path(CONF, 'pipeline').glob('*.yaml'))
 EXPERIMENTS = sorted(Path(CONF, 'experiment').glob('*.yaml'))
 N_TRAIN = 4  # LongMemEval training questions drawn from the tiny root's 8 non-pilot entries
 MISSING = tiny_data.have_real_data()
+pytestmark = pytest.mark.slow  # every case is a whole evaluate / fit run
 
 # Cases that fail because of a library or config bug (not this test): name -> the error, as recorded.
 KNOWN_FAILURES: dict[str, str] = {}

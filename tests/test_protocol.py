@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 
 from engram_jax.data import splits
 from engram_jax.types import Episode, Item, LoadReport, Question
-from experiments import protocol
+from experiments.lib import protocol
 
 
 def _cfg(**kw):
@@ -73,7 +73,7 @@ def test_confirm_part_is_everything_outside_train_and_disjoint():
 
 def test_protocols_compose_with_the_fit_config_and_pass_its_checks():
   from hydra import compose, initialize_config_dir  # pylint: disable=import-outside-toplevel
-  from experiments import checks  # pylint: disable=import-outside-toplevel
+  from experiments.lib import checks  # pylint: disable=import-outside-toplevel
   with initialize_config_dir(config_dir=str(protocol.ROOT / 'conf'), version_base='1.3'):
     lme = compose('fit', overrides=['+protocol=lme_session'])
     loc = compose('fit', overrides=['+protocol=locomo_full'])

@@ -18,7 +18,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from engram_jax import sharding
-from experiments import common
+from experiments.lib import common
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,6 +85,7 @@ def test_eval_devices_config():
       common.eval_devices(OmegaConf.create({'eval': {'devices': bad}}))
 
 
+@pytest.mark.slow
 def test_four_devices_give_the_one_device_results():
   env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=4', 'JAX_PLATFORMS': 'cpu'}
   proc = subprocess.run([sys.executable, '-c', SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 from engram_jax import timing
 
@@ -41,6 +42,7 @@ print(json.dumps(t.stop()))
 '''
 
 
+@pytest.mark.slow
 def test_a_warm_persistent_cache_compiles_nothing(tmp_path):
   runs = [json.loads(subprocess.run([sys.executable, '-c', _SCRIPT, str(tmp_path / 'cc')], check=True,
                                     capture_output=True, text=True, cwd=ROOT).stdout.strip().splitlines()[-1])

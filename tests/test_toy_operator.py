@@ -33,6 +33,7 @@ from engram_jax.data import io
 from engram_jax.ops import OPERATORS, Knob, Operator, SoftTwin, register
 from engram_jax.ops.cosine import cosine_scores
 from engram_jax.testing import reference as ref
+from engram_jax.testing.synthetic import synthetic_episodes
 
 CONF = str(Path(__file__).resolve().parents[1] / 'conf')
 try:
@@ -105,8 +106,7 @@ def test_declaration_validates_and_is_fittable():
 
 
 def test_soft_twin_is_the_hard_leg():
-  from experiments import bench  # pylint: disable=import-outside-toplevel
-  eps = bench.synthetic_episodes(n_episodes=2, n_queries=6, dim=16, n_items=(30, 50), seed=1)
+  eps = synthetic_episodes(n_episodes=2, n_queries=6, dim=16, n_items=(30, 50), seed=1)
   episodes = [b.episode for b in eps]
   arrays = [episode_arrays(b.episode, b.docs, b.queries) for b in eps]
   pipe = P.make_pipeline(name='toy', legs={'toy': {'op': 'toy', 'c': 0.7}})
@@ -124,6 +124,7 @@ def test_soft_twin_is_the_hard_leg():
 
 # ---- (a) evaluated from a config ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @real
 def test_evaluated_from_config(tmp_path):
   from experiments import evaluate  # pylint: disable=import-outside-toplevel
@@ -145,6 +146,7 @@ def test_evaluated_from_config(tmp_path):
 
 # ---- (b) fitted by gradient ---------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @real
 def test_fitted_by_experiments_fit(tmp_path):
   from experiments import fit as fit_exp  # pylint: disable=import-outside-toplevel
@@ -174,8 +176,8 @@ def test_fitted_by_experiments_fit(tmp_path):
 # ---- (c) timed by the bench ---------------------------------------------------------------------------------------
 
 def test_timed_by_the_bench(monkeypatch):
-  from experiments import bench  # pylint: disable=import-outside-toplevel
-  eps = bench.synthetic_episodes(n_episodes=1, n_queries=8, dim=16, n_items=(40, 60))
+  from experiments.bench import operators as bench  # pylint: disable=import-outside-toplevel
+  eps = synthetic_episodes(n_episodes=1, n_queries=8, dim=16, n_items=(40, 60))
   (row,) = bench.time_operators(eps, ['toy'], repeats=1, overrides={'toy': {'c': 0.3}})
   assert row['op'] == 'toy' and row['jax_s'] > 0 and row['options'] == {'c': 0.3}
   assert row['ref_s'] is None and row['ratio'] is None  # no NumPy reference: JAX side only

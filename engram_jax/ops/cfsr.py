@@ -18,8 +18,6 @@ training (forward-mode gradient in ``lam``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import functools
 
 import jax
@@ -28,12 +26,10 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from engram_jax import ranking
+from engram_jax.batch import EpisodeArrays
 from engram_jax.ops import pools
 from engram_jax.ops.greedy import episode_gram, map_queries
 from engram_jax.ops.registry import Knob, Operator, SoftTwin, knob_defaults, register
-
-if TYPE_CHECKING:  # a type only (engram_jax.batch imports engram_jax.ops)
-  from engram_jax.batch import EpisodeArrays
 
 # The declaration of CFS-R's knobs: the one place their defaults are written (signatures below read _D; the
 # time-aware variants in engram_jax.ops.tcfsr reuse the first four).

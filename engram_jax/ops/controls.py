@@ -9,8 +9,6 @@ Neither is fitted (no soft twin): they are fixed controls. Registered as operato
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import math
 
 import jax
@@ -19,12 +17,11 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from engram_jax import ranking
+from engram_jax.batch import EpisodeArrays
 from engram_jax.ops.bm25 import bm25_leg
 from engram_jax.ops.cosine import cosine_scores
 from engram_jax.ops.registry import Knob, Operator, knob_defaults, register
 
-if TYPE_CHECKING:  # a type only: engram_jax.batch imports the BM25 tokenizers from here
-  from engram_jax.batch import EpisodeArrays
 
 # mem0/utils/scoring.py get_bm25_params: (upper bound on query terms, midpoint, steepness).
 MEM0_BM25_PARAMS = ((3, 5.0, 0.7), (6, 7.0, 0.6), (9, 9.0, 0.5), (15, 10.0, 0.5), (None, 12.0, 0.5))

@@ -5,15 +5,11 @@ No knobs, so nothing to fit: its soft twin is the hard leg itself (its scores ar
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import jax.numpy as jnp
 from jax import Array
 
+from engram_jax.batch import EpisodeArrays
 from engram_jax.ops.registry import Operator, register
-
-if TYPE_CHECKING:  # a type only: engram_jax.batch imports the BM25 tokenizers from here
-  from engram_jax.batch import EpisodeArrays
 
 
 def cosine_scores(query: Array, docs: Array, *, where: Array | None = None) -> Array:

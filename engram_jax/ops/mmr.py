@@ -7,8 +7,6 @@ steps on the precomputed cosine pool (fitting ``lam``). The leg turns picks into
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,14 +14,12 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from engram_jax import relax
+from engram_jax.batch import EpisodeArrays
 from engram_jax.ops import pools
 from engram_jax.ops.greedy import (Selection, SoftSelection, episode_gram, greedy, map_pool_batch, map_queries,
                                    pool_inputs, scatter_pool_selection, scatter_probs, selection_scores,
                                    soft_greedy, soft_pool_inputs)
 from engram_jax.ops.registry import Knob, Operator, SoftTwin, knob_defaults, register
-
-if TYPE_CHECKING:  # a type only: engram_jax.batch imports the BM25 tokenizers from here
-  from engram_jax.batch import EpisodeArrays
 
 # The declaration of MMR's knobs: the one place their defaults are written (signatures below read _D).
 KNOBS = (Knob('k', 10, static=True, check='int>=1', doc='number of picks'),

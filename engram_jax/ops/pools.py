@@ -7,17 +7,13 @@ block (and write-time fractions for the time-aware variants), padded to one item
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from engram_jax import ranking
+from engram_jax.batch import EpisodeArrays
 from engram_jax.ops.cosine import cosine_scores
-
-if TYPE_CHECKING:  # a type only: engram_jax.batch imports the BM25 tokenizers from here
-  from engram_jax.batch import EpisodeArrays
 
 
 def pad_items(x: np.ndarray, n_pad: int, fill) -> np.ndarray:

@@ -39,21 +39,19 @@ and return ``[..., N]`` scores, ``-inf`` outside the pool. No jit inside; legs (
 
 from __future__ import annotations
 
-from typing import NamedTuple, TYPE_CHECKING
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import Array
 from jax.typing import ArrayLike
 
+from engram_jax.batch import EpisodeArrays
 from engram_jax.ops import cfsr, pools
 from engram_jax.ops.pools import write_time
 from engram_jax.ops.cfsr import cosine_pool, minmax, nnls_ridge_pg
 from engram_jax.ops.greedy import episode_gram, map_queries
 from engram_jax.ops.registry import Knob, Operator, SoftTwin, knob_defaults, register
-
-if TYPE_CHECKING:  # a type only: engram_jax.batch imports the BM25 tokenizers from here
-  from engram_jax.batch import EpisodeArrays
 
 
 def cfsr_knobs() -> tuple[Knob, ...]:

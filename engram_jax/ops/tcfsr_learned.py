@@ -24,8 +24,6 @@ The gate is smooth, so the hard operator is its own soft twin (on cosine pools g
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -34,6 +32,7 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from engram_jax import features
+from engram_jax.batch import EpisodeArrays
 from engram_jax.ops import pools
 from engram_jax.ops.cfsr import nnls_ridge_pg
 from engram_jax.ops.greedy import episode_gram, map_queries
@@ -42,8 +41,6 @@ from engram_jax.ops.tcfsr import (PoolSolve, blend_pool, cfsr_knobs, check_corpu
                                   solve_pool)
 from engram_jax.ops.pools import write_time
 
-if TYPE_CHECKING:
-  from engram_jax.batch import EpisodeArrays
 
 GATE_INPUTS: tuple[str, ...] = (*features.FEATURES, 'revision', 'topcos')
 WEIGHTS: tuple[str, ...] = tuple(f'u_{name}' for name in GATE_INPUTS)

@@ -9,7 +9,7 @@ re-scored, static), ``base`` (``cosine`` or ``bm25``) and BM25's ``k1``/``b``/``
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TYPE_CHECKING
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -18,13 +18,12 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from engram_jax import ranking
+from engram_jax.batch import EpisodeArrays
 from engram_jax.ops import bm25 as bm25_ops
 from engram_jax.ops import pools
 from engram_jax.ops.cosine import cosine_scores
 from engram_jax.ops.registry import Knob, Operator, SoftTwin, knob_defaults, register
 
-if TYPE_CHECKING:  # a type only: engram_jax.batch imports the BM25 tokenizers from here
-  from engram_jax.batch import EpisodeArrays
 
 BASES = ('cosine', 'bm25')
 

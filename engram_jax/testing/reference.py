@@ -3,8 +3,8 @@ loops), independent of the JAX code on purpose.
 
 One query at a time, Python loops over picks / iterations, the literal formulas (e.g. the CFS-R gradient as
 ``2 C (C^T a - z) + 2 lambda a``, the CFS distance as ``||c - s||^2``). Used by the tests (JAX == reference on
-random inputs) and by ``experiments/bench.py`` (speed ratios). Shared tie rule: among equal values the later item
-(larger index) wins. Test support only: nothing in the library's run path imports this module.
+random inputs) and by ``experiments/bench/operators.py`` (speed ratios). Shared tie rule: among equal values the
+later item (larger index) wins. Test support only: nothing in the library's run path imports this module.
 """
 
 from __future__ import annotations

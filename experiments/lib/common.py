@@ -21,7 +21,7 @@ from engram_jax import compile_cache, embed, pipeline
 from engram_jax.types import Episode, LoadReport
 
 log = logging.getLogger(__name__)
-CONF = Path(__file__).resolve().parents[1] / 'conf'
+CONF = Path(__file__).resolve().parents[2] / 'conf'
 PIPELINE_EXTRAS = ('tune', 'replicate', 'skip_datasets')
 
 

@@ -6,7 +6,7 @@ the deployable RRF stack (see docs/research.md for the grid):
 
   python -m experiments.evaluate -m pipeline=[rrf_cos_bm25_cfsr] \\
       ++pipeline.rrf_cos_bm25_cfsr.legs.cfsr.lam=0.001,0.005,0.02 ... hydra.sweep.dir=outputs/sweeps/cfsr
-  python -m experiments.plateau outputs/sweeps/cfsr --metric ndcg@10
+  python -m experiments.research.plateau outputs/sweeps/cfsr --metric ndcg@10
 
 writes ``plateau.md``, ``plateau.json`` and ``plateau.png`` beside the jobs: every configuration's mean with its 95%
 interval, and its paired difference from the best configuration on the same questions (bootstrap CI, sign-flip
@@ -14,7 +14,7 @@ p). The plateau is the set of configurations whose paired CI against the best co
 
 One run, per-category paired tests (rows minus baselines, on the questions of each category):
 
-  python -m experiments.plateau RUN_DIR --paired tcfsr_prior,tcfsr_basis --against cfsr,tide_dense_xfit \\
+  python -m experiments.research.plateau RUN_DIR --paired tcfsr_prior,tcfsr_basis --against cfsr,tide_dense_xfit \\
       --categories 2 temporal-reasoning knowledge-update
 """
 

@@ -12,8 +12,8 @@ iterations and w:
 * the gold item's best rank under cosine, under CFS-R, and under CFS-R with the exact coefficients;
 * NDCG@k (label) of cosine, CFS-R (PG), CFS-R (exact), and CFS-R at w = 0.5.
 
-  python -m experiments.cfsr_diagnosis                                        # LoCoMo (all conversations)
-  python -m experiments.cfsr_diagnosis dataset=longmemeval_s dataset.loader.part=train
+  python -m experiments.research.cfsr_diagnosis                                        # LoCoMo (all conversations)
+  python -m experiments.research.cfsr_diagnosis dataset=longmemeval_s dataset.loader.part=train
 
 Writes ``cfsr_diagnosis.json`` (per question and means) to the Hydra run folder and prints the means.
 Diagnosis only: it selects nothing and is not a protocol.
@@ -36,7 +36,7 @@ from omegaconf import DictConfig
 
 from engram_jax import batch, evaluation, metrics
 from engram_jax.ops import cfsr as cfsr_ops
-from experiments import common
+from experiments.lib import common
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def diagnose_episode(arr: batch.EpisodeArrays, n_q: int, *, pool: int, lam: floa
   return out
 
 
-@hydra.main(version_base='1.3', config_path='../conf', config_name='config')
+@hydra.main(version_base='1.3', config_path='../../conf', config_name='config')
 def main(cfg: DictConfig) -> None:
   opts = {'pool': 150, 'lam': 0.005, 'w': 0.9, 'iterations': 80}
   opts.update({key: v for key, v in dict(cfg.get('diagnosis') or {}).items() if key in opts})

@@ -5,7 +5,7 @@ Two entry points:
 * the Hydra app (config ``conf/fit_search.yaml``): one job scores one setting of knobs (``values.*``) by hard
   NDCG@10 on the training episodes of the seeded hold-out split and returns it, so that a sweeper can
   search: ``-m`` with the basic sweeper runs a grid, ``hydra/sweeper=optuna`` runs TPE (hydra-optuna-sweeper);
-* ``python -m experiments.search_compare --compare [--out DIR] [overrides...]``: runs the gradient fit, the
+* ``python -m experiments.research.search_compare --compare [--out DIR] [overrides...]``: runs the gradient fit, the
   grid and optuna on the same split, scores each one's best setting on the held-out episodes and writes
   ``compare.json`` / ``compare.md``.
 """
@@ -28,11 +28,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from engram_jax import evaluation, fit, pipeline
 from engram_jax.data import splits
-from experiments import common
+from experiments.lib import common
 from experiments import fit as fit_exp
 
 log = logging.getLogger(__name__)
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GRID = {'values.legs.bm25.weight': [0.5, 1.0, 1.5, 2.0, 3.0], 'values.k0': [5, 15, 30, 60]}
 SPACE = {'values.legs.bm25.weight': 'tag(log,interval(0.25,4.0))', 'values.k0': 'tag(log,interval(2.0,100.0))'}
 N_TRIALS = 20
@@ -67,7 +67,7 @@ def score(cfg: DictConfig, pipe, data, sel: list[int]) -> np.ndarray:
   return r.scores['p']['ndcg@10']
 
 
-@hydra.main(version_base='1.3', config_path='../conf', config_name='fit_search')
+@hydra.main(version_base='1.3', config_path='../../conf', config_name='fit_search')
 def main(cfg: DictConfig) -> float:
   t0 = time.perf_counter()
   name = list(cfg.pipeline)[0]
@@ -85,7 +85,7 @@ def main(cfg: DictConfig) -> float:
 
 def _sweep(args: list[str], sweep_dir: Path) -> tuple[list[dict], float]:
   t0 = time.perf_counter()
-  cmd = [sys.executable, '-m', 'experiments.search_compare', '-m', *args, f'hydra.sweep.dir={sweep_dir}',
+  cmd = [sys.executable, '-m', 'experiments.research.search_compare', '-m', *args, f'hydra.sweep.dir={sweep_dir}',
          'eval.progress=false']
   subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
   wall = time.perf_counter() - t0

@@ -5,13 +5,13 @@ reload the same dataset), then prints and writes (``RUN/boundary.md``, ``RUN/bou
 pipeline and policy: parent recall@k, exact recall@k, exact recall of the expanded evidence packet, mean tokens
 spent (and the top-k alone), each with a 95% bootstrap interval, plus the paired gain of expansion.
 
-  python -m experiments.boundary outputs/boundary/locomo
-  python -m experiments.boundary outputs/boundary/locomo --policy 0:inf 500:2000 1000:4000 inf:inf --tokenizer chars4
-  python -m experiments.boundary --evaluate experiment=boundary 'dataset.loader.conversations=[conv-30]'
+  python -m experiments.research.boundary outputs/boundary/locomo
+  python -m experiments.research.boundary outputs/boundary/locomo --policy 0:inf 500:2000 1000:4000 inf:inf --tokenizer chars4
+  python -m experiments.research.boundary --evaluate experiment=boundary 'dataset.loader.conversations=[conv-30]'
   # same-budget control: rank deeper than k (full rankers only: cosine, bm25), score the top 10
   python -m experiments.evaluate experiment=boundary 'pipeline=[cosine,bm25]' eval.k=200 \\
       hydra.run.dir=outputs/boundary/locomo_k200
-  python -m experiments.boundary outputs/boundary/locomo_k200 --k 10
+  python -m experiments.research.boundary outputs/boundary/locomo_k200 --k 10
 
 A policy ``P:B`` expands a retrieved item's parent when the parent has at most ``P`` tokens and the packet stays
 within ``B`` tokens (``inf`` = unbounded; ``0:inf`` = no expansion); see :mod:`engram_jax.boundary`.
@@ -153,7 +153,7 @@ def _evaluate_first(overrides: Sequence[str], out_dir: Path) -> Path:
   """Run ``experiments.evaluate`` with Hydra ``overrides`` into ``out_dir`` and return it."""
   from hydra import compose, initialize_config_dir  # pylint: disable=import-outside-toplevel
   from experiments import evaluate  # pylint: disable=import-outside-toplevel
-  with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / 'conf'), version_base='1.3'):
+  with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[2] / 'conf'), version_base='1.3'):
     cfg = compose(config_name='config', overrides=list(overrides))
   evaluate.run(cfg, out_dir)
   return out_dir

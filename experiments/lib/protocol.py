@@ -19,7 +19,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PROTOCOL_DIR = ROOT / 'conf' / 'protocol'
 LEDGER = PROTOCOL_DIR / 'scored.jsonl'
 

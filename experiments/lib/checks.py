@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from engram_jax import metrics as metrics_lib
 from engram_jax import validation
-from experiments.common import dataset_metrics
+from experiments.lib.common import dataset_metrics
 
 AUTO = 'auto'
 DEFAULT_BASELINES = ('cosine', 'rrf_cos_bm25')

@@ -1,0 +1,420 @@
+"""Speed: every registered operator's hard leg in JAX (jitted, after warm-up) vs its NumPy reference, timed
+interleaved in rounds, plus RRF fusion and BM25 against its peer libraries (rank_bm25, bm25s).
+
+The operators come from the registry (:data:`engram_jax.ops.OPERATORS`): every registered operator is timed
+with its declaration's knob defaults, except where :data:`OVERRIDES` pins the locked setups of the published
+pages (greedy pool 50, Tide pool 50 / recency 0.1). A benchmark episode is an
+:class:`engram_jax.testing.synthetic.EmbeddedEpisode` ``(episode, docs [N, D], queries [Q, D])`` (synthetic, or
+LoCoMo's with ``--data locomo``), padded by :func:`engram_jax.batch.episode_arrays` with its default buckets, as
+``experiments.evaluate`` pads each episode before stacking episodes of similar size into one group (the bench
+times one episode per call), so any loader's episodes can be benched.
+
+Rounds: every episode is padded, compiled and warmed up first; then, in each of ``--rounds`` rounds (5), every
+episode and operator is timed on the JAX side and the reference side back to back (JAX first in even rounds, the
+reference first in odd ones), so that a change in machine load falls on both sides. A round's sample is the time
+summed over episodes; the table gives, per side and for the ratio (per round ``reference / JAX``), the median and
+(min-max) over rounds, with the XLA / BLAS thread settings under it.
+
+What is timed, per episode and round:
+
+* JAX: the operator's leg ``(EpisodeArrays, key) -> [Q, N]`` over all Q queries of the episode, one jitted call,
+  arrays padded to the default buckets (N to a multiple of 128, Q of 64, vocabulary of 1024) so that a
+  handful of shapes compile; compile + one warm-up call are excluded; the round's sample is the median of
+  ``--repeats`` calls. float32.
+  Legs compute what they need inside the call (the CFS-R family its episode Gram, Tide its base scores).
+* Reference: the loop-based float64 NumPy code of :mod:`engram_jax.testing.reference`, one query at a time, via
+  the adapters of :data:`REFERENCES` (an operator without an adapter is timed on the JAX side only and printed
+  with ratio ``n/a``). With ``--ref-queries R`` only the first R queries of each episode are timed and the time is
+  scaled by Q / R (the references are per query, so the cost is linear in Q).
+* ``rrf``: :func:`engram_jax.ops.rrf.rrf_fuse` (not a leg operator) over the legs of :data:`RRF_STACK` (the CFS-R
+  page's stack: cosine, BM25, CFS-R top-50 weighted 3), whose leg scores are computed outside the timer.
+* BM25 peers (with ``bm25`` in ``--ops``): ``rank_bm25.BM25Okapi.get_scores`` and bm25s (an optional extra:
+  ``engram_jax[bench]``; without it the row says unavailable) on all queries of the episode, one query at a time,
+  with the bm25 row's tokens (:func:`engram_jax.ops.bm25.tokenize`), k1 and b; their indexes are built outside
+  the timer; ratio = peer / JAX bm25. bm25s runs ``method='atire', idf_method='robertson'``, the closest of its
+  variants to BM25Okapi: equal scores except for terms in more than half the documents (idf 0 there, rank_bm25
+  ``epsilon * mean idf``), so its agreement is top-10, not equality (see :func:`_bm25s_peer`).
+* ``agree``: the fraction of reference-timed queries whose JAX top-10 ids (in order, ties to the later item)
+  equal the reference's (the peer's for a peer row), from the first round: the same picks for the greedy
+  operators; float32 vs float64 can flip near-ties.
+
+Run as ``python -m experiments.bench [--data locomo] [--ops ...]`` (:mod:`experiments.bench.cli`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from engram_jax import batch, pipeline
+from engram_jax.ops import OPERATORS
+from engram_jax.ops import bm25 as bm25_ops
+from engram_jax.ops import rrf as rrf_ops
+from engram_jax.testing import reference as ref
+from engram_jax.testing.synthetic import EmbeddedEpisode
+from experiments.bench.common import cell, spread, thread_settings, time_jax
+
+FUSION = 'rrf'  # the fusion row's name in --ops and in the table
+# Locked seed setups (the CFS / CFS-R / Tide pages) where they differ from the declarations' defaults.
+OVERRIDES: dict[str, dict[str, Any]] = {
+    'mmr': {'pool': 50},                    # greedy operators: cosine prefilter of 50
+    'cfs': {'pool': 50},
+    'tide': {'pool': 50, 'recency': 0.1},   # Tide page: base top-50, weight 0.1
+}
+# The CFS-R page's stack whose legs RRF fuses (a pipeline's legs node).
+RRF_STACK: dict[str, dict[str, Any]] = {'cos': {'op': 'cosine'}, 'bm25': {'op': 'bm25'},
+                                        'cfsr': {'op': 'cfsr', 'depth': 50, 'weight': 3.0}}
+TOP = 10  # agreement compares the top-10 ids
+
+
+# ----------------------------------------------------------------------------------------------
+# References: operator name -> adapter ``(RefEpisode, query index, knob values) -> [N] scores`` over the
+# episode's real items (-inf = not ranked); greedy pickers return their picks as leg scores.
+
+
+class RefEpisode(NamedTuple):
+  """One episode as the NumPy references take it (float64, real rows only)."""
+
+  docs: np.ndarray                  # [N, D]
+  queries: np.ndarray               # [Q, D]
+  doc_tokens: list[list[str]]       # N token lists ('words' tokenizer)
+  query_tokens: list[list[str]]     # Q token lists
+  positions: np.ndarray             # [N] write order
+
+
+def ref_episode(b: EmbeddedEpisode) -> RefEpisode:
+  return RefEpisode(docs=np.asarray(b.docs, np.float64), queries=np.asarray(b.queries, np.float64),
+                    doc_tokens=[bm25_ops.tokenize(it.text) for it in b.episode.items],
+                    query_tokens=[bm25_ops.tokenize(q.text) for q in b.episode.questions],
+                    positions=np.arange(b.episode.n_items, dtype=np.float64))
+
+
+def _bm25_ref(e: RefEpisode, i: int, o: Mapping[str, Any]) -> np.ndarray:
+  if o.get('tokenizer', 'words') != 'words':
+    raise NotImplementedError('the bench reference tokenises with the words tokenizer only')
+  return ref.bm25(e.query_tokens[i], e.doc_tokens, k1=o['k1'], b=o['b'], epsilon=o['epsilon'])
+
+
+def _picks(sel: tuple[np.ndarray, np.ndarray], n: int) -> np.ndarray:
+  return ref.selection_scores_ref(sel[0], n)
+
+
+def _tide_ref(e: RefEpisode, i: int, o: Mapping[str, Any]) -> np.ndarray:
+  base = (ref.cosine_scores_ref(e.queries[i], e.docs) if o['base'] == 'cosine'
+          else _bm25_ref(e, i, {'k1': o['k1'], 'b': o['b'], 'epsilon': o['epsilon']}))
+  return ref.tide_scores_ref(base, e.positions, weight=o['recency'], depth=o['pool'])
+
+
+def _mem0_ref(e: RefEpisode, i: int, o: Mapping[str, Any]) -> np.ndarray:
+  cos = ref.cosine_scores_ref(e.queries[i], e.docs)
+  bm = ref.bm25(e.query_tokens[i], e.doc_tokens)
+  fused = ref.additive_fuse_ref(cos, bm, max(len(e.query_tokens[i]), 1), threshold=o['threshold'], pool=o['pool'])
+  return np.where(np.isneginf(fused), -10.0 + cos, fused)  # the leg's equal-k backfill (engram_jax.ops.controls)
+
+
+REFERENCES: dict[str, Callable[[RefEpisode, int, Mapping[str, Any]], np.ndarray]] = {
+    'cosine': lambda e, i, o: ref.cosine_scores_ref(e.queries[i], e.docs),
+    'bm25': _bm25_ref,
+    'mmr': lambda e, i, o: _picks(ref.mmr_select_ref(e.queries[i], e.docs, k=o['k'], lam=o['lam'], pool=o['pool']),
+                                  e.docs.shape[0]),
+    'cfs': lambda e, i, o: _picks(ref.cfs_select_ref(e.queries[i], e.docs, k=o['k'], beta=o['beta'],
+                                                     sigma=o['sigma'], floor=o['floor'], pool=o['pool']),
+                                  e.docs.shape[0]),
+    'cfsr': lambda e, i, o: ref.cfsr_scores_ref(e.queries[i], e.docs, pool=o['pool'], iterations=o['iterations'],
+                                                lam=o['lam'], w=o['w']),
+    'tide': _tide_ref,
+    'mem0': _mem0_ref,
+}
+
+
+def top_ids(scores: np.ndarray, k: int = TOP) -> list[int]:
+  """The top-``k`` ids of the finite entries of ``scores [N]`` (ties to the later item)."""
+  scores = np.asarray(scores, np.float64)
+  return ref.order_later_wins(scores, np.flatnonzero(np.isfinite(scores)).tolist())[:k]
+
+
+# ----------------------------------------------------------------------------------------------
+# BM25 peers: other BM25 implementations timed on the same queries as the JAX ``bm25`` row.
+
+
+class Peer(NamedTuple):
+  """A BM25 peer: ``build(doc_tokens, k1, b, epsilon) -> score(query_tokens) -> [N]`` (the index is built outside
+  the timer), or None with ``why`` when the library is not importable."""
+
+  name: str
+  build: Callable[[list[list[str]], float, float, float], Callable[[list[str]], np.ndarray]] | None
+  why: str = ''
+
+
+def _rank_bm25_peer() -> Peer:
+  name = 'bm25 (rank_bm25)'
+  try:
+    import rank_bm25
+  except ImportError as e:
+    return Peer(name, None, f'rank_bm25 not importable ({e})')
+
+  def build(docs, k1, b, epsilon):
+    return rank_bm25.BM25Okapi(docs, k1=k1, b=b, epsilon=epsilon).get_scores
+  return Peer(name, build)
+
+
+def _bm25s_peer() -> Peer:
+  """bm25s: a sparse (CSC) matrix of precomputed per-(term, doc) scores; a query sums its terms' columns.
+
+  ``method='atire'`` (term part ``tf (k1 + 1) / (tf + k1 (1 - b + b |d| / avgdl))``, as Okapi) with
+  ``idf_method='robertson'`` (``log((n - df + 0.5) / (df + 0.5))``) is the closest of its variants to
+  ``BM25Okapi``: equal scores, except that a term in more than half the documents gets idf 0 where rank_bm25
+  gives it ``epsilon * mean idf``. (``method='robertson'`` also drops the constant ``k1 + 1``; ``'lucene'`` uses
+  ``log(1 + ...)``.) Timed path: ``get_scores(tokens)`` per query (the full ``[N]`` scores, like the other rows;
+  its batched ``retrieve`` adds top-k selection and a thread pool, and is slower on these small episodes).
+  """
+  name = 'bm25 (bm25s)'
+  try:
+    import bm25s
+  except ImportError as e:
+    return Peer(name, None, f'bm25s not installed ({e}); pip install "engram_jax[bench]"')
+
+  def build(docs, k1, b, epsilon):
+    del epsilon  # bm25s floors negative idf at 0
+    index = bm25s.BM25(k1=k1, b=b, method='atire', idf_method='robertson')
+    index.index(docs, show_progress=False)
+    zeros = np.zeros(len(docs), np.float32)
+    return lambda q: index.get_scores(q) if q else zeros
+  return Peer(name, build)
+
+
+PEERS: dict[str, Callable[[], Peer]] = {'rank_bm25': _rank_bm25_peer, 'bm25s': _bm25s_peer}
+PEER_OF = 'bm25'  # the JAX row the peers are compared with
+
+
+def available_peers() -> list[Peer]:
+  return [make() for make in PEERS.values()]
+
+
+# ----------------------------------------------------------------------------------------------
+# The benchmark.
+
+
+def _time_ref(fn: Callable[[int], np.ndarray], n_queries: int) -> tuple[float, list[np.ndarray]]:
+  """Seconds of one pass of ``fn`` over queries ``0 .. n_queries - 1``, and the outputs."""
+  t = time.perf_counter()
+  out = [fn(i) for i in range(n_queries)]
+  return time.perf_counter() - t, out
+
+
+def operator_options(name: str, overrides: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+  """The knob values the bench times operator ``name`` with: its defaults, then :data:`OVERRIDES`, then
+  ``overrides`` (validated by the declaration)."""
+  given = {**OVERRIDES.get(name, {}), **(overrides or {}).get(name, {})}
+  return OPERATORS[name].options(given, where=f'bench {name}')
+
+
+def _row(name: str, options: Mapping[str, Any], has_ref: bool, rounds: int) -> dict[str, Any]:
+  return {'op': name, 'options': dict(options), 'jax_s': 0.0, 'ref_s': 0.0 if has_ref else None, 'agree': 0,
+          'checked': 0, 'ratio': None, 'episodes': 0, 'queries': 0, 'peer_of': None, 'unavailable': None,
+          'jax_rounds': [0.0] * rounds, 'ref_rounds': [0.0] * rounds if has_ref else None, 'ratio_rounds': None}
+
+
+def time_operators(episodes: Sequence[EmbeddedEpisode], names: Sequence[str] | None = None, *, repeats: int = 5,
+                   rounds: int = 5, ref_queries: int = 40, overrides: Mapping[str, Mapping[str, Any]] | None = None,
+                   peers: bool = True, seed: int = 0,
+                   log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+  """Time operators (registered names, or :data:`FUSION` for RRF) on every episode; one row per name, then the
+  BM25 peer rows.
+
+  The two sides are interleaved: all episodes are prepared (padded, compiled, warmed up) first; then, in each of
+  ``rounds`` rounds, every episode and operator is timed on the JAX side and on the reference side back to back,
+  JAX first in even rounds and the reference first in odd ones (so a drift in machine load hits both). A round's
+  time is the sum over episodes; each row reports the median over rounds, and the per-round samples.
+
+  Args:
+    episodes: the benchmark episodes.
+    names: registered operator names and/or ``'rrf'``; None = every registered operator, then ``'rrf'``.
+    repeats: JAX calls per operator, episode and round (their median is the round's JAX sample).
+    rounds: interleaved rounds (samples per side).
+    ref_queries: reference-timed queries per episode (0 = all); the time is scaled to all queries.
+    overrides: ``{operator: {knob: value}}`` over the bench's knob values (:func:`operator_options`).
+    peers: with ``'bm25'`` in ``names``, also time the :data:`PEERS` (rank_bm25, bm25s) on all queries of every
+      episode, with the bm25 row's k1 / b / epsilon and tokens; a peer that is not importable gets a row with
+      ``unavailable`` set and no times.
+    seed: the PRNG key of the legs (only stochastic legs such as cos2 read it).
+    log: called with one progress line per episode and per round.
+
+  Returns:
+    One dict per name, in order, then one per peer: ``op``, ``options`` (knob values), ``jax_s`` (median over
+    rounds of the time summed over episodes), ``ref_s`` (the same for the reference, scaled to all queries, or the
+    peer; None without one), ``ratio`` (median over rounds of ``ref / jax``, or None), ``jax_rounds`` /
+    ``ref_rounds`` / ``ratio_rounds`` (the per-round samples), ``agree`` / ``checked`` (queries whose top-10 ids
+    agree / queries compared, first round), ``episodes``, ``queries``, ``peer_of`` (``'bm25'`` for a peer row,
+    whose JAX side is the bm25 row's), ``unavailable`` (why a peer was not timed).
+
+  Raises:
+    ValueError: an unknown operator name (listing the registered ones) or an invalid knob value.
+  """
+  names = [*OPERATORS, FUSION] if names is None else list(names)
+  unknown = [n for n in names if n not in OPERATORS and n != FUSION]
+  if unknown:
+    raise ValueError(f'unknown operators {unknown}; registered: {sorted(OPERATORS)} (and {FUSION!r}, the fusion)')
+  unknown = sorted(set(overrides or {}) - set(OPERATORS))
+  if unknown:
+    raise ValueError(f'knob overrides for unknown operators {unknown}; registered: {sorted(OPERATORS)}')
+  rounds = max(int(rounds), 1)
+  key = jax.random.key(seed)
+  legs = {n: pipeline.make_pipeline(name=n, legs={n: {'op': n, **operator_options(n, overrides)}}).legs[0]
+          for n in names if n != FUSION}
+  stack = pipeline.make_pipeline(name=FUSION, fusion='rrf', legs=RRF_STACK) if FUSION in names else None
+  built = pipeline.build_options([pipeline.Pipeline(legs=(leg,)) for leg in legs.values()]
+                                 + ([stack] if stack is not None else []))
+  fns = {n: jax.jit(leg.score) for n, leg in legs.items()}
+  rows = {n: _row(n, legs[n].options if n in legs else {}, n in REFERENCES or n == FUSION, rounds) for n in names}
+  if stack is not None:
+    stack_fns = [jax.jit(leg.score) for leg in stack.legs]
+    weights = jnp.asarray([leg.weight for leg in stack.legs])
+    depths = [leg.depth for leg in stack.legs]
+    fuse = jax.jit(lambda s, where: rrf_ops.rrf_fuse(s, weights=weights, depths=depths, where=where, k0=stack.k0))
+    rows[FUSION]['options'] = {'legs': {leg.name: leg.op for leg in stack.legs}, 'weights': weights.tolist(),
+                               'depths': depths, 'k0': stack.k0}
+  peer_list = available_peers() if peers and PEER_OF in legs else []
+  peer_rows = {}
+  for p in peer_list:
+    opts = {k: dict(legs[PEER_OF].options)[k] for k in ('k1', 'b', 'epsilon')}
+    row = _row(p.name, opts, p.build is not None, rounds)
+    row['peer_of'] = PEER_OF
+    row['jax_rounds'] = None
+    row['high_df_queries'] = 0  # queries with a term in more than half the documents (bm25s's idf differs there)
+    if p.build is None:
+      row['unavailable'] = p.why
+    peer_rows[p.name] = row
+  if peer_list and dict(legs[PEER_OF].options).get('tokenizer', 'words') != 'words':
+    raise ValueError('the BM25 peers tokenise with the words tokenizer only')
+
+  # Preparation: pad, compile and warm up every (episode, operator); build the peers' indexes.
+  prepared = []  # per episode: (q, r_q, {name: (jax thunk, reference fn or None)}, {peer: score fn})
+  for e_i, b in enumerate(episodes):
+    arr = batch.episode_arrays(b.episode, b.docs, b.queries, **built)
+    n, q = b.episode.n_items, len(b.episode.questions)
+    r_q = q if ref_queries <= 0 else min(q, ref_queries)
+    e_ref = ref_episode(b)
+    timed = {}
+    for name in names:
+      if name == FUSION:
+        stacked = jnp.stack([f(arr, key) for f in stack_fns])  # outside the timer
+        s64 = np.asarray(stacked, np.float64)[:, :q, :n]
+        thunk = (lambda st, w: lambda: fuse(st, w))(stacked, arr.where)
+        fn_ref = (lambda s: lambda i: ref.rrf_fuse_ref(s[:, i], [l.weight for l in stack.legs], depths,
+                                                      k0=stack.k0))(s64)
+      else:
+        thunk = (lambda f, a: lambda: f(a, key))(fns[name], arr)
+        adapter = REFERENCES.get(name)
+        opts = dict(legs[name].options)
+        fn_ref = None if adapter is None else (lambda ad, ee, o: lambda i: ad(ee, i, o))(adapter, e_ref, opts)
+      jax.block_until_ready(thunk())  # compile + warm-up
+      timed[name] = (thunk, fn_ref)
+      rows[name]['episodes'] += 1
+      rows[name]['queries'] += q
+    scorers = {}
+    df: dict[str, int] = {}
+    for d in e_ref.doc_tokens:
+      for t in set(d):
+        df[t] = df.get(t, 0) + 1
+    high_df = sum(any(2 * df.get(t, 0) > n for t in toks) for toks in e_ref.query_tokens)
+    for p in peer_list:
+      row = peer_rows[p.name]
+      row['episodes'] += 1
+      row['queries'] += q
+      row['high_df_queries'] += high_df
+      if p.build is not None:
+        o = row['options']
+        score = p.build(e_ref.doc_tokens, o['k1'], o['b'], o['epsilon'])  # the index, outside the timer
+        scorers[p.name] = (lambda s, toks: lambda i: s(toks[i]))(score, e_ref.query_tokens)
+    prepared.append((n, q, r_q, timed, scorers))
+    if log is not None:
+      log(f'episode {e_i + 1}/{len(episodes)}: N={n} (padded {arr.docs.shape[0]}), Q={q} (padded '
+          f'{arr.queries.shape[0]}), reference on {r_q} queries')
+
+  # Interleaved rounds.
+  for r in range(rounds):
+    jax_first = r % 2 == 0
+    for n, q, r_q, timed, scorers in prepared:
+      for name in names:
+        row = rows[name]
+        thunk, fn_ref = timed[name]
+        got = want = None
+        if fn_ref is not None and not jax_first:
+          ref_s, want = _time_ref(fn_ref, r_q)
+        jax_s, out = time_jax(thunk, repeats)
+        if fn_ref is not None and jax_first:
+          ref_s, want = _time_ref(fn_ref, r_q)
+        row['jax_rounds'][r] += jax_s
+        if fn_ref is not None:
+          row['ref_rounds'][r] += ref_s * q / r_q
+        if r == 0:
+          got = np.asarray(out)[:q, :n]
+          if fn_ref is not None:
+            row['agree'] += sum(top_ids(got[i]) == top_ids(want[i]) for i in range(r_q))
+            row['checked'] += r_q
+        if name == PEER_OF:
+          for p_name, fn_peer in scorers.items():
+            p_s, p_out = _time_ref(fn_peer, q)
+            peer_rows[p_name]['ref_rounds'][r] += p_s
+            if r == 0:
+              peer_rows[p_name]['agree'] += sum(top_ids(got[i]) == top_ids(p_out[i]) for i in range(q))
+              peer_rows[p_name]['checked'] += q
+    if log is not None:
+      log(f'round {r + 1}/{rounds} ({"JAX" if jax_first else "reference"} first)')
+
+  for row in rows.values():
+    row['jax_s'] = spread(row['jax_rounds'])['median']
+    if row['ref_rounds'] is not None:
+      row['ref_s'] = spread(row['ref_rounds'])['median']
+      if all(t > 0 for t in row['jax_rounds']):
+        row['ratio_rounds'] = [a / t for a, t in zip(row['ref_rounds'], row['jax_rounds'])]
+        row['ratio'] = spread(row['ratio_rounds'])['median']
+  for row in peer_rows.values():
+    base = rows[PEER_OF]
+    row['jax_s'] = base['jax_s']
+    row['jax_rounds'] = list(base['jax_rounds'])
+    if row['ref_rounds'] is not None:
+      row['ref_s'] = spread(row['ref_rounds'])['median']
+      if all(t > 0 for t in row['jax_rounds']):
+        row['ratio_rounds'] = [a / t for a, t in zip(row['ref_rounds'], row['jax_rounds'])]
+        row['ratio'] = spread(row['ratio_rounds'])['median']
+  return [rows[n] for n in names] + list(peer_rows.values())
+
+
+def format_table(rows: Sequence[Mapping[str, Any]], *, n_episodes: int, n_queries: int,
+                 threads: str | None = None) -> str:
+  """Markdown: one line per row, median over rounds with (min-max); ``n/a`` where an operator has no reference.
+  A peer row (``peer_of`` set) compares the JAX row it names with the peer library; ``threads``
+  (:func:`thread_settings` by default) is printed under the table."""
+  n_rounds = max((len(r['jax_rounds'] or []) for r in rows), default=0)
+  lines = [f'{n_episodes} episodes, {n_queries} queries, {n_rounds} interleaved rounds; times are totals over all '
+           'queries, median (min-max) over rounds (JAX float32 jitted; NumPy float64 reference, or the peer library)',
+           '| op | JAX ms | reference / peer ms | ratio | agree |', '|---|---:|---:|---:|---:|']
+  for r in rows:
+    if r.get('unavailable'):
+      lines.append(f'| {r["op"]} | {cell(r["jax_rounds"])} | unavailable | n/a | n/a |')
+      continue
+    has = r['ref_s'] is not None
+    agree = f'{r["agree"]}/{r["checked"]}' if has else 'n/a'
+    jax_cell = cell(r['jax_rounds']) if r['jax_rounds'] is not None else 'n/a'
+    if r.get('peer_of'):
+      jax_cell = f'({r["peer_of"]}) {jax_cell}'
+    lines.append(f'| {r["op"]} | {jax_cell} | {cell(r["ref_rounds"])} | '
+                 f'{cell(r["ratio_rounds"], 1.0, "{:.1f}", "x")} | {agree} |')
+  notes = [f'- {r["op"]}: unavailable: {r["unavailable"]}' for r in rows if r.get('unavailable')]
+  peer_rows = [r for r in rows if r.get('peer_of')]
+  if peer_rows:
+    notes.append('- peer rows: ratio = peer time / JAX bm25 time on the same queries (all of them), index built '
+                 'outside the timer; agree = JAX top-10 ids equal to the peer\'s. bm25s: method=atire, '
+                 'idf_method=robertson, get_scores per query; it floors the idf of terms in more than half the '
+                 'documents at 0 (rank_bm25: epsilon x mean idf), so its scores equal rank_bm25\'s only on queries '
+                 f'without such terms; {peer_rows[0]["high_df_queries"]}/{peer_rows[0]["queries"]} queries here '
+                 'have one.')
+  lines += notes + [threads if threads is not None else thread_settings()]
+  return '\n'.join(lines)

@@ -1,0 +1,7 @@
+"""Helpers shared by the entry points; nothing here is run with ``python -m``.
+
+* :mod:`experiments.lib.common`: config -> plain library values (operator modules, pipelines, datasets, the
+  embedder) and a run's files;
+* :mod:`experiments.lib.checks`: the config checked before any data is loaded (one-line errors naming the option);
+* :mod:`experiments.lib.protocol`: protocols fixed in advance (committed file, SHA-256, the ledger of scorings).
+"""
