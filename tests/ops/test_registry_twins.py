@@ -78,12 +78,14 @@ def test_declaration_must_match_the_leg():
 def test_helpers_reduce_over_the_item_axis_only(b, n, seed):
   """``write_time`` and ``minmax`` on ``[B, N]`` equal them row by row (as rax functions take leading axes)."""
   rng = np.random.default_rng(seed)
-  where = rng.random((b, n)) < 0.7
-  positions = np.broadcast_to(np.arange(n), (b, n))
+  where = np.zeros((4, 12), bool)  # one padded shape (one compilation): b rows of n items are real candidates
+  where[:b, :n] = rng.random((b, n)) < 0.7
+  b = 4
+  positions = np.broadcast_to(np.arange(12), (4, 12))
   rows = np.stack([np.asarray(pools.write_time(positions[i], where[i])) for i in range(b)])
   np.testing.assert_array_equal(np.asarray(pools.write_time(positions, where)), rows)
   np.testing.assert_array_equal(np.asarray(jax.vmap(pools.write_time)(positions, where)), rows)
-  x = rng.normal(size=(b, n))
+  x = rng.normal(size=(4, 12))
   mm = np.stack([np.asarray(cfsr.minmax(jnp.asarray(x[i]), where[i])) for i in range(b)])
   np.testing.assert_array_equal(np.asarray(cfsr.minmax(jnp.asarray(x), where)), mm)
 
