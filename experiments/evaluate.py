@@ -126,6 +126,9 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   embed_fn = common.make_embedder(cfg)
   with timer.phase('load'):
     loaded = {name: common.load_dataset(cfg, ds) for name, ds in datasets.items()}
+  for name, (episodes, _) in loaded.items():  # before any embedding or retrieval
+    checks.check_scored_questions(episodes, f'dataset {name}')
+    checks.check_distinct_corpora(episodes, f'dataset {name}')
   with timer.phase('fit_on_train'):
     fits = fit_on_train(cfg, pipes, expanded, embed_fn, {n: eps for n, (eps, _) in loaded.items()})
   per_ds, tables = {}, []
