@@ -51,6 +51,15 @@ def enable_compile_cache(cfg: DictConfig) -> str | None:
   return str(folder)
 
 
+def publish_compile_cache(cfg: DictConfig) -> list[str]:
+  """Publish this process's new compilation-cache entries now (after a job), not only at exit: a worker that
+  never runs exit handlers (Ray) has shared its programs by then. Returns the entries published."""
+  folder = cfg.paths.get('compile_cache_dir')
+  if not folder:
+    return []
+  return compile_cache.publish(_staged_compile_cache(str(folder)), folder, remove=False)
+
+
 def eval_devices(cfg: DictConfig) -> int | None:
   """``eval.devices`` as the library takes it: ``None`` (all available devices; also when the key is absent) or an
   int >= 1 (:func:`engram_jax.evaluation.evaluate` ``devices``)."""

@@ -155,7 +155,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   spent = timer.stop()
   spent['n_questions'] = sum(r['n_questions'] for r in per_ds.values())
   # what varies between runs (cold/warm caches, wall times) stays out of results.json, so reruns are byte-identical
-  run_info = {'timing': spent, 'compile_cache': compile_cache, 'embedding_cache': embed_fn.cache_reports}
+  run_info = {'timing': spent, 'compile_cache': compile_cache, 'embedding_cache': embed_fn.cache_reports,
+              'compile_cache_published': len(common.publish_compile_cache(cfg))}
   report.write_files(out_dir, {'run_info.json': json.dumps(run_info, indent=1)})
   print(text)
   print(timing.markdown(spent))
