@@ -17,7 +17,7 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from engram_jax import compile_cache, embed, pipeline
+from engram_jax import compile_cache, embed, legcache, pipeline
 from engram_jax.types import Episode, LoadReport
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,38 @@ def enable_compile_cache(cfg: DictConfig) -> str | None:
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
   jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
   return str(folder)
+
+
+@functools.cache
+def _process_leg_cache(max_bytes: int) -> legcache.LegCache:
+  return legcache.LegCache(max_bytes=max_bytes)
+
+
+def leg_cache(cfg: DictConfig) -> legcache.LegCache | None:
+  """This process's cache of legs' hard outputs, padded arrays and programs (:mod:`engram_jax.legcache`), shared by
+  the jobs of an in-process multirun (Hydra's basic launcher); ``eval.leg_cache_mb`` bounds it (0: off)."""
+  mb = cfg.eval.get('leg_cache_mb', 2048)
+  if isinstance(mb, bool) or not isinstance(mb, int) or mb < 0:
+    raise ValueError(f'eval.leg_cache_mb must be an integer >= 0 (0: no cache), got {mb!r}')
+  return _process_leg_cache(mb << 20) if mb else None
+
+
+@functools.cache
+def _process_memo() -> dict:
+  return {}
+
+
+def memo(cfg: DictConfig, kind: str, node: Any, make):
+  """``make()`` once per process for the config ``node`` that determines it (resolved, as YAML: e.g. a dataset's
+  loader and data root, an embedder and its cache): the jobs of an in-process multirun load and embed once.
+  Off with ``eval.leg_cache_mb=0``."""
+  if not cfg.eval.get('leg_cache_mb', 2048):
+    return make()
+  key = (kind, OmegaConf.to_yaml(OmegaConf.create(node), resolve=True) if not isinstance(node, str) else node)
+  store = _process_memo()
+  if key not in store:
+    store[key] = make()
+  return store[key]
 
 
 def publish_compile_cache(cfg: DictConfig) -> list[str]:
