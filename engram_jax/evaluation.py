@@ -44,7 +44,18 @@ EpisodeMetric = Callable[[Episode, Question, list[int], int], float]
 
 def embed_episodes(episodes: Sequence[Episode], embed: Callable[[list[str]], np.ndarray]
                    ) -> list[tuple[np.ndarray, np.ndarray]]:
-  """Embed every item and question text once; returns ``[(docs [N, D], queries [Q, D])]`` per episode."""
+  """Embed every item and question text once; returns ``[(docs [N, D], queries [Q, D])]`` per episode. When
+  ``embed`` has a ``queries`` attribute (an encoder with a query prompt), the questions are embedded by it and the
+  items by ``embed``."""
+  queries = getattr(embed, 'queries', None)
+  if queries is not None:
+    docs = embed([it.text for ep in episodes for it in ep.items])
+    qs = queries([q.text for ep in episodes for q in ep.questions])
+    out, a, b = [], 0, 0
+    for ep in episodes:
+      out.append((docs[a:a + ep.n_items], qs[b:b + len(ep.questions)]))
+      a, b = a + ep.n_items, b + len(ep.questions)
+    return out
   texts: list[str] = []
   for ep in episodes:
     texts.extend(it.text for it in ep.items)

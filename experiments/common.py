@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from engram_jax import compile_cache, embed, legcache, pipeline
 from engram_jax.types import Episode, LoadReport
@@ -76,7 +76,11 @@ def memo(cfg: DictConfig, kind: str, node: Any, make):
   Off with ``eval.leg_cache_mb=0``."""
   if not cfg.eval.get('leg_cache_mb', 2048):
     return make()
-  key = (kind, OmegaConf.to_yaml(OmegaConf.create(node), resolve=True) if not isinstance(node, str) else node)
+  def plain(v):  # resolved in its own config's context (a sub-node keeps its interpolations to the root)
+    if isinstance(v, (DictConfig, ListConfig)):
+      return OmegaConf.to_container(v, resolve=True)
+    return {k: plain(x) for k, x in v.items()} if isinstance(v, Mapping) else v
+  key = (kind, json.dumps(plain(node), sort_keys=True, default=str))
   store = _process_memo()
   if key not in store:
     store[key] = make()
@@ -189,13 +193,24 @@ def make_embedder(cfg: DictConfig):
   (texts cached / embedded, bad shards rebuilt) for the run's files."""
   e = cfg.embedder
   encoder = instantiate(e.encoder)
+  if hasattr(encoder, 'folder'):
+    encoder.folder  # pylint: disable=pointless-statement  # a model that is not there: one line, before any work
   reports: list[dict[str, Any]] = []
 
-  def embed_fn(texts):
-    vecs, report = embed.embed_with_report(texts, cache_dir=cfg.paths.cache_dir, model_id=e.model_id,
-                                           encoder=encoder, progress=cfg.eval.progress)
-    reports.append(report.as_dict())
-    return vecs
+  def encode_with(enc):
+    def embed_fn(texts):
+      vecs, report = embed.embed_with_report(texts, cache_dir=cfg.paths.cache_dir, model_id=e.model_id,
+                                             encoder=enc, progress=cfg.eval.progress)
+      reports.append(report.as_dict())
+      return vecs
+    return embed_fn
+  if hasattr(encoder, 'for_role'):  # query / document prompts (bge, e5, the model's own prompts config)
+    documents, queries = encoder.for_role('document'), encoder.for_role('query')
+  else:
+    documents = queries = encoder
+  embed_fn = encode_with(documents)
+  if queries is not documents:  # questions embedded apart, with their own prompt and cache key
+    embed_fn.queries = encode_with(queries)
   embed_fn.cache_reports = reports
   return embed_fn
 

@@ -1,6 +1,8 @@
 """Each leg computed once per sweep within a process: the leg cache gives the uncached results bit for bit, a
 fusion-only change recomputes only the fusion, a leg-knob change only that leg, and the cache stays within bounds."""
 
+import json
+
 import numpy as np
 import jax.numpy as jnp
 import pytest
@@ -90,3 +92,35 @@ def test_the_cache_is_bounded():
   assert big.size == 1000 and cache.bytes == 800
   with pytest.raises(ValueError, match='max_bytes must be >= 0'):
     legcache.LegCache(max_bytes=-1)
+
+
+@pytest.mark.slow
+def test_a_multirun_in_one_process_writes_what_separate_processes_write(tmp_path):
+  """A basic-launcher sweep over fusion knobs and a CFS-R knob (legs and data cached across its jobs) writes each
+  job's results.json byte for byte as a separate process with that job's overrides does."""
+  import os, subprocess, sys  # pylint: disable=import-outside-toplevel,multiple-imports
+  from pathlib import Path  # pylint: disable=import-outside-toplevel
+  from engram_jax.data import io  # pylint: disable=import-outside-toplevel
+  try:
+    if not (io.resolve_data_root() / 'locomo' / 'locomo10.json').is_file():
+      pytest.skip('LoCoMo not found under the data root')
+  except FileNotFoundError:
+    pytest.skip('no data root')
+  root, env = Path(__file__).resolve().parents[1], {**os.environ, 'JAX_PLATFORMS': 'cpu'}
+  s = 'pipeline.rrf_cos_bm25_cfsr'
+  base = [sys.executable, '-m', 'experiments.evaluate', 'pipeline=[rrf_cos_bm25_cfsr]', 'embedder=hashing',
+          'dataset.loader.conversations=[conv-30,conv-26]', 'eval.n_resamples=100', 'eval.progress=false',
+          f'paths.cache_dir={tmp_path}/cache']
+  sweep = [f'++{s}.legs.cos.weight=1.0,2.0', f'++{s}.k0=20,60', f'++{s}.legs.cfsr.lam=0.005,0.05']
+  subprocess.run(base[:3] + ['-m'] + base[3:] + [*sweep, f'hydra.sweep.dir={tmp_path}/multi'], check=True, cwd=root,
+                 capture_output=True, env=env)
+  jobs = [(c, k, l) for c in ('1.0', '2.0') for k in ('20', '60') for l in ('0.005', '0.05')]
+  infos = [json.loads((tmp_path / 'multi' / str(i) / 'run_info.json').read_text()) for i in range(len(jobs))]
+  assert infos[-1]['leg_cache']['leg_hits'] >= 1 and infos[-1]['leg_cache']['arrays_hits'] >= 1
+  for i in (0, 3, 6):  # some jobs, each in its own process (cache empty)
+    c, k, l = jobs[i]
+    subprocess.run(base + [f'++{s}.legs.cos.weight={c}', f'++{s}.k0={k}', f'++{s}.legs.cfsr.lam={l}',
+                           f'hydra.run.dir={tmp_path}/single{i}'], check=True, cwd=root, capture_output=True,
+                   env=env)
+    assert (tmp_path / f'single{i}' / 'results.json').read_bytes() == \
+        (tmp_path / 'multi' / str(i) / 'results.json').read_bytes()
