@@ -103,11 +103,15 @@ def changed_settings(run: dict[str, Any], fixed: dict[str, Any], prefix: str = '
   return out
 
 
-def fixed_config(name: str, config_name: str = 'fit') -> DictConfig:
-  """The protocol's own configuration: ``config_name`` composed with ``+protocol=<name>`` and nothing else."""
+def fixed_config(name: str, config_name: str | None = None) -> DictConfig:
+  """The protocol's own configuration: ``config_name`` (default: the running app's, else ``fit``) composed with
+  ``+protocol=<name>`` and nothing else."""
   from hydra import compose, initialize_config_dir  # pylint: disable=import-outside-toplevel
   from hydra.core.global_hydra import GlobalHydra  # pylint: disable=import-outside-toplevel
+  from hydra.core.hydra_config import HydraConfig  # pylint: disable=import-outside-toplevel
   overrides = [f'+protocol={name}']
+  if config_name is None:
+    config_name = HydraConfig.get().job.config_name if HydraConfig.initialized() else 'fit'
   if GlobalHydra.instance().is_initialized():  # inside a Hydra app (its search path is this repository's conf/)
     return compose(config_name=config_name, overrides=overrides)
   with initialize_config_dir(config_dir=str(CONF), version_base='1.3'):
