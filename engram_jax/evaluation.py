@@ -245,10 +245,12 @@ def _cached_topk(cache: LegCache, pipe: Pipeline, k: int, inputs, base_key, valu
   for pos, spec in enumerate(pipe.legs):
     prefix = f'legs.{spec.name}.'
     mine = {p[len(prefix):]: v for p, v in values.items() if p.startswith(prefix) and p[len(prefix):] != 'weight'}
-    static = tuple((n, v) for n, v in spec.options if n not in mine)
+    static = legcache.fingerprint([v for n, v in spec.options if n not in mine]) + repr(
+        [(n, type(v).__name__) for n, v in spec.options if n not in mine])
     mine_key = tuple(sorted((n, v.dtype.str, v.tobytes()) for n, v in mine.items()))
-    leg_key = (group_key, spec.op, repr(static), mine_key, spec.depth, pos, n_legs)
-    run = cache.program(('leg', spec.op, repr(static), tuple(sorted(mine)), spec.depth, pos, n_legs),
+    op = (spec.op, id(spec.operator.leg))  # the registered function itself (a re-registered name is another op)
+    leg_key = (group_key, op, static, mine_key, spec.depth, pos, n_legs)
+    run = cache.program(('leg', op, static, tuple(sorted(mine)), spec.depth, pos, n_legs),
                         functools.partial(_stacked_leg, spec, pos, n_legs, tuple(sorted(mine))))
     tops.append(cache.get('leg', leg_key, lambda run=run, mine=mine: jax.tree_util.tree_map(
         np.asarray, run(stack, base_key, index, mine))))
