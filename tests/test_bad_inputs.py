@@ -117,6 +117,10 @@ def test_pilot_ids_missing_from_the_data_are_counted():
   assert sum(len(e.questions) for e in kept) == 90
   assert report.counts['pilot_ids_not_in_data'] == 10
   assert report.examples['pilot_ids_not_in_data'] == sorted(ids[90:])[:5]
+  # ids the loader read but excluded by its own rules (counted there) are in the data: not counted again
+  read = LoadReport('toy', read_ids=frozenset(ids[:95]))
+  _, report = splits.load_part(load=lambda root: (eps, read), part='pilot', pilot='longmemeval_s')
+  assert report.counts['pilot_ids_not_in_data'] == 5
 
 
 def _damaged_root(tmp_path: Path) -> Path:

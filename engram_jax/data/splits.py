@@ -209,7 +209,8 @@ def load_part(root: str | os.PathLike | None = None, *, load: Callable[..., tupl
       the 6K pilot when training on 32K FactConsolidation questions that repeat some 6K question texts.
   """
   episodes, report = load(root)
-  loaded_ids = {q.id for e in episodes for q in e.questions}
+  # the ids in the data: those the loader read (before its own exclusions, which it counts), else those it returned
+  loaded_ids = set(report.read_ids) if report.read_ids is not None else {q.id for e in episodes for q in e.questions}
   if official_skips:
     from engram_jax import official  # pylint: disable=import-outside-toplevel
     episodes = select_questions(
