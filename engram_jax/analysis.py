@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from scipy.sparse import csgraph
 
 from engram_jax import stats
 from engram_jax.evaluation import EvalResult
@@ -44,6 +43,7 @@ def gold_clusters(gold: Sequence[int], gram: np.ndarray, *, threshold: float = 0
   """Connected components of the gold items under mutual cosine ``>= threshold``."""
   gold = list(gold)
   adj = gram[np.ix_(gold, gold)] >= threshold
+  from scipy.sparse import csgraph  # pylint: disable=import-outside-toplevel  # ~0.3-0.6 s at start-up otherwise
   n, labels = csgraph.connected_components(adj, directed=False)
   return [{gold[j] for j in np.flatnonzero(labels == c)} for c in range(n)]
 

@@ -45,6 +45,7 @@ from tqdm.auto import tqdm
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = 'all-MiniLM-L6-v2'
+ROLES = ('query', 'document')  # the texts an encoder may prompt differently: questions, memory items
 Encoder = Callable[[list[str]], np.ndarray]
 Spec = dict[str, Any]
 
@@ -165,12 +166,14 @@ def resolve_model_path(model_id: str, path: str | None = None) -> str:
   return model_id
 
 
-def local_model_folder(model_id: str, path: str | None = None) -> Path:
+def local_model_folder(model_id: str, path: str | None = None, *, download: bool = False) -> Path:
   """The local folder the model of ``resolve_model_path`` is loaded from: the path itself, or the model's
-  snapshot in the Hugging Face cache (looked up offline; nothing is downloaded).
+  snapshot in the Hugging Face cache (looked up offline; with ``download``, fetched from the hub when it is not
+  there yet).
 
   Raises:
-    ValueError: if the model is neither a local folder nor in the Hugging Face cache.
+    ValueError: if the model is neither a local folder nor in the Hugging Face cache (nor, with ``download``,
+      reachable on the hub).
   """
   name = resolve_model_path(model_id, path)
   local = Path(name).expanduser()
@@ -186,8 +189,17 @@ def local_model_folder(model_id: str, path: str | None = None) -> Path:
       return Path(snapshot_download(repo, local_files_only=True))
     except (OSError, ValueError):
       continue
+  if download and snapshot_download is not None and os.environ.get('HF_HUB_OFFLINE', '0') in ('0', '', 'false'):
+    for repo in candidates:
+      try:
+        return Path(snapshot_download(repo))
+      except Exception:  # pylint: disable=broad-except  # no network, unknown repo, ...: the error below says so
+        continue
+  how = ('it could not be downloaded from the hub (offline?)' if download else 'nothing is downloaded (encoder '
+         'download: false)')
   raise ValueError(f'sentence-transformers model {name!r} (model_id {model_id!r}) is neither a local folder nor in '
-                   'the Hugging Face cache: download it first or set the encoder path to a local model folder')
+                   f'the Hugging Face cache, and {how}: download it first (huggingface-cli download {name}) or set '
+                   'embedder.encoder.path to a local model folder')
 
 
 def _fingerprint_files(folder: Path) -> tuple[tuple[str, int, int], ...]:
@@ -327,10 +339,39 @@ class SentenceTransformerEncoder:
   batch_size: int = 64
   device: str = 'cpu'
   processes: int = 1
+  query_prompt: str | None = None
+  document_prompt: str | None = None
+  query_prompt_name: str | None = None
+  document_prompt_name: str | None = None
+  download: bool = False
 
   @functools.cached_property
   def folder(self) -> Path:
-    return local_model_folder(self.model_id, self.path)
+    return local_model_folder(self.model_id, self.path, download=self.download)
+
+  def prompt(self, role: str) -> str:
+    """The text put before every ``role`` (``'query'`` or ``'document'``) text: the explicit prompt (bge's
+    retrieval instruction, e5's ``'query: '`` / ``'passage: '``), else the named entry of the model's own
+    ``prompts`` config (``config_sentence_transformers.json``), else none (``''``)."""
+    if role not in ROLES:
+      raise ValueError(f'unknown role {role!r}; roles: {list(ROLES)}')
+    text, name = ((self.query_prompt, self.query_prompt_name) if role == 'query'
+                  else (self.document_prompt, self.document_prompt_name))
+    if text is not None and name is not None:
+      raise ValueError(f'embedder: give {role}_prompt or {role}_prompt_name, not both')
+    if name is None:
+      return text or ''
+    prompts = self.spec['model_config'].get('prompts') or {}
+    if name not in prompts:
+      raise ValueError(f'embedder: {role}_prompt_name {name!r} is not among the model\'s prompts '
+                       f'{sorted(prompts)} ({self.folder / "config_sentence_transformers.json"})')
+    return str(prompts[name])
+
+  def for_role(self, role: str) -> Any:
+    """The encoder of ``role`` texts: this one when its prompt is empty (its cache stays the unprompted one), else
+    a :class:`PromptedEncoder` whose spec (the cache key) holds the prompt."""
+    prompt = self.prompt(role)
+    return self if not prompt else PromptedEncoder(self, prompt)
 
   @functools.cached_property
   def spec(self) -> Spec:
@@ -382,14 +423,38 @@ class SentenceTransformerEncoder:
                              show_progress_bar=False, **pool).astype(np.float32)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class PromptedEncoder:
+  """``texts -> [T, D]``: ``base`` encoding each text with ``prompt`` before it (sentence-transformers'
+  ``encode(prompt=...)``, so pooling honours the model's ``include_prompt``); ``spec`` is the base's plus the
+  prompt, so prompted vectors are cached apart from unprompted ones."""
+  base: SentenceTransformerEncoder
+  prompt: str
+
+  @functools.cached_property
+  def spec(self) -> Spec:
+    return {**self.base.spec, 'prompt': self.prompt}
+
+  def __call__(self, texts: list[str]) -> np.ndarray:
+    pool = {'pool': self.base.pool} if self.base.processes > 1 and texts else {}
+    return self.base.model.encode(texts, batch_size=self.base.batch_size, convert_to_numpy=True,
+                                  normalize_embeddings=True, show_progress_bar=False, prompt=self.prompt,
+                                  **pool).astype(np.float32)
+
+
 def sentence_transformer_encoder(model_id: str = DEFAULT_MODEL, *, path: str | None = None,
-                                 batch_size: int = 64, device: str = 'cpu',
-                                 processes: int = 1) -> SentenceTransformerEncoder:
+                                 batch_size: int = 64, device: str = 'cpu', processes: int = 1,
+                                 query_prompt: str | None = None, document_prompt: str | None = None,
+                                 query_prompt_name: str | None = None, document_prompt_name: str | None = None,
+                                 download: bool = False) -> SentenceTransformerEncoder:
   """A ``SentenceTransformerEncoder`` (loaded lazily on first call; ``.spec`` never loads it). ``processes > 1``:
-  encode through a pool of that many worker processes (big corpora; see the class)."""
+  encode through a pool of that many worker processes (big corpora; see the class). Query and document prompts:
+  explicit strings (``query_prompt``, ``document_prompt``) or names in the model's own ``prompts`` config
+  (``query_prompt_name``, ...); ``download``: fetch the model from the hub when no local copy exists."""
   if int(processes) < 1:
     raise ValueError(f'sentence_transformer_encoder: processes must be >= 1, got {processes}')
-  return SentenceTransformerEncoder(model_id, path, int(batch_size), device, int(processes))
+  return SentenceTransformerEncoder(model_id, path, int(batch_size), device, int(processes), query_prompt,
+                                    document_prompt, query_prompt_name, document_prompt_name, bool(download))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import pickle
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -12,12 +14,14 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+from engram_jax import legcache, ranking
 from engram_jax import metrics as metrics_lib
 from engram_jax import sharding
 from engram_jax.data import splits
 from engram_jax.batch import EpisodeArrays, episode_arrays, stack_arrays, stack_groups
 from engram_jax.pipeline import (Pipeline, build_options, check_equal_k, pipeline_topk, structure_key,
                                  traced_values)
+from engram_jax.legcache import LegCache
 from engram_jax.timing import RunTimer
 from engram_jax.types import Episode, Question
 
@@ -40,7 +44,18 @@ EpisodeMetric = Callable[[Episode, Question, list[int], int], float]
 
 def embed_episodes(episodes: Sequence[Episode], embed: Callable[[list[str]], np.ndarray]
                    ) -> list[tuple[np.ndarray, np.ndarray]]:
-  """Embed every item and question text once; returns ``[(docs [N, D], queries [Q, D])]`` per episode."""
+  """Embed every item and question text once; returns ``[(docs [N, D], queries [Q, D])]`` per episode. When
+  ``embed`` has a ``queries`` attribute (an encoder with a query prompt), the questions are embedded by it and the
+  items by ``embed``."""
+  queries = getattr(embed, 'queries', None)
+  if queries is not None:
+    docs = embed([it.text for ep in episodes for it in ep.items])
+    qs = queries([q.text for ep in episodes for q in ep.questions])
+    out, a, b = [], 0, 0
+    for ep in episodes:
+      out.append((docs[a:a + ep.n_items], qs[b:b + len(ep.questions)]))
+      a, b = a + ep.n_items, b + len(ep.questions)
+    return out
   texts: list[str] = []
   for ep in episodes:
     texts.extend(it.text for it in ep.items)
@@ -60,7 +75,7 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
              only: Mapping[str, set[str]] | None = None,
              episode_metrics: Mapping[str, EpisodeMetric] | None = None,
              timer: RunTimer | None = None, stacked: bool = True, max_waste: float = 2.0,
-             devices: int | None = 1) -> EvalResult:
+             devices: int | None = 1, leg_cache: LegCache | None = None) -> EvalResult:
   """Run each pipeline on each episode, assert equal ``k``, and score every question.
 
   ``metrics`` are label metrics (:data:`engram_jax.metrics.METRICS`) or the dataset-owned metrics of
@@ -86,6 +101,11 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
   ``e`` keeps the key ``fold_in(seed, e)``, so the results do not depend on ``n`` (tested). The label metrics stay
   NumPy on the host.
 
+  ``leg_cache`` (stacked, one device; :mod:`engram_jax.legcache`): legs' hard outputs, one-leg pipelines' top-k,
+  the padded arrays and the jitted programs are looked up there and stored, so that the jobs of a sweep in one
+  process compute each leg once per episode group (a fusion-only change recomputes only the fusion). The results
+  equal an uncached run's (tested).
+
   ``only[name]`` restricts pipeline ``name`` to those episode ids (its other questions get NaN scores and
   no retrieved ids; used for per-episode fitted variants, see :func:`merge_by_episode`).
 
@@ -103,7 +123,14 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
   if arrays is None:
     t0 = time.perf_counter()
     options = build_options(pipelines.values())  # e.g. the term counts of every BM25 tokenizer a leg asks for
-    arrays = [episode_arrays(ep, d, q, **options) for ep, (d, q) in zip(episodes, embeddings)]
+
+    def build():
+      return [episode_arrays(ep, d, q, **options) for ep, (d, q) in zip(episodes, embeddings)]
+    if leg_cache is None:
+      arrays = build()
+    else:  # keyed by everything the arrays are built from: the episodes' content, the embeddings, the options
+      arrays = leg_cache.get('arrays', (_episodes_key(episodes), legcache.fingerprint(list(embeddings)),
+                                        repr(sorted(options.items()))), build)
     if timer is not None:
       timer.add('arrays', time.perf_counter() - t0)
   result = EvalResult(
@@ -123,7 +150,9 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
     n_dev = sharding.n_devices(devices)
     mesh = sharding.episode_mesh(n_dev) if n_dev > 1 else None
     by_structure: dict[tuple, Callable] = {}  # pipelines differing only in traced knobs share one program
-    runs = {name: by_structure.setdefault(structure_key(p), _stacked_topk(p, k, mesh=mesh))
+    cached = leg_cache is not None and mesh is None
+    runs = {name: (leg_cache.program(('topk', structure_key(p), k), functools.partial(_stacked_topk, p, k))
+                   if cached else by_structure.setdefault(structure_key(p), _stacked_topk(p, k, mesh=mesh)))
             for name, p in pipelines.items()}
     values = {name: {path: np.asarray(v, np.int32 if isinstance(v, int) else np.float32)
                      for path, v in traced_values(p).items()} for name, p in pipelines.items()}
@@ -137,9 +166,13 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
         inputs = sharding.place_episodes(sharding.pad_episodes(inputs, n_dev), mesh)
       if timer is not None:
         timer.add('arrays', time.perf_counter() - t0)
-      for name in pipelines:
+      group_key = (legcache.fingerprint(stack, index), seed) if cached else None
+      for name, pipe in pipelines.items():
         t0 = time.perf_counter()
-        out = runs[name](inputs[0], base_key, inputs[1], values[name])
+        if cached:
+          out = _cached_topk(leg_cache, pipe, k, inputs, base_key, values[name], group_key, runs[name])
+        else:
+          out = runs[name](inputs[0], base_key, inputs[1], values[name])
         out.block_until_ready()
         t1 = time.perf_counter()
         out = np.asarray(out)[:len(group)]  # padding episodes (sharded runs) produce no results
@@ -191,6 +224,69 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
   if timer is not None:
     timer.add('score', time.perf_counter() - t0)
   return result
+
+
+def _episodes_key(episodes: Sequence[Episode]) -> str:
+  """sha256 of the episodes' whole content (ids, items, questions, gold; pickled frozen dataclasses)."""
+  return hashlib.sha256(pickle.dumps(list(episodes), protocol=4)).hexdigest()
+
+
+def _cached_topk(cache: LegCache, pipe: Pipeline, k: int, inputs, base_key, values: Mapping[str, np.ndarray],
+                 group_key: tuple, run_whole: Callable) -> jax.Array:
+  """Top-k ``[E, Q, k]`` of ``pipe`` on one stacked group through ``cache`` (:mod:`engram_jax.legcache`): a
+  one-leg pipeline whole, an RRF pipeline as its legs' top-D (each looked up) and the fusion."""
+  stack, index = inputs
+  traced = tuple(sorted((p, v.dtype.str, v.tobytes()) for p, v in values.items()))
+  if pipe.fusion != 'rrf':
+    return jnp.asarray(cache.get('pipeline', (group_key, structure_key(pipe), traced, k),
+                                 lambda: np.asarray(run_whole(stack, base_key, index, values))))
+  n_legs = len(pipe.legs)
+  tops = []
+  for pos, spec in enumerate(pipe.legs):
+    prefix = f'legs.{spec.name}.'
+    mine = {p[len(prefix):]: v for p, v in values.items() if p.startswith(prefix) and p[len(prefix):] != 'weight'}
+    static = legcache.fingerprint([v for n, v in spec.options if n not in mine]) + repr(
+        [(n, type(v).__name__) for n, v in spec.options if n not in mine])
+    mine_key = tuple(sorted((n, v.dtype.str, v.tobytes()) for n, v in mine.items()))
+    op = (spec.op, id(spec.operator.leg))  # the registered function itself (a re-registered name is another op)
+    leg_key = (group_key, op, static, mine_key, spec.depth, pos, n_legs)
+    run = cache.program(('leg', op, static, tuple(sorted(mine)), spec.depth, pos, n_legs),
+                        functools.partial(_stacked_leg, spec, pos, n_legs, tuple(sorted(mine))))
+    tops.append(cache.get('leg', leg_key, lambda run=run, mine=mine: jax.tree_util.tree_map(
+        np.asarray, run(stack, base_key, index, mine))))
+  fuse = cache.program(('rrf_topk', tuple(int(t[0].shape[-1]) for t in tops), n_legs, k),
+                       functools.partial(_stacked_fusion, k))
+  weights = [values[f'legs.{s.name}.weight'] for s in pipe.legs]
+  return fuse([t[0] for t in tops], [t[1] for t in tops], stack.where, weights, values['k0'])
+
+
+def _stacked_leg(spec, pos: int, n_legs: int, traced: tuple[str, ...]) -> Callable:
+  """``(stacked arrays, key, episode indices, the leg's traced knob values) -> (top-D indices, ranked) [E, Q, D]``:
+  leg ``pos`` of ``n_legs`` exactly as :func:`engram_jax.pipeline.pipeline_scores` runs it (same key, same knob
+  values), then its top-D as :func:`engram_jax.ops.rrf.rrf_fuse` reads it; jitted."""
+  def run(st, key, index, mine):
+    def one(a):
+      ep, e = a
+      k_ = jax.random.split(jax.random.fold_in(key, e), n_legs)[pos]
+      s = spec.operator.leg(ep, k_, **{**dict(spec.options), **mine}) if traced else spec.score(ep, k_)
+      return legcache.leg_top(s, ep.where, spec.depth)
+    return jax.lax.map(one, (st, index))
+  return jax.jit(run)
+
+
+def _stacked_fusion(k: int) -> Callable:
+  """``(legs' top-D indices, ranked, where [E, N], weights, k0) -> top-k [E, Q, k]`` (-1 where unranked): RRF
+  from the legs' top-D (:func:`engram_jax.legcache.rrf_from_top`) and the final top-k, mapped over episodes."""
+  def run(idx, ranked, where, weights, k0):
+    w = jnp.stack([jnp.asarray(x, jnp.float32) for x in weights])
+
+    def one(a):
+      i, r, wh = a
+      fused = legcache.rrf_from_top(i, r, weights=w, k0=k0, where=wh, n=wh.shape[-1])
+      top, vals = ranking.top_k(fused, k=k, where=wh)
+      return jnp.where(jnp.isneginf(vals), -1, top)
+    return jax.lax.map(one, (idx, ranked, where))
+  return jax.jit(run)
 
 
 def _stacked_topk(pipe: Pipeline, k: int, *, mesh: jax.sharding.Mesh | None = None) -> Callable:

@@ -6,7 +6,7 @@ on its own so that its numbers are bit for bit those of a call on it alone. Pair
 the rows' bootstrap replicates (:func:`bootstrap_means`), so a run's overall intervals and its paired deltas come
 from one pass (:func:`engram_jax.report.summarize`). ``scipy.stats`` (``bootstrap``, ``permutation_test``) is the
 reference in the tests, not the hot path. Wilson intervals and exact McNemar tests for 0/1 outcomes come from
-statsmodels.
+statsmodels (imported where used: it costs ~1-2 s at start-up).
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from statsmodels.stats.contingency_tables import mcnemar
-from statsmodels.stats.proportion import proportion_confint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,9 +225,12 @@ def paired_results(diffs: np.ndarray, replicates: np.ndarray, pvalues: np.ndarra
   """Paired comparisons from the differences ``diffs [P, Q]`` (``a - b``), bootstrap replicates of their means
   ``[P, R]`` (e.g. differences of :func:`bootstrap_means` rows of ``a`` and ``b``) and p-values ``[P]``.
 
-  A row of zeros gets ``delta = lo = hi = 0, p = 1``; a constant row ``[delta, delta]``.
+  A row of zeros gets ``delta = lo = hi = 0, p = 1``; a constant row ``[delta, delta]``; no questions (``Q == 0``)
+  NaN everywhere (an empty set has no difference, not a zero one).
   """
   d = _as_matrix(diffs)
+  if d.shape[1] == 0:
+    return [PairedResult(*(4 * [float('nan')]), 0) for _ in d]
   cis = percentile_intervals(d, replicates, confidence=confidence)
   return [PairedResult(0.0, 0.0, 0.0, 1.0, d.shape[1]) if np.all(row == 0)
           else PairedResult(ci.mean, ci.lo, ci.hi, float(p), d.shape[1])
@@ -271,6 +272,7 @@ def wilson_ci(successes: np.ndarray, *, confidence: float = 0.95) -> Interval:
     raise ValueError('wilson_ci expects 0/1 outcomes')
   if len(s) == 0:
     return Interval(float('nan'), float('nan'), float('nan'))
+  from statsmodels.stats.proportion import proportion_confint  # pylint: disable=import-outside-toplevel
   lo, hi = proportion_confint(int(s.sum()), len(s), alpha=1 - confidence, method='wilson')
   return Interval(float(s.mean()), float(lo), float(hi))
 
@@ -278,5 +280,6 @@ def wilson_ci(successes: np.ndarray, *, confidence: float = 0.95) -> Interval:
 def mcnemar_test(a: np.ndarray, b: np.ndarray) -> float:
   """Exact McNemar p-value for paired 0/1 outcomes (statsmodels)."""
   a, b = _check(a).astype(bool), _check(b).astype(bool)
+  from statsmodels.stats.contingency_tables import mcnemar  # pylint: disable=import-outside-toplevel
   table = [[np.sum(a & b), np.sum(a & ~b)], [np.sum(~a & b), np.sum(~a & ~b)]]
   return float(mcnemar(table, exact=True).pvalue)

@@ -99,6 +99,9 @@ class LoadReport:
   dataset: str
   counts: Counter = dataclasses.field(default_factory=Counter)
   examples: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
+  # every question id the loader read from the data, before its own exclusions (None: it does not say); not
+  # written to the report's files, used to count pilot ids that are missing from the data
+  read_ids: frozenset[str] | None = dataclasses.field(default=None, compare=False, repr=False)
 
   def add(self, reason: str, example: Any = None, n: int = 1) -> None:
     self.counts[reason] += n

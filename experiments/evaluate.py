@@ -5,6 +5,7 @@ Kept short on purpose: the logic lives in the library (engram_jax.evaluation / r
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -70,14 +71,17 @@ def run_dataset(cfg: DictConfig, ds: DictConfig, episodes, load_report, pipes: d
   if any(kind == 'tune' for kind, _, _ in expanded.values()):
     splits.assert_distinct_episodes(episodes)  # cross-fitting by episode: no content on both sides
   timer = timer or timing.RunTimer()
-  with timer.phase('embed'):
-    embeddings = evaluation.embed_episodes(episodes, embed_fn)
+  with timer.phase('embed'):  # once per process for this dataset and embedder (the jobs of a multirun share it)
+    embeddings = common.memo(cfg, 'embeddings', {'dataset': ds, 'data_root': cfg.paths.data_root,
+                                                 'embedder': cfg.embedder, 'cache_dir': cfg.paths.cache_dir},
+                             lambda: evaluation.embed_episodes(episodes, embed_fn))
   only = {v: {ep for ep, vv in extra.items() if vv == v}
           for kind, variants, extra in expanded.values() if kind == 'fitted' for v in variants}
   result = evaluation.evaluate(episodes, embeddings, pipes, k=cfg.eval.k, metrics=metrics, seed=cfg.seed,
                                progress=cfg.eval.progress, only=only, episode_metrics=common.dataset_metrics(ds),
                                timer=timer, stacked=bool(cfg.eval.stacked),
-                               max_waste=float(cfg.eval.get('max_waste', 2.0)), devices=common.eval_devices(cfg))
+                               max_waste=float(cfg.eval.get('max_waste', 2.0)), devices=common.eval_devices(cfg),
+                               leg_cache=common.leg_cache(cfg))
   merged = {}
   for name, (kind, variants, extra) in expanded.items():
     if name in skip:
@@ -125,7 +129,11 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   pipes, expanded = common.build_pipelines(cfg)
   embed_fn = common.make_embedder(cfg)
   with timer.phase('load'):
-    loaded = {name: common.load_dataset(cfg, ds) for name, ds in datasets.items()}
+    loaded = {name: common.memo(cfg, 'dataset', {'dataset': ds, 'data_root': cfg.paths.data_root},
+                                functools.partial(common.load_dataset, cfg, ds)) for name, ds in datasets.items()}
+  for name, (episodes, _) in loaded.items():  # before any embedding or retrieval
+    checks.check_scored_questions(episodes, f'dataset {name}')
+    checks.check_distinct_corpora(episodes, f'dataset {name}')
   with timer.phase('fit_on_train'):
     fits = fit_on_train(cfg, pipes, expanded, embed_fn, {n: eps for n, (eps, _) in loaded.items()})
   per_ds, tables = {}, []
@@ -152,7 +160,9 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   spent = timer.stop()
   spent['n_questions'] = sum(r['n_questions'] for r in per_ds.values())
   # what varies between runs (cold/warm caches, wall times) stays out of results.json, so reruns are byte-identical
-  run_info = {'timing': spent, 'compile_cache': compile_cache, 'embedding_cache': embed_fn.cache_reports}
+  run_info = {'timing': spent, 'compile_cache': compile_cache, 'embedding_cache': embed_fn.cache_reports,
+              'compile_cache_published': len(common.publish_compile_cache(cfg)),
+              'leg_cache': (common.leg_cache(cfg).report() if common.leg_cache(cfg) else None)}
   report.write_files(out_dir, {'run_info.json': json.dumps(run_info, indent=1)})
   print(text)
   print(timing.markdown(spent))

@@ -221,6 +221,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
       raise ValueError('fit.train and the scored dataset share episode ids')
     episodes, embeddings, arrays = train_eps + episodes, train_emb + embeddings, train_arr + arrays
   t_load = time.perf_counter() - t0
+  checks.check_scored_questions(episodes, f'dataset {cfg.dataset.name}')
+  checks.check_folds(episodes, folds)  # every fold scores >= 1 question and trains on >= 1, before any fitting
   for fold in folds:  # content-level: a copied conversation must not train the fold that scores it
     splits.assert_disjoint_content([e for e in episodes if e.id not in fold], [e for e in episodes if e.id in fold])
   scored_ids = {e for f in folds for e in f}

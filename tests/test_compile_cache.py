@@ -63,3 +63,36 @@ def test_concurrent_jobs_share_one_folder(tmp_path):
   assert warm.returncode == 0 and float(value) == values[0]
   assert 'Error reading' not in err, err
   assert int(hits) >= 1  # served from the shared cache (keys do not depend on the staging folder's path)
+
+
+KILLED = textwrap.dedent('''
+    import os, sys, jax, jax.numpy as jnp
+    from omegaconf import OmegaConf
+    from experiments import common
+    cfg = OmegaConf.create({'paths': {'compile_cache_dir': sys.argv[1]}})
+    common.enable_compile_cache(cfg)
+    f = jax.jit(lambda x: jnp.cos(x) * float(sys.argv[2]))
+    from jax._src import monitoring
+    hits = []
+    monitoring.register_event_listener(lambda name, **kw: hits.append(name) if name.endswith('cache_hits') else None)
+    out = float(f(jnp.float32(1.0)))
+    print(out, len(common.publish_compile_cache(cfg)), len(hits), flush=True)
+    os._exit(0)  # a Ray worker: killed after its job, no exit handlers
+''')
+
+
+@pytest.mark.slow
+def test_entries_published_after_a_job_survive_a_worker_killed_without_exit_handlers(tmp_path):
+  shared = tmp_path / 'jc'
+  job = subprocess.run([sys.executable, '-c', KILLED, str(shared), '5.0'], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, check=False)
+  assert job.returncode == 0, job.stderr
+  value, published, _ = job.stdout.split()
+  assert int(published) >= 1 and len(list(shared.glob('*-cache'))) == int(published)
+  assert len(list(shared.glob('.stage-*'))) == 1  # the dead worker's staging folder: no exit handler removed it
+  again = subprocess.run([sys.executable, '-c', KILLED, str(shared), '5.0'], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300, check=False)
+  assert again.returncode == 0, again.stderr
+  value2, published2, hits = again.stdout.split()
+  assert float(value2) == float(value) and int(hits) >= 1 and int(published2) == 0  # served by the shared entries
+  assert len(list(shared.glob('.stage-*'))) == 1  # the first worker's folder removed (its pid is gone)

@@ -32,7 +32,7 @@ from hydra.utils import get_method
 
 from engram_jax import fit
 from engram_jax.ops import registry
-from experiments import checks, common
+from experiments.lib import checks, common
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / 'docs' / 'extending.md'
@@ -172,7 +172,7 @@ def test_every_block_runs(doc_run):
 
 @pytest.mark.slow
 def test_bench_commands(doc_run):
-  from experiments import bench  # pylint: disable=import-outside-toplevel
+  from experiments.bench import cli as bench  # pylint: disable=import-outside-toplevel
   for lang, src in blocks():
     if lang == 'python':
       doc_run.python(src)

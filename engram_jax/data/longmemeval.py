@@ -413,8 +413,10 @@ def load_longmemeval(root: str | os.PathLike | None = None, *, split: str = 's',
     ``(episodes, report)``; episode id = question id; questions without gold at this level are excluded.
   """
   entries = read_longmemeval(root, split=split)
-  return episodes_from_entries(entries, level=level, template=template, roles=roles, corpus=corpus,
-                               dataset=f'longmemeval_{split}')
+  episodes, report = episodes_from_entries(entries, level=level, template=template, roles=roles, corpus=corpus,
+                                           dataset=f'longmemeval_{split}')
+  report.read_ids = frozenset(str(e['question_id']) for e in entries)
+  return episodes, report
 
 
 def _turn2session(ep: Episode, ranked: list[int], k: int) -> official.RetrievalScores:

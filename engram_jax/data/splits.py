@@ -157,11 +157,19 @@ def assert_disjoint_content(train: Sequence[Episode], scored: Sequence[Episode])
   """Raise ValueError if a training question shares an id or a normalised text with a scored question, or a
   training episode has the same corpus (:func:`corpus_fingerprint`) as a scored episode (a conversation copied
   under a new id must not sit on both sides of a split)."""
-  assert_disjoint_questions(train, scored)
   scored_fp = {corpus_fingerprint(e): e.id for e in scored}
   same = [(e.id, scored_fp[fp]) for e in train if (fp := corpus_fingerprint(e)) in scored_fp]
   if same:
-    raise ValueError(f'training episodes have the same corpus as scored episodes (train id, scored id): {same[:10]}')
+    pairs = ', '.join(f'{a!r} (training) = {b!r} (scored)' for a, b in same[:10])
+    raise ValueError(f'{len(same)} training episode(s) have the same corpus as a scored episode (a copy under '
+                     f'another id): {pairs}')
+  for key, name in ((lambda q: q.id, 'id'), (lambda q: normalised_text(q.text), 'text')):
+    scored_q = {key(q): e.id for e in scored for q in e.questions}
+    shared = sorted({(e.id, scored_q[key(q)]) for e in train for q in e.questions if key(q) in scored_q})
+    if shared:
+      n = sum(key(q) in scored_q for e in train for q in e.questions)
+      pairs = ', '.join(f'{a!r} (training) and {b!r} (scored)' for a, b in shared[:10])
+      raise ValueError(f'{n} question {name}(s) are both in training and in scored episodes: {pairs}')
 
 
 def assert_distinct_episodes(episodes: Sequence[Episode]) -> None:
@@ -201,6 +209,8 @@ def load_part(root: str | os.PathLike | None = None, *, load: Callable[..., tupl
       the 6K pilot when training on 32K FactConsolidation questions that repeat some 6K question texts.
   """
   episodes, report = load(root)
+  # the ids in the data: those the loader read (before its own exclusions, which it counts), else those it returned
+  loaded_ids = set(report.read_ids) if report.read_ids is not None else {q.id for e in episodes for q in e.questions}
   if official_skips:
     from engram_jax import official  # pylint: disable=import-outside-toplevel
     episodes = select_questions(
@@ -219,6 +229,8 @@ def load_part(root: str | os.PathLike | None = None, *, load: Callable[..., tupl
     chosen = None
   elif part == 'pilot':
     chosen = set(pilot_ids(pilot))
+    for qid in sorted(chosen - loaded_ids):  # e.g. a damaged or older copy of the data
+      report.add('pilot_ids_not_in_data', qid)
   elif part in ('train', 'confirm'):
     ids = [q.id for e in episodes for q in e.questions]
     piloted = set(pilot_ids(pilot)) if pilot else set()

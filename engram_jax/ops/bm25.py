@@ -30,7 +30,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.sparse
 from jax import Array
 from jax.typing import ArrayLike
 
@@ -164,6 +163,7 @@ def term_stats(ep: EpisodeArrays, n_q: int, epsilon: float, n_terms: int | None 
   terms = np.asarray(lex.doc_terms)
   counts = np.asarray(lex.doc_counts, np.float64) * where[:, None]
   n_items, width = terms.shape
+  import scipy.sparse  # pylint: disable=import-outside-toplevel  # only when term counts are built (start-up cost)
   tf = scipy.sparse.csc_matrix((counts.ravel(), (np.repeat(np.arange(n_items), width), terms.ravel())),
                                shape=(n_items, lex.vocab_where.shape[-1]))  # duplicate (padding) entries add 0
   n = float(np.sum(where))

@@ -25,6 +25,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 # Leg-level keys of a pipeline YAML leg node; an operator's knobs may not use them.
 LEG_KEYS = ('op', 'depth', 'weight')
 TRANSFORMS = ('log', 'logit', 'softplus', 'identity')
@@ -59,6 +61,21 @@ class Knob:
       raise ValueError(f'knob {self.name}: unknown transform {self.transform!r}; allowed {TRANSFORMS}')
     if self.transform is not None and self.static:
       raise ValueError(f'knob {self.name}: a static knob cannot be fitted')
+
+  def canonical(self, value: Any) -> Any:
+    """``value`` in the knob's declared type, so that a number's spelling never changes a compiled program: an
+    int where the default is a float becomes a float (``lam=1`` -> ``1.0``: traced as float32, not int32), an
+    integral float where the knob is an integer (``int>=...``, e.g. ``pool=150.0``) an int; NumPy scalars become
+    Python numbers. Anything else is returned unchanged (and left to :meth:`validate`)."""
+    if isinstance(value, (bool, np.bool_)) or value is None:
+      return value
+    if isinstance(value, np.generic) and isinstance(value.item(), (int, float)):
+      value = value.item()
+    if isinstance(self.default, float) and not isinstance(self.default, bool) and isinstance(value, int):
+      return float(value)
+    if self.check in ('int>=1', 'int>=0') and isinstance(value, float) and value.is_integer():
+      return int(value)
+    return value
 
   def validate(self, value: Any, where: str) -> None:
     """Raise a one-line ValueError naming ``where``, the knob, its allowed range and ``value``."""
@@ -156,6 +173,7 @@ class Operator:
     out = self.defaults
     out.update(given)
     for k in self.knobs:
+      out[k.name] = k.canonical(out[k.name])
       k.validate(out[k.name], where)
     return out
 

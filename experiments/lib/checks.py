@@ -54,6 +54,43 @@ def check_metrics(names: list[str], *, k: int, supported: list[str], where: str)
       raise ValueError(f'{where}: metric {m!r} needs cutoff {cut}, but eval.k={k}; allowed cutoffs 1..{k}')
 
 
+def check_scored_questions(episodes, where: str) -> int:
+  """The number of questions to score in ``episodes``; a one-line error when there are none (a scored set of 0
+  questions would give empty means and zero paired differences)."""
+  n = sum(len(e.questions) for e in episodes)
+  if n == 0:
+    raise ValueError(f'{where}: 0 questions to score after loading ({len(episodes)} episodes; see the load '
+                     'report for what was left out)')
+  return n
+
+
+def check_distinct_corpora(episodes, where: str) -> None:
+  """Refuse two episodes with identical content (:func:`engram_jax.data.splits.corpus_fingerprint`: the same
+  item texts, e.g. a conversation copied under a new id), which would be scored twice; names both."""
+  from engram_jax.data import splits  # pylint: disable=import-outside-toplevel
+  seen: dict[str, str] = {}
+  for e in episodes:
+    fp = splits.corpus_fingerprint(e)
+    if fp in seen:
+      raise ValueError(f'{where}: episodes {seen[fp]!r} and {e.id!r} have identical content (the same corpus '
+                       'fingerprint: a copy under another id) and would be scored twice; remove one')
+    seen[fp] = e.id
+
+
+def check_folds(episodes, folds: list[list[str]]) -> None:
+  """Every fold of a fit scores at least one question and trains on at least one (before any fitting)."""
+  n_q = {e.id: len(e.questions) for e in episodes}
+  total = sum(n_q.values())
+  for fold in folds:
+    scored = sum(n_q.get(e, 0) for e in fold)
+    if scored == 0:
+      raise ValueError(f'fold {sorted(fold)}: its scored episodes have 0 questions, so it would score nothing '
+                       '(choose other episodes, fit.n_test or fit.seed)')
+    if total - scored == 0:
+      raise ValueError(f'fold {sorted(fold)}: the episodes outside it have 0 questions, so there is nothing to '
+                       'fit on (fewer folds, or more episodes with questions)')
+
+
 def resolve_baselines(cfg: DictConfig) -> list[str]:
   """``eval.baselines``: ``auto`` (the default) = those of cosine and rrf_cos_bm25 that are in the run; an explicit
   list must name pipelines of the run."""
@@ -79,11 +116,43 @@ def _check_loader(loader: Any, where: str) -> None:
     raise ValueError(f'{where}.loader.n_train must be >= 1 (an empty training split), got {n_train}')
 
 
+def check_run_settings(cfg: DictConfig) -> None:
+  """The settings every entry point shares: ``seed`` (a NumPy seed: an integer >= 0) and ``eval.n_resamples``
+  (bootstrap and permutation resamples: an integer >= 1)."""
+  seed = cfg.get('seed')
+  if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+    raise ValueError(f'seed must be an integer >= 0, got {seed!r}')
+  n = cfg.eval.get('n_resamples')
+  if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    raise ValueError(f'eval.n_resamples must be an integer >= 1 (resamples of the intervals and paired tests), '
+                     f'got {n!r}')
+
+
+def check_dataset_k(ds: DictConfig, k: int, where: str) -> None:
+  """A dataset's own lower bound on ``eval.k`` (``min_k``: e.g. LongMemEval's turn->session metrics need the top
+  turns to cover k sessions), checked before any work."""
+  min_k = ds.get('min_k')
+  if min_k is not None and k < int(min_k):
+    raise ValueError(f'{where}: its metrics need eval.k >= {min_k} (the ranking must reach that deep), got '
+                     f'eval.k={k}; set eval.k={min_k}')
+
+
+def check_loader_selection(loader: Any, where: str) -> None:
+  """An explicit selection of episodes (``loader.conversations``) must name at least one."""
+  if loader is None:
+    return
+  conv = loader.get('conversations')
+  if conv is not None and len(conv) == 0:
+    raise ValueError(f'{where}.loader.conversations is empty (nothing to score); give at least one id, or null '
+                     'for all')
+
+
 def check_evaluate(cfg: DictConfig) -> None:
   """Everything ``experiments.evaluate`` can check before loading data."""
   k = int(cfg.eval.k)
   if k < 1:
     raise ValueError(f'eval.k must be an integer >= 1, got {cfg.eval.k}')
+  check_run_settings(cfg)
   datasets = datasets_of(cfg)
   if cfg.get('datasets') and 'dataset' in cfg:
     explicit = OmegaConf.to_container(cfg.eval, resolve=True).get('metrics')
@@ -94,6 +163,12 @@ def check_evaluate(cfg: DictConfig) -> None:
     check_metrics(metrics_for(cfg, ds), k=k, supported=list(dataset_metrics(ds)),
                   where=f'dataset {name}')
     _check_loader(ds.get('loader'), f'datasets.{name}' if cfg.get('datasets') else 'dataset')
+    check_loader_selection(ds.get('loader'), f'datasets.{name}' if cfg.get('datasets') else 'dataset')
+    check_dataset_k(ds, k, f'dataset {name}')
+    skipped = [n for n in cfg.pipeline if name in (cfg.pipeline[n].get('skip_datasets') or [])]
+    if skipped and len(skipped) == len(cfg.pipeline):
+      raise ValueError(f'dataset {name}: every selected pipeline skips it ({skipped}: their parameters were fit on '
+                       'its questions, skip_datasets), so nothing would be scored; choose another pipeline or dataset')
   resolve_baselines(cfg)
   train_sets = cfg.get('train_sets') or {}
   for name, node in cfg.pipeline.items():
@@ -118,6 +193,7 @@ def check_evaluate(cfg: DictConfig) -> None:
 def check_fit(cfg: DictConfig) -> None:
   """Everything ``experiments.fit`` can check before loading data."""
   f = cfg.fit
+  check_run_settings(cfg)
   if f.split not in SPLITS:
     raise ValueError(f'fit.split must be one of {list(SPLITS)}, got {f.split!r}')
   if f.split == 'crossfit' and int(f.folds) < 2:
@@ -142,6 +218,8 @@ def check_fit(cfg: DictConfig) -> None:
   check_metrics(list(cfg.dataset.get('metrics') or cfg.eval.metrics), k=int(cfg.eval.k),
                 supported=list(dataset_metrics(cfg.dataset)), where=f'dataset {cfg.dataset.name}')
   _check_loader(cfg.dataset.get('loader'), 'dataset')
+  check_loader_selection(cfg.dataset.get('loader'), 'dataset')
+  check_dataset_k(cfg.dataset, int(cfg.eval.k), f'dataset {cfg.dataset.name}')
   names = list(cfg.pipeline)
   if len(names) == 1 and not (f.params or (f.params_by_pipeline or {}).get(names[0])):
     raise ValueError(f'nothing to fit: set fit.params or fit.params_by_pipeline.{names[0]}; pipelines with '

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from engram_jax import compile_cache, embed, pipeline
+from engram_jax import compile_cache, embed, legcache, pipeline
 from engram_jax.types import Episode, LoadReport
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,51 @@ def enable_compile_cache(cfg: DictConfig) -> str | None:
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
   jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
   return str(folder)
+
+
+@functools.cache
+def _process_leg_cache(max_bytes: int) -> legcache.LegCache:
+  return legcache.LegCache(max_bytes=max_bytes)
+
+
+def leg_cache(cfg: DictConfig) -> legcache.LegCache | None:
+  """This process's cache of legs' hard outputs, padded arrays and programs (:mod:`engram_jax.legcache`), shared by
+  the jobs of an in-process multirun (Hydra's basic launcher); ``eval.leg_cache_mb`` bounds it (0: off)."""
+  mb = cfg.eval.get('leg_cache_mb', 2048)
+  if isinstance(mb, bool) or not isinstance(mb, int) or mb < 0:
+    raise ValueError(f'eval.leg_cache_mb must be an integer >= 0 (0: no cache), got {mb!r}')
+  return _process_leg_cache(mb << 20) if mb else None
+
+
+@functools.cache
+def _process_memo() -> dict:
+  return {}
+
+
+def memo(cfg: DictConfig, kind: str, node: Any, make):
+  """``make()`` once per process for the config ``node`` that determines it (resolved, as YAML: e.g. a dataset's
+  loader and data root, an embedder and its cache): the jobs of an in-process multirun load and embed once.
+  Off with ``eval.leg_cache_mb=0``."""
+  if not cfg.eval.get('leg_cache_mb', 2048):
+    return make()
+  def plain(v):  # resolved in its own config's context (a sub-node keeps its interpolations to the root)
+    if isinstance(v, (DictConfig, ListConfig)):
+      return OmegaConf.to_container(v, resolve=True)
+    return {k: plain(x) for k, x in v.items()} if isinstance(v, Mapping) else v
+  key = (kind, json.dumps(plain(node), sort_keys=True, default=str))
+  store = _process_memo()
+  if key not in store:
+    store[key] = make()
+  return store[key]
+
+
+def publish_compile_cache(cfg: DictConfig) -> list[str]:
+  """Publish this process's new compilation-cache entries now (after a job), not only at exit: a worker that
+  never runs exit handlers (Ray) has shared its programs by then. Returns the entries published."""
+  folder = cfg.paths.get('compile_cache_dir')
+  if not folder:
+    return []
+  return compile_cache.publish(_staged_compile_cache(str(folder)), folder, remove=False)
 
 
 def eval_devices(cfg: DictConfig) -> int | None:
@@ -148,13 +193,24 @@ def make_embedder(cfg: DictConfig):
   (texts cached / embedded, bad shards rebuilt) for the run's files."""
   e = cfg.embedder
   encoder = instantiate(e.encoder)
+  if hasattr(encoder, 'folder'):
+    encoder.folder  # pylint: disable=pointless-statement  # a model that is not there: one line, before any work
   reports: list[dict[str, Any]] = []
 
-  def embed_fn(texts):
-    vecs, report = embed.embed_with_report(texts, cache_dir=cfg.paths.cache_dir, model_id=e.model_id,
-                                           encoder=encoder, progress=cfg.eval.progress)
-    reports.append(report.as_dict())
-    return vecs
+  def encode_with(enc):
+    def embed_fn(texts):
+      vecs, report = embed.embed_with_report(texts, cache_dir=cfg.paths.cache_dir, model_id=e.model_id,
+                                             encoder=enc, progress=cfg.eval.progress)
+      reports.append(report.as_dict())
+      return vecs
+    return embed_fn
+  if hasattr(encoder, 'for_role'):  # query / document prompts (bge, e5, the model's own prompts config)
+    documents, queries = encoder.for_role('document'), encoder.for_role('query')
+  else:
+    documents = queries = encoder
+  embed_fn = encode_with(documents)
+  if queries is not documents:  # questions embedded apart, with their own prompt and cache key
+    embed_fn.queries = encode_with(queries)
   embed_fn.cache_reports = reports
   return embed_fn
 

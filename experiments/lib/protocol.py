@@ -4,8 +4,12 @@ A protocol names, for one benchmark, the pipeline, every knob to fit, the optimi
 seeds, the primary metric and the hand-set rows it is compared against (a ``# @package _global_`` overlay of
 ``conf/fit.yaml``, selected with ``+protocol=<name>``). It must be committed, unmodified, before its confirmation
 run; the run records the file's SHA-256 in ``results.json`` and appends a line to the ledger
-(``conf/protocol/scored.jsonl``, committed with the results). A second scoring of the same protocol file is
-refused unless ``protocol_force=true``, and a forced run is marked as such in its results and in the ledger.
+(``conf/protocol/scored.jsonl``, committed with the results). The run's resolved configuration is compared with
+the protocol's own (the config composed from ``+protocol=<name>`` alone): an override that changes a fixed setting
+(anything but paths, progress bars, devices and the protocol switches) is refused, and the resolved configuration's
+SHA-256 is recorded beside the file's. A second scoring of a protocol name that has been scored (whatever its file's
+hash: a comment-only edit is the same protocol) is refused. ``protocol_force=true`` runs any of these anyway, marked
+as forced (with the reasons) in its results and in the ledger.
 """
 
 from __future__ import annotations
@@ -17,11 +21,15 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 ROOT = Path(__file__).resolve().parents[2]
 PROTOCOL_DIR = ROOT / 'conf' / 'protocol'
 LEDGER = PROTOCOL_DIR / 'scored.jsonl'
+CONF = ROOT / 'conf'
+# settings that do not change what is scored (where files go, progress bars, the devices a map is sharded over:
+# results do not depend on them, tested) or that are the protocol switches themselves
+UNFIXED = ('paths', 'protocol_force', 'protocol_ledger', 'eval.progress', 'eval.devices')
 
 
 def protocol_path(name: str, protocol_dir: Path = PROTOCOL_DIR) -> Path:
@@ -54,20 +62,71 @@ def committed_unmodified(path: Path) -> bool | None:
     return None
 
 
-def scorings(name: str, digest: str, ledger: Path = LEDGER) -> list[dict[str, Any]]:
-  """The ledger's earlier scorings of protocol ``name`` with this file hash."""
+def scorings(name: str, ledger: Path = LEDGER) -> list[dict[str, Any]]:
+  """The ledger's earlier scorings of protocol ``name`` (any file hash: an edited protocol file is still the
+  protocol of that name)."""
   if not ledger.is_file():
     return []
   rows = [json.loads(line) for line in ledger.read_text(encoding='utf-8').splitlines() if line.strip()]
-  return [r for r in rows if r['protocol'] == name and r['sha256'] == digest]
+  return [r for r in rows if r['protocol'] == name]
 
 
-def check(cfg: DictConfig, ledger: Path = LEDGER, protocol_dir: Path = PROTOCOL_DIR) -> dict[str, Any] | None:
+def settings(cfg: DictConfig | dict) -> dict[str, Any]:
+  """The resolved configuration without :data:`UNFIXED` (what a protocol fixes), as a plain dict."""
+  node = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else json.loads(json.dumps(cfg))
+  node.pop('hydra', None)
+  for key in UNFIXED:
+    *parents, last = key.split('.')
+    d = node
+    for p in parents:
+      d = d.get(p) if isinstance(d, dict) else None
+    if isinstance(d, dict):
+      d.pop(last, None)
+  return node
+
+
+def config_sha256(cfg: DictConfig | dict) -> str:
+  """SHA-256 of the resolved settings (:func:`settings`, canonical JSON)."""
+  return hashlib.sha256(json.dumps(settings(cfg), sort_keys=True, default=str).encode()).hexdigest()
+
+
+def changed_settings(run: dict[str, Any], fixed: dict[str, Any], prefix: str = '') -> list[str]:
+  """Dotted keys whose values differ between the run's settings and the protocol's (sorted)."""
+  out = []
+  for key in sorted(set(run) | set(fixed), key=str):
+    path = f'{prefix}{key}'
+    a, b = run.get(key, '<absent>'), fixed.get(key, '<absent>')
+    if isinstance(a, dict) and isinstance(b, dict):
+      out += changed_settings(a, b, f'{path}.')
+    elif a != b:
+      out.append(path)
+  return out
+
+
+def fixed_config(name: str, config_name: str | None = None) -> DictConfig:
+  """The protocol's own configuration: ``config_name`` (default: the running app's, else ``fit``) composed with
+  ``+protocol=<name>`` and nothing else."""
+  from hydra import compose, initialize_config_dir  # pylint: disable=import-outside-toplevel
+  from hydra.core.global_hydra import GlobalHydra  # pylint: disable=import-outside-toplevel
+  from hydra.core.hydra_config import HydraConfig  # pylint: disable=import-outside-toplevel
+  overrides = [f'+protocol={name}']
+  if config_name is None:
+    config_name = HydraConfig.get().job.config_name if HydraConfig.initialized() else 'fit'
+  if GlobalHydra.instance().is_initialized():  # inside a Hydra app (its search path is this repository's conf/)
+    return compose(config_name=config_name, overrides=overrides)
+  with initialize_config_dir(config_dir=str(CONF), version_base='1.3'):
+    return compose(config_name=config_name, overrides=overrides)
+
+
+def check(cfg: DictConfig, ledger: Path = LEDGER, protocol_dir: Path = PROTOCOL_DIR,
+          fixed: DictConfig | dict | None = None) -> dict[str, Any] | None:
   """The run's protocol record, or None when no protocol is selected.
 
+  ``fixed``: the protocol's own configuration (default :func:`fixed_config`), compared with ``cfg``.
+
   Raises:
-    ValueError: when the protocol file is not committed unmodified, or was already scored, and
-      ``protocol_force`` is not set.
+    ValueError: when the protocol file is not committed unmodified, the run's overrides change a fixed setting,
+      or the protocol name was already scored, and ``protocol_force`` is not set.
   """
   name = cfg.get('protocol_name')
   if not name:
@@ -77,24 +136,38 @@ def check(cfg: DictConfig, ledger: Path = LEDGER, protocol_dir: Path = PROTOCOL_
   digest = sha256(path)
   force = bool(cfg.get('protocol_force', False))
   committed = committed_unmodified(path)
-  earlier = scorings(str(name), digest, ledger)
+  earlier = scorings(str(name), ledger)
+  if fixed is None:
+    fixed = fixed_config(str(name))
+  changed = changed_settings(settings(cfg), settings(fixed))
   if committed is False and not force:
     raise ValueError(f'protocol {name}: {_rel(path)} is not committed (or differs from HEAD); commit '
                      'it before its confirmation run (protocol_force=true runs it anyway, marked as forced)')
+  if changed and not force:
+    groups = list(dict.fromkeys('.'.join(c.split('.')[:2]) for c in changed))  # e.g. embedder.encoder, fit.steps
+    shown = ', '.join(groups[:12]) + (f', ... ({len(groups)} in all)' if len(groups) > 12 else '')
+    raise ValueError(f'protocol {name}: the run\'s overrides change settings the protocol fixes ({shown}); run '
+                     f'`+protocol={name}` alone (protocol_force=true runs it anyway, marked as forced)')
   if earlier and not force:
-    raise ValueError(f'protocol {name} (sha256 {digest[:12]}) was already scored on {earlier[0]["date"]} '
-                     f'(run {earlier[0]["run_dir"]}); a confirmation is made once (protocol_force=true reruns it, '
-                     'marked as forced)')
-  return {'name': str(name), 'file': _rel(path), 'sha256': digest, 'committed': committed,
-          'primary_metric': cfg.get('primary_metric'), 'ledger': str(ledger),
-          'earlier_scorings': len(earlier), 'forced': force and (bool(earlier) or committed is False)}
+    raise ValueError(f'protocol {name} was already scored on {earlier[0]["date"]} (file sha256 '
+                     f'{earlier[0]["sha256"][:12]}, run {earlier[0]["run_dir"]}); a confirmation is made once, also '
+                     'after an edit of its file (protocol_force=true reruns it, marked as forced)')
+  reasons = ([f'already scored {len(earlier)}x'] if earlier else []) + \
+      (['file not committed unmodified'] if committed is False else []) + \
+      ([f'changed settings: {changed}'] if changed else [])
+  return {'name': str(name), 'file': _rel(path), 'sha256': digest, 'config_sha256': config_sha256(cfg),
+          'committed': committed, 'primary_metric': cfg.get('primary_metric'), 'ledger': str(ledger),
+          'earlier_scorings': len(earlier), 'changed_settings': changed,
+          'forced': force and bool(reasons), 'forced_because': reasons if force else []}
 
 
 def record(info: dict[str, Any], out_dir: Path, *, summary: dict[str, Any], paired: dict[str, Any],
            n_questions: int, ledger: Path | None = None) -> None:
   """Append this scoring to the ledger (one JSON line; ``info['ledger']`` unless ``ledger``)."""
   ledger = Path(ledger or info.get('ledger') or LEDGER)
-  row = {'protocol': info['name'], 'sha256': info['sha256'], 'forced': info['forced'],
+  row = {'protocol': info['name'], 'sha256': info['sha256'], 'config_sha256': info.get('config_sha256'),
+         'forced': info['forced'], 'forced_because': info.get('forced_because', []),
+         'changed_settings': info.get('changed_settings', []),
          'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
          'run_dir': _rel(Path(out_dir).resolve()), 'n_questions': n_questions, 'summary': summary, 'paired': paired}
   ledger.parent.mkdir(parents=True, exist_ok=True)
