@@ -13,7 +13,8 @@ from hydra import compose, initialize_config_dir
 from engram_jax import stats
 from engram_jax.data import io, splits
 from engram_jax.types import Episode, Item, LoadReport, Question
-from experiments import checks, evaluate
+from experiments import evaluate
+from experiments.lib import checks
 
 CONF = str(Path(__file__).resolve().parents[1] / 'conf')
 try:

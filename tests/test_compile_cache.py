@@ -68,7 +68,7 @@ def test_concurrent_jobs_share_one_folder(tmp_path):
 KILLED = textwrap.dedent('''
     import os, sys, jax, jax.numpy as jnp
     from omegaconf import OmegaConf
-    from experiments import common
+    from experiments.lib import common
     cfg = OmegaConf.create({'paths': {'compile_cache_dir': sys.argv[1]}})
     common.enable_compile_cache(cfg)
     f = jax.jit(lambda x: jnp.cos(x) * float(sys.argv[2]))

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 
 from engram_jax import embed, evaluation
 from engram_jax.types import Episode, Item, Question
-from experiments import common
+from experiments.lib import common
 
 CONF = str(Path(__file__).resolve().parents[1] / 'conf')
 
