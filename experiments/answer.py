@@ -1,0 +1,98 @@
+"""Tier 1 inside ``experiments.evaluate``: the ``reader`` config group (none | smollm2 | hf) answers from each
+pipeline's top-k on the same questions as Tier 0 (engram_jax.tier1 does the work).
+
+    python -m experiments.evaluate dataset=fc_sh_6k reader=smollm2 pipeline=[cosine,bm25]
+
+``reader=none`` (the default) does nothing: results.json is that of a retrieval run.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from engram_jax import answer_cache, tier1
+from engram_jax.evaluation import EvalResult
+
+log = logging.getLogger(__name__)
+
+
+def enabled(cfg: DictConfig) -> bool:
+  return bool(cfg.get('reader')) and cfg.reader.get('name', 'none') != 'none'
+
+
+def peak_rss_mib() -> float:
+  """Peak resident memory of this process (MiB; Linux reports KiB)."""
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class Tier1:
+  """The run's reader (loaded on first use) and what it did, for run_info.json."""
+
+  def __init__(self, cfg: DictConfig):
+    self.cfg = cfg
+    self.reader = None
+    self.info: dict[str, Any] = {'datasets': {}}
+
+  def get_reader(self):
+    if self.reader is None:
+      from engram_jax import reader as reader_lib  # pylint: disable=import-outside-toplevel
+      r = self.cfg.reader
+      self.reader, load = reader_lib.load_reader(
+          str(r.name), model=r.get('model'), device=str(r.get('device', 'cpu')), dtype=str(r.get('dtype', 'float32')),
+          batch_size=int(r.get('batch_size', 16)), cache_dir=self.cfg.paths.cache_dir, threads=r.get('threads'))
+      self.info['load'] = {'source': load.source, 'seconds': load.seconds, 'dequantised_now': load.dequantised_now,
+                           'folder': load.folder, 'peak_rss_mib_after_load': peak_rss_mib()}
+      log.info('reader %s loaded in %.1f s', load.source, load.seconds)
+    return self.reader
+
+  def run(self, ds: DictConfig, episodes, result: EvalResult, *, labels: dict[str, str] | None = None
+          ) -> tuple[dict[str, Any], str]:
+    """Tier 1 on dataset ``ds``: every pipeline of ``result`` plus oracle and no-context."""
+    spec = ds.get('answer')
+    if spec is None:
+      raise ValueError(f'dataset {ds.name} declares no answer task (dataset.answer.task); Tier 1 needs one: '
+                       f'{list(tier1.TASKS)}')
+    task = str(spec.task)
+    max_new = self.cfg.reader.get('max_new_tokens') or spec.max_new_tokens
+    reader = self.get_reader()
+    by_ep = {e.id: e for e in episodes}
+    qs = {q.id: q for e in episodes for q in e.questions}
+    questions = [(by_ep[e], qs[q]) for q, e in zip(result.question_ids, result.episode_ids)]
+    cache = answer_cache.AnswerCache(Path(self.cfg.paths.cache_dir) / 'answers', reader.spec(int(max_new)))
+    stats_box: list[tier1.AnswerStats] = []
+
+    def answer(prompts):
+      replies, st = tier1.answer_all(prompts, reader, cache, max_new_tokens=int(max_new),
+                                     progress=bool(self.cfg.eval.progress), desc=f'answering {ds.name}')
+      stats_box.append(st)
+      return replies
+
+    metric0 = list(ds.metrics)[0]
+    tier0 = {n: result.scores[n][metric0] for n in result.scores if metric0 in result.scores[n]}
+    baselines = [b for b in self.cfg.reader.get('baselines', ['bm25', 'cosine'])]
+    t0 = time.perf_counter()
+    t1 = tier1.run_tier1(task, questions, result.retrieved, answer, k=int(result.k), seed=int(self.cfg.seed),
+                         n_resamples=int(self.cfg.eval.n_resamples), baselines=baselines, tier0=tier0,
+                         tier0_metric=metric0)
+    st = stats_box[0]
+    t1['reader'] = reader.spec(int(max_new))
+    self.info['datasets'][ds.name] = {'prompts': st.prompts, 'unique_prompts': st.unique, 'cached': st.cached,
+                                      'generated': st.generated, 'generation_seconds': st.seconds,
+                                      'answers_per_second': st.answers_per_second, 'batch_size': reader.batch_size,
+                                      'tier1_seconds': time.perf_counter() - t0, 'peak_rss_mib': peak_rss_mib()}
+    return t1, tier1.markdown(t1, title=str(ds.name), labels=labels)
+
+
+def labels_for(cfg: DictConfig) -> dict[str, str]:
+  """Row labels: the pipeline given fitted parameters (``fitted=...``) is marked ``(fitted)``."""
+  if not cfg.get('fitted'):
+    return {}
+  import json  # pylint: disable=import-outside-toplevel
+  name = json.loads(Path(cfg.fitted).read_text())['pipeline']
+  return {name: f'{name} (fitted)'}
