@@ -89,9 +89,15 @@ def dequantised_smollm2(cache_dir: str | os.PathLike, gguf: Path | None = None) 
     return folder, digest, False
   folder.parent.mkdir(parents=True, exist_ok=True)
   tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f'.{folder.name}.'))
+  os.chmod(tmp, 0o755)
   try:
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # the weights are dequantised float tensors now; transformers still marks the model as GGUF-quantised and
+    # refuses save_pretrained, so drop the mark (the saved folder is a plain float checkpoint)
+    model.hf_quantizer = None
+    if hasattr(model.config, 'quantization_config'):
+      del model.config.quantization_config
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     (tmp / 'reader_source.json').write_text(json.dumps({'gguf': gguf.name, 'sha256': digest}))

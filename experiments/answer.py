@@ -64,6 +64,9 @@ class Tier1:
     by_ep = {e.id: e for e in episodes}
     qs = {q.id: q for e in episodes for q in e.questions}
     questions = [(by_ep[e], qs[q]) for q, e in zip(result.question_ids, result.episode_ids)]
+    keep = subset(result.question_ids, self.cfg.reader.get('questions'), seed=int(self.cfg.seed))
+    questions = [questions[i] for i in keep]
+    retrieved = {n: [ids[i] for i in keep] for n, ids in result.retrieved.items()}
     cache = answer_cache.AnswerCache(Path(self.cfg.paths.cache_dir) / 'answers', reader.spec(int(max_new)))
     stats_box: list[tier1.AnswerStats] = []
 
@@ -74,19 +77,32 @@ class Tier1:
       return replies
 
     metric0 = list(ds.metrics)[0]
-    tier0 = {n: result.scores[n][metric0] for n in result.scores if metric0 in result.scores[n]}
+    tier0 = {n: result.scores[n][metric0][keep] for n in result.scores if metric0 in result.scores[n]}
     baselines = [b for b in self.cfg.reader.get('baselines', ['bm25', 'cosine'])]
     t0 = time.perf_counter()
-    t1 = tier1.run_tier1(task, questions, result.retrieved, answer, k=int(result.k), seed=int(self.cfg.seed),
+    t1 = tier1.run_tier1(task, questions, retrieved, answer, k=int(result.k), seed=int(self.cfg.seed),
                          n_resamples=int(self.cfg.eval.n_resamples), baselines=baselines, tier0=tier0,
                          tier0_metric=metric0)
     st = stats_box[0]
     t1['reader'] = reader.spec(int(max_new))
+    t1['subset'] = None if len(keep) == len(result.question_ids) else {'n': len(keep), 'seed': int(self.cfg.seed)}
     self.info['datasets'][ds.name] = {'prompts': st.prompts, 'unique_prompts': st.unique, 'cached': st.cached,
                                       'generated': st.generated, 'generation_seconds': st.seconds,
                                       'answers_per_second': st.answers_per_second, 'batch_size': reader.batch_size,
                                       'tier1_seconds': time.perf_counter() - t0, 'peak_rss_mib': peak_rss_mib()}
     return t1, tier1.markdown(t1, title=str(ds.name), labels=labels)
+
+
+def subset(question_ids: list[str], n: int | None, *, seed: int) -> list[int]:
+  """Indices of the questions Tier 1 answers: all (``n`` None), else ``n`` drawn with ``random.Random(seed)`` from
+  the sorted question ids (the same questions for every row; a larger ``n`` need not contain a smaller one's)."""
+  if n is None:
+    return list(range(len(question_ids)))
+  import random  # pylint: disable=import-outside-toplevel
+  if not 1 <= int(n) <= len(question_ids):
+    raise ValueError(f'reader.questions must be in 1..{len(question_ids)} (or null: all), got {n}')
+  chosen = set(random.Random(seed).sample(sorted(question_ids), int(n)))
+  return [i for i, q in enumerate(question_ids) if q in chosen]
 
 
 def labels_for(cfg: DictConfig) -> dict[str, str]:
