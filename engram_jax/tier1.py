@@ -94,7 +94,8 @@ class AnswerStats:
 def answer_all(prompts: Sequence[Messages], reader, cache: answer_cache.AnswerCache, *, max_new_tokens: int,
                progress: bool = True, desc: str = 'answering') -> tuple[list[str], AnswerStats]:
   """Replies to ``prompts``: each distinct prompt is answered once, from ``cache`` when stored, else generated in
-  batches of ``reader.batch_size`` and stored right after its batch (an interrupted run resumes)."""
+  batches of ``reader.batch_size`` (prompts sorted by length, so a batch pads little) and stored right after its
+  batch (an interrupted run resumes)."""
   keys = [answer_cache.canonical(m) for m in prompts]
   unique: dict[str, Messages] = {}
   for k, m in zip(keys, prompts):
@@ -107,6 +108,7 @@ def answer_all(prompts: Sequence[Messages], reader, cache: answer_cache.AnswerCa
       todo.append(k)
     else:
       answers[k] = got
+  todo.sort(key=len)  # similar lengths share a batch: less left padding (the key is the prompt's canonical JSON)
   st = AnswerStats(prompts=len(prompts), unique=len(unique), cached=len(unique) - len(todo))
   t0 = time.perf_counter()
   if todo:
