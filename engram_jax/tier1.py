@@ -161,7 +161,8 @@ def paired(a: np.ndarray, b: np.ndarray, *, binary: bool, seed: int, n_resamples
 def run_tier1(task: str, questions: Sequence[tuple[Episode, Question]], retrieved: Mapping[str, Sequence[Sequence[str]]],
               answer: Callable[[list[Messages]], list[str]], *, k: int, seed: int, n_resamples: int = 10_000,
               baselines: Sequence[str] = ('bm25', 'cosine'), tier0: Mapping[str, np.ndarray] | None = None,
-              tier0_metric: str | None = None) -> dict[str, Any]:
+              tier0_metric: str | None = None, tier0_more: Mapping[str, Mapping[str, np.ndarray]] | None = None
+              ) -> dict[str, Any]:
   """Answer every question under every row and score it.
 
   Args:
@@ -170,7 +171,9 @@ def run_tier1(task: str, questions: Sequence[tuple[Episode, Question]], retrieve
     retrieved: retriever row -> ``[Q]`` top-k item ids (equal ``k`` asserted).
     answer: prompts -> replies (e.g. :func:`answer_all` bound to a reader and its cache).
     baselines: rows every other row is paired against (those present).
-    tier0: optional retriever row -> ``[Q]`` Tier-0 scores on the same questions, reported beside.
+    tier0: optional retriever row -> ``[Q]`` Tier-0 scores (metric ``tier0_metric``) on the same questions,
+      reported beside and compared with the Tier-1 ordering (:func:`ordering_note`).
+    tier0_more: optional retriever row -> {metric: ``[Q]``}: further Tier-0 metrics reported beside.
 
   Returns:
     ``{'task', 'metric', 'n_questions', 'k', 'rows': {row: {'mean', 'lo', 'hi', 'n_contexts', 'tier0'?,
@@ -203,6 +206,8 @@ def run_tier1(task: str, questions: Sequence[tuple[Episode, Question]], retrieve
                              'n_contexts': float(np.mean([len(x) for x in rows[n]]))}
     if tier0 is not None and n in tier0:
       entry['tier0'] = float(np.mean(tier0[n]))
+    if tier0_more is not None and n in tier0_more:
+      entry['tier0_more'] = {m: float(np.mean(v)) for m, v in tier0_more[n].items()}
     entry['paired'] = {f'vs {b}': paired(scores[n], scores[b], binary=binary, seed=seed, n_resamples=n_resamples)
                        for b in baselines if b in rows and b != n}
     out_rows[n] = entry
@@ -235,12 +240,14 @@ def markdown(t1: Mapping[str, Any], *, title: str = '', labels: Mapping[str, str
   labels = labels or {}
   base = sorted({b for v in t1['rows'].values() for b in v['paired']})
   m = t1['metric']
-  head = f'| row | contexts | {m} [95% CI] | Tier 0 {t1.get("tier0_metric") or ""} | ' + ' | '.join(
-      f'{m} {b}' for b in base) + ' |'
+  more = list(dict.fromkeys(k for v in t1['rows'].values() for k in v.get('tier0_more', {})))
+  head = f'| row | contexts | {m} [95% CI] | Tier 0 {t1.get("tier0_metric") or ""} | ' + ''.join(
+      f'{x} | ' for x in more) + ' | '.join(f'{m} {b}' for b in base) + ' |'
   lines = [f'### Tier 1 {title}: {t1["n_questions"]} questions, k={t1["k"]}, {m}', '', head,
-           '|' + '---|' * (4 + len(base))]
+           '|' + '---|' * (4 + len(more) + len(base))]
   for n, v in t1['rows'].items():
     t0 = f'{v["tier0"]:.4f}' if 'tier0' in v else 'n/a'
+    t0 += ''.join(f' | {v["tier0_more"][x]:.4f}' if x in v.get('tier0_more', {}) else ' | n/a' for x in more)
     cells = []
     for b in base:
       p = v['paired'].get(b)
