@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from engram_jax import analysis, evaluation, report, timing
 from engram_jax.data import splits
-from experiments.lib import checks, common
+from experiments.lib import answer, checks, common
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +62,9 @@ def fit_on_train(cfg: DictConfig, pipes: dict, expanded: dict, embed_fn, scored:
 
 
 def run_dataset(cfg: DictConfig, ds: DictConfig, episodes, load_report, pipes: dict, expanded: dict, embed_fn,
-                timer: timing.RunTimer | None = None) -> tuple[dict[str, Any], str]:
-  """Evaluate the pipelines on one dataset; returns (results dict, Markdown table)."""
+                timer: timing.RunTimer | None = None, tier1: answer.Tier1 | None = None) -> tuple[dict[str, Any], str]:
+  """Evaluate the pipelines on one dataset; returns (results dict, Markdown table). With ``tier1`` (a reader
+  is configured), also answers from every pipeline's top-k and scores the answers (``results['tier1']``)."""
   metrics = checks.metrics_for(cfg, ds)
   baselines = checks.resolve_baselines(cfg)
   skip = {n for n in cfg.pipeline if ds.name in cfg.pipeline[n].get('skip_datasets', [])}
@@ -117,6 +118,10 @@ def run_dataset(cfg: DictConfig, ds: DictConfig, episodes, load_report, pipes: d
              'seed': cfg.seed, 'metrics': metrics, 'load_report': load_report.to_dict(), 'pipelines': summary,
              'reference': reference, 'expanded': merged, 'pileup': pileup, 'not_run': sorted(skip),
              'per_question': report.per_question(result)}
+  if tier1 is not None:
+    with timer.phase('answer'):
+      results['tier1'], t1_table = tier1.run(ds, episodes, result, labels=answer.labels_for(cfg))
+    table += '\n' + t1_table
   return results, table
 
 
@@ -137,8 +142,9 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   with timer.phase('fit_on_train'):
     fits = fit_on_train(cfg, pipes, expanded, embed_fn, {n: eps for n, (eps, _) in loaded.items()})
   per_ds, tables = {}, []
+  tier1 = answer.Tier1(cfg) if answer.enabled(cfg) else None
   for name, ds in datasets.items():
-    per_ds[name], table = run_dataset(cfg, ds, *loaded[name], pipes, expanded, embed_fn, timer)
+    per_ds[name], table = run_dataset(cfg, ds, *loaded[name], pipes, expanded, embed_fn, timer, tier1)
     tables.append(table)
   report_t0 = time.perf_counter()
   if len(datasets) == 1:
@@ -163,6 +169,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   run_info = {'timing': spent, 'compile_cache': compile_cache, 'embedding_cache': embed_fn.cache_reports,
               'compile_cache_published': len(common.publish_compile_cache(cfg)),
               'leg_cache': (common.leg_cache(cfg).report() if common.leg_cache(cfg) else None)}
+  if tier1 is not None:
+    run_info['reader'] = tier1.info
   report.write_files(out_dir, {'run_info.json': json.dumps(run_info, indent=1)})
   print(text)
   print(timing.markdown(spent))

@@ -7,7 +7,10 @@ question id per line, sorted):
   ``random.Random(seed).sample(sorted(ids), 100)`` from all ids (abstention and no-user-evidence questions included;
   the official skip rules decide at the metric step which of them are scored);
 * ``factconsolidation_sh_6k.txt``, ``factconsolidation_mh_6k.txt``: all 100 ``qa_pair_ids`` of each 6K row (a draw
-  of 100 out of 100).
+  of 100 out of 100);
+* ``locomo_answer.txt``: the LoCoMo answer pilot (Tier 1), 300 question ids of the loaded LoCoMo questions,
+  60 per category (1-5): ``random.Random(seed).sample(sorted(ids of the category), 60)`` per category in order 1..5
+  with one generator (:func:`draw_stratified`).
 
 Regenerate with ``python -m engram_jax.data.splits`` (needs the data root); ``tests/test_splits.py`` checks that
 regenerating gives the committed lists.
@@ -27,7 +30,9 @@ from engram_jax.types import Episode, LoadReport, Question
 
 PILOT_SEED = 20261008
 PILOT_DIR = Path(__file__).resolve().parent / 'pilot'
-PILOT_SIZES = {'longmemeval_s': 100, 'factconsolidation_sh_6k': 100, 'factconsolidation_mh_6k': 100}
+PILOT_SIZES = {'longmemeval_s': 100, 'factconsolidation_sh_6k': 100, 'factconsolidation_mh_6k': 100,
+               'locomo_answer': 300}
+LOCOMO_ANSWER_PER_CATEGORY = 60
 
 
 def draw_ids(ids: Iterable[str], *, n: int, seed: int) -> list[str]:
@@ -40,6 +45,34 @@ def draw_ids(ids: Iterable[str], *, n: int, seed: int) -> list[str]:
   if n > len(pool):
     raise ValueError(f'cannot draw {n} ids from {len(pool)}')
   return sorted(random.Random(seed).sample(pool, n))
+
+
+def draw_stratified(ids_by_stratum: dict[int | str, Iterable[str]], *, n_per: int, seed: int) -> list[str]:
+  """``n_per`` distinct ids from each stratum (strata in sorted order, one ``random.Random(seed)``, each stratum's
+  ids sorted first); returned sorted.
+
+  Raises:
+    ValueError: when a stratum has fewer than ``n_per`` distinct ids.
+  """
+  rng = random.Random(seed)
+  out: list[str] = []
+  for key in sorted(ids_by_stratum, key=str):
+    pool = sorted(set(ids_by_stratum[key]))
+    if n_per > len(pool):
+      raise ValueError(f'stratum {key!r}: cannot draw {n_per} ids from {len(pool)}')
+    out.extend(rng.sample(pool, n_per))
+  return sorted(out)
+
+
+def locomo_ids_by_category(root: str | os.PathLike | None = None) -> dict[int | str, list[str]]:
+  """The loaded LoCoMo question ids (questions with resolvable evidence) by category."""
+  from engram_jax.data.locomo import load_locomo  # pylint: disable=import-outside-toplevel
+  episodes, _ = load_locomo(root)
+  out: dict[int | str, list[str]] = {}
+  for e in episodes:
+    for q in e.questions:
+      out.setdefault(q.category, []).append(q.id)
+  return out
 
 
 def candidate_ids(name: str, root: str | os.PathLike | None = None) -> list[str]:
@@ -60,6 +93,10 @@ def candidate_ids(name: str, root: str | os.PathLike | None = None) -> list[str]
 def generate_pilot_ids(name: str, *, root: str | os.PathLike | None = None, seed: int = PILOT_SEED,
                        ids: Iterable[str] | None = None) -> list[str]:
   """Draw pilot set ``name`` from the data (or from ``ids`` when given, to skip re-reading it)."""
+  if name == 'locomo_answer':
+    if ids is not None:
+      raise ValueError('locomo_answer is drawn per category; pass no ids')
+    return draw_stratified(locomo_ids_by_category(root), n_per=LOCOMO_ANSWER_PER_CATEGORY, seed=seed)
   pool = candidate_ids(name, root) if ids is None else list(ids)
   return draw_ids(pool, n=PILOT_SIZES[name], seed=seed)
 

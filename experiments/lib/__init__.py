@@ -3,5 +3,6 @@
 * :mod:`experiments.lib.common`: config -> plain library values (operator modules, pipelines, datasets, the
   embedder) and a run's files;
 * :mod:`experiments.lib.checks`: the config checked before any data is loaded (one-line errors naming the option);
-* :mod:`experiments.lib.protocol`: protocols fixed in advance (committed file, SHA-256, the ledger of scorings).
+* :mod:`experiments.lib.protocol`: protocols fixed in advance (committed file, SHA-256, the ledger of scorings);
+* :mod:`experiments.lib.answer`: Tier 1 in a run (the reader from config, answers and answer metrics per dataset).
 """
