@@ -115,6 +115,7 @@ def test_stacked_episodes_give_the_same_results_as_episode_by_episode():
   assert n_stacked <= len(pipes) + 1  # one group: one compilation per pipeline (+ the keys; metrics are NumPy)
 
 
+@pytest.mark.slow
 def test_stacked_compile_count_does_not_grow_with_the_number_of_episodes():
   pipes = {n: p for n, p in _stack_pipes().items() if n in ('cosine', 'rrf', 'cfsr')}
   few = [_episode(40 + i, 4, f'f{i}') for i in range(2)]

@@ -43,6 +43,7 @@ def _run(pipes, cache=None):
                              leg_cache=cache)
 
 
+@pytest.mark.slow
 def test_rrf_from_top_is_rrf_fuse():
   rng = np.random.default_rng(1)
   for _ in range(20):

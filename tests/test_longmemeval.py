@@ -218,6 +218,7 @@ def _bm25_episode(docs, query):
                                                            category='x'),))
 
 
+@pytest.mark.slow
 @given(docs=st.lists(_FLAT_TEXT, min_size=1, max_size=10), query=_FLAT_TEXT)
 def test_flat_bm25_equals_official_rank_bm25(docs, query):
   """Upstream flat-bm25: ``BM25Okapi([d.split(' ') for d in corpus]).get_scores(q.split(' '))`` (case kept,

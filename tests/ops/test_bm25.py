@@ -40,6 +40,7 @@ def test_bm25_equals_rank_bm25(corpus, k1, b, eps):
 
 @given(strategies.corpora(), st.floats(0.1, 3.0), st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.integers(1, 4),
        st.sampled_from([None, 1, 2]))
+@pytest.mark.slow
 def test_sparse_bm25_equals_rank_bm25_and_dense(corpus, k1, b, eps, n_queries, batch_size):
   """The sparse form (what the leg runs) against rank_bm25, with padded items, questions and vocabulary, repeated
   query terms, out-of-vocabulary terms and question chunks of every size."""
@@ -100,5 +101,6 @@ def test_jit_eager_vmap_and_all_masked():
                                                   n=c['n'], qn=c['qn'])
 
 
+@pytest.mark.slow
 def test_declaration():
   ops_testing.check_declaration('bm25')

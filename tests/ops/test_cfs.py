@@ -72,6 +72,7 @@ def test_check_grads_soft_cfs():
   ops_testing.grads_ok(f, (0.5, 0.4), order=1, modes=['fwd', 'rev'])
 
 
+@pytest.mark.slow
 def test_declaration():
   ops_testing.check_declaration('cfs')
 

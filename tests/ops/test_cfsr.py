@@ -91,6 +91,7 @@ def test_pool_boundary_tie_later_item_wins():
   np.testing.assert_allclose(s, ref.cfsr_scores_ref(q, docs, pool=5), atol=1e-12)
 
 
+@pytest.mark.slow
 def test_jit_eager_vmap_loop_and_grads():
   rng = np.random.default_rng(5)
   docs = ref.pad(ref.unit_vectors(rng, N_PAD, 10), N_PAD, D_PAD)
@@ -205,5 +206,6 @@ def test_pool_legs_above_the_gram_threshold(name):
   assert largest_intermediate(jax.make_jaxpr(leg)(small, key)) >= small.docs.shape[0] ** 2  # the Gram
 
 
+@pytest.mark.slow
 def test_declaration():
   ops_testing.check_declaration('cfsr')

@@ -58,6 +58,7 @@ def test_check_grads_soft_mmr():
   ops_testing.grads_ok(f, (0.6, 0.05), order=1, modes=['fwd', 'rev'])
 
 
+@pytest.mark.slow
 def test_declaration():
   ops_testing.check_declaration('mmr')
 

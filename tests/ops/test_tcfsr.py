@@ -254,6 +254,7 @@ def test_pool_scores_equal_the_hard_operators(variant):
     assert not np.allclose(hard, sol_open)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('op', ['tcfsr_prior', 'tcfsr_basis', 'tcfsr_gated'])
 def test_declaration(op):
   ops_testing.check_declaration(op)

@@ -2,6 +2,7 @@
 gamma / 2 with zero gate weights, matches a plain NumPy reading of its definition, its soft twin on gathered pools
 equals it, the gate reads the question's text features, and its registry declaration."""
 
+import pytest
 import functools
 
 import hypothesis.strategies as st
@@ -104,5 +105,6 @@ def test_pool_scores_equal_the_hard_operator():
   np.testing.assert_allclose(got, np.take_along_axis(hard, idx, -1), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_declaration():
   ops_testing.check_declaration('tcfsr_learned')
