@@ -62,7 +62,7 @@ def fit_folds(cfg: DictConfig, name: str, pipe: pipeline.Pipeline, episodes, arr
   problem, knobs, every = fit.make_problem(
       pipe, params, k=int(cfg.eval.k), temperatures=fit.Temperatures(**cfg.fit.temperatures),
       settings=fit.Settings(greedy_pool=int(cfg.fit.greedy_pool), candidates=int(cfg.fit.candidates),
-                            solve_batch=cfg.fit.solve_batch))
+                            solve_batch=cfg.fit.solve_batch, cfsr_grad=str(cfg.fit.cfsr_grad)))
   rows = fit.build_rows(problem, pipe, episodes, arrays, seed=int(cfg.seed))
   row_eps = [e.id for e in episodes for _ in e.questions]
   qids = [q.id for e in episodes for q in e.questions]
