@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from engram_jax import batch, evaluation, fit, pipeline, report, stats
 from engram_jax.data import splits
-from experiments import checks, common, protocol
+from experiments import checks, common, fit_conditioned, protocol
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +175,9 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   common.import_ops_modules(cfg)
   pipe = common.hand_set_pipeline(name, cfg.pipeline[name])
   baselines = {b: common.hand_set_pipeline(b) for b in cfg.fit.baselines if b != name}
+  cond_spec = fit_conditioned.spec_of(cfg)  # config errors before any data is loaded
+  if cond_spec is not None:
+    cond_spec.check(pipe, list(cfg.fit.params or cfg.fit.params_by_pipeline[name]))
   protocol_info = protocol.check(cfg)  # refuses an already-scored confirmation (unless forced)
   options = pipeline.build_options([pipe, *baselines.values()])
   episodes, embeddings, arrays = prepare(cfg, options)
@@ -196,6 +199,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   t_fit = time.perf_counter() - t0 - t_load
 
   after = score_folds(cfg, name, pipe, episodes, embeddings, arrays, folds, fits, metrics)
+  cond = None if cond_spec is None else fit_conditioned.run_folds(cfg, name, pipe, episodes, arrays, folds, problem,
+                                                                  every, cond_spec, metrics)
   before = evaluation.evaluate([episodes[i] for i in scored], [embeddings[i] for i in scored],
                                {name: pipe, **baselines}, k=int(cfg.eval.k), metrics=metrics, seed=int(cfg.seed),
                                progress=False, arrays=[arrays[i] for i in scored],
@@ -222,8 +227,24 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
        'n_train_questions': train_qids[','.join(f)],
        'scored_questions': [q.id for e in episodes if e.id in f for q in e.questions]} for f in folds]}
   gap = gap_table(folds, fits)
+  extra_lines, extra_files = [], {}
+  if cond is not None:
+    cond_summary = {m: _interval(cond['scores'][m], seed, nres) for m in metrics}
+    cond_paired = fit_conditioned.compare(cond['scores'], after, before, hand_rows, metrics, seed=seed, n_resamples=nres)
+    summary[f'{name} (conditioned, out of fold)'] = cond_summary
+    paired.update(cond_paired)
+    extra_lines = fit_conditioned.section(name, cond_spec, cond_summary, cond_paired, cond, metrics)
+    extra_files = fit_conditioned.files(cond, folds)
   timing = {'wall_s': wall, 'load_embed_s': t_load, 'fit_s': t_fit, 'fit_per_fold_s': [r.wall_s for r in fits],
             'score_s': wall - t_load - t_fit}
+  if cond is not None:
+    extra_results = {'conditioned': {
+        'spec': OmegaConf.to_container(cfg.fit.conditioned), 'knob_stats': cond['knob_stats'],
+        'scalars': {fit.fold_label(f): r.values for f, r in zip(folds, cond['fits'])},
+        'fit_per_fold_s': [r.wall_s for r in cond['fits']],
+        'per_question': {m: cond['scores'][m].tolist() for m in metrics}}}
+  else:
+    extra_results = {}
   results = {'pipeline': name, 'protocol': protocol_info, 'params': [p for p, _ in problem.fitted], 'hand_set': every,
              'n_questions': len(after[metrics[0]]), 'metrics': metrics, 'summary': summary, 'paired': paired,
              'fitted': fitted['folds'], 'timing': timing, 'anneal': list(cfg.fit.get('anneal') or (1.0, 1.0)),
@@ -233,7 +254,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
                               'fitted': {m: after[m].tolist() for m in metrics},
                               'hand_set': {m: before.scores[name][m].tolist() for m in metrics},
                               'baselines': {b: {m: before.scores[b][m].tolist() for m in metrics} for b in baselines},
-                              'categories': [str(c) for c in before.categories]}}
+                              'categories': [str(c) for c in before.categories]}, **extra_results}
   lines = [f'### {cfg.dataset.name}: {name} fitted by gradient ({cfg.fit.split}, {len(folds)} folds, '
            f'{results["n_questions"]} questions scored out of fold), k={cfg.eval.k}', '',
            '| pipeline | ' + ' | '.join(f'{m} [95% CI]' for m in metrics) + ' |',
@@ -269,6 +290,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
               '| step | temperature factor | soft | hard | soft - hard |', '|---|---|---|---|---|']
     lines += [f'| {r["step"]} | {r["scale"]:.3g} | {r["soft_ndcg"]:.4f} | {r["hard_ndcg"]:.4f} | {r["gap"]:+.4f} |'
               for r in gap['by_step']]
+  lines += extra_lines
   lines += ['', f'Wall time {wall:.1f}s (load+embed {t_load:.1f}s, fit {t_fit:.1f}s, hard scoring '
                 f'{timing["score_s"]:.1f}s); {cfg.fit.steps} steps x {cfg.fit.batch_size} questions per fold.', '']
   text = '\n'.join(lines)
@@ -276,7 +298,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
       'fitted.json': json.dumps(fitted, indent=1),
       'loss_curve.json': json.dumps({','.join(f): r.losses for f, r in zip(folds, fits)}),
       'split.json': json.dumps(split, indent=1), 'results.json': json.dumps(results, indent=1),
-      'results.md': text, 'config_resolved.yaml': OmegaConf.to_yaml(cfg, resolve=True)})
+      'results.md': text, 'config_resolved.yaml': OmegaConf.to_yaml(cfg, resolve=True), **extra_files})
   print(text)
   log.info('wrote %s', out_dir / 'fitted.json')
   if protocol_info:

@@ -15,7 +15,7 @@ from engram_jax.fit.train import soft_ndcg
 from test_fit import BM25, COS, _episodes, _rrf
 
 KNOBS = ('legs.cos.weight', 'legs.bm25.weight', 'k0')
-SPEC = C.Conditioning(knobs=KNOBS, features=('cues', 'pool', 'query'), hidden=0, rank=4)
+SPEC = C.Conditioning(knobs=KNOBS, features=('cues', 'pool', 'query'), hidden=0, rank=4, net_lr_scale=1.0)
 
 
 def _setup(spec=SPEC, weights=(1.0, 1.0)):
@@ -80,9 +80,39 @@ def test_gradients_reach_the_module_and_a_fit_moves_it():
 
 def test_config_errors():
   with pytest.raises(ValueError, match='non-empty subset'):
-    C.Conditioning(knobs=('k0',), features=('text',), hidden=0, rank=2)
+    C.Conditioning(knobs=('k0',), features=('text',), hidden=0, rank=2, net_lr_scale=1.0)
   pipe = _rrf(COS, BM25, weights=[1.0, 1.0])
   with pytest.raises(ValueError, match='only fusion knobs'):
-    C.Conditioning(knobs=('legs.bm25.k1',), features=('cues',), hidden=0, rank=2).check(pipe, ['legs.bm25.k1'])
+    C.Conditioning(knobs=('legs.bm25.k1',), features=('cues',), hidden=0, rank=2, net_lr_scale=1.0).check(pipe, ['legs.bm25.k1'])
   with pytest.raises(ValueError, match='must also be in fit.params'):
-    C.Conditioning(knobs=('k0',), features=('cues',), hidden=0, rank=2).check(pipe, ['legs.cos.weight'])
+    C.Conditioning(knobs=('k0',), features=('cues',), hidden=0, rank=2, net_lr_scale=1.0).check(pipe, ['legs.cos.weight'])
+
+
+@pytest.mark.slow
+def test_experiment_fits_conditioned_knobs_beside_the_scalar_fit(tmp_path):
+  import json  # pylint: disable=import-outside-toplevel
+  from hydra import compose, initialize_config_dir  # pylint: disable=import-outside-toplevel
+  from experiments import fit as fit_exp  # pylint: disable=import-outside-toplevel
+  from test_fit import CONF  # pylint: disable=import-outside-toplevel
+  with initialize_config_dir(config_dir=CONF, version_base='1.3'):
+    cfg = compose(config_name='fit', overrides=[
+        'embedder=hashing', 'dataset.loader.conversations=[conv-30,conv-26]', 'pipeline=rrf_cos_bm25',
+        'fit.folds=2', 'fit.steps=2', 'fit.batch_size=16', 'eval.n_resamples=100', 'eval.progress=false',
+        'fit.baselines=[cosine]', f'paths.cache_dir={tmp_path}/cache', 'fit.gap_checks=0',
+        'fit.conditioned={knobs: [legs.cos.weight, legs.bm25.weight, k0], features: [cues, pool, query], hidden: 4, '
+        'rank: 2, net_lr_scale: 0.1}'])
+  res = fit_exp.run(cfg, tmp_path / 'out')
+  c = res['conditioned']
+  assert len(c['per_question']['ndcg@10']) == res['n_questions'] == 105 + 197
+  assert set(res['paired']) >= {'conditioned - scalar fit (out of fold)', 'conditioned - rrf_cos_bm25 (hand-set)',
+                                'conditioned - cosine (hand-set)'}
+  d = res['paired']['conditioned - scalar fit (out of fold)']['ndcg@10']['delta']
+  want = np.mean(c['per_question']['ndcg@10']) - np.mean(res['per_question']['fitted']['ndcg@10'])
+  assert abs(d - want) < 1e-12
+  assert len(json.loads((tmp_path / 'out' / 'loss_curve_conditioned.json').read_text())['conv-30']) == 2
+  with initialize_config_dir(config_dir=CONF, version_base='1.3'):
+    bad = compose(config_name='fit', overrides=[
+        'embedder=hashing', 'pipeline=rrf_cos_bm25', f'paths.cache_dir={tmp_path}/cache',
+        'fit.conditioned={knobs: [legs.bm25.k1], features: [cues], hidden: 0, rank: 2, net_lr_scale: 0.1}'])
+  with pytest.raises(ValueError, match='only fusion knobs'):
+    fit_exp.run(bad, tmp_path / 'bad')

@@ -3,7 +3,7 @@ r"""Question-conditioned knobs: a small flax module maps each question's feature
 A pipeline's fit may declare (``fit.conditioned``)::
 
     conditioned: {knobs: [legs.cos.weight, legs.bm25.weight, legs.cfsr.weight, k0],
-                  features: [cues, pool, query], hidden: 0, rank: 8}
+                  features: [cues, pool, query], hidden: 0, rank: 8, net_lr_scale: 0.1}
 
 Each conditioned knob's value for question :math:`q` is its declared transform (:data:`engram_jax.fit.knobs.FORWARD`)
 of the scalar unconstrained value plus the module's output,
@@ -65,6 +65,7 @@ class Conditioning:
   features: tuple[str, ...]
   hidden: int
   rank: int
+  net_lr_scale: float  # the module's learning rate as a fraction of the scalar knobs' (its updates times this)
 
   def __post_init__(self) -> None:
     if not self.knobs:
@@ -73,6 +74,8 @@ class Conditioning:
     if bad or not self.features:
       raise ValueError(f'conditioned.features must be a non-empty subset of {list(FEATURE_GROUPS)}, got '
                        f'{list(self.features)}')
+    if not self.net_lr_scale > 0:
+      raise ValueError(f'conditioned.net_lr_scale must be > 0, got {self.net_lr_scale}')
     if int(self.hidden) < 0 or int(self.rank) < 1:
       raise ValueError(f'conditioned.hidden must be >= 0 and conditioned.rank >= 1, got {self.hidden}, {self.rank}')
 
@@ -218,6 +221,7 @@ def make_step(problem: Problem, spec: Conditioning, optimizer: optax.GradientTra
     loss, grads = grad_fn(params, fixed, jax.tree_util.tree_map(take, rows), jax.tree_util.tree_map(take, inputs),
                           weight, scale)
     updates, opt_state = optimizer.update(grads, opt_state, params)
+    updates = {'raw': updates['raw'], 'net': jax.tree_util.tree_map(lambda u: u * spec.net_lr_scale, updates['net'])}
     return optax.apply_updates(params, updates), opt_state, loss
 
   return step
