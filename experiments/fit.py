@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from engram_jax import batch, evaluation, fit, pipeline, report, stats
 from engram_jax.data import splits
-from experiments import checks, common, fit_conditioned, protocol
+from experiments import checks, common, fit_adapter, fit_conditioned, protocol
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +178,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   cond_spec = fit_conditioned.spec_of(cfg)  # config errors before any data is loaded
   if cond_spec is not None:
     cond_spec.check(pipe, list(cfg.fit.params or cfg.fit.params_by_pipeline[name]))
+  adapter_spec = fit_adapter.spec_of(cfg)
   protocol_info = protocol.check(cfg)  # refuses an already-scored confirmation (unless forced)
   options = pipeline.build_options([pipe, *baselines.values()])
   episodes, embeddings, arrays = prepare(cfg, options)
@@ -201,6 +202,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   after = score_folds(cfg, name, pipe, episodes, embeddings, arrays, folds, fits, metrics)
   cond = None if cond_spec is None else fit_conditioned.run_folds(cfg, name, pipe, episodes, arrays, folds, problem,
                                                                   every, cond_spec, metrics)
+  adapted = None if adapter_spec is None else fit_adapter.run_folds(cfg, name, pipe, episodes, embeddings, arrays,
+                                                                    folds, problem, every, *adapter_spec, metrics)
   before = evaluation.evaluate([episodes[i] for i in scored], [embeddings[i] for i in scored],
                                {name: pipe, **baselines}, k=int(cfg.eval.k), metrics=metrics, seed=int(cfg.seed),
                                progress=False, arrays=[arrays[i] for i in scored],
@@ -235,6 +238,15 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     paired.update(cond_paired)
     extra_lines = fit_conditioned.section(name, cond_spec, cond_summary, cond_paired, cond, metrics)
     extra_files = fit_conditioned.files(cond, folds)
+  if adapted is not None:
+    ad_summary = {m: _interval(adapted['scores'][m], seed, nres) for m in metrics}
+    ad_paired = fit_conditioned.compare(adapted['scores'], after, before, hand_rows, metrics, seed=seed,
+                                        n_resamples=nres, label='adapter')
+    summary[f'{name} (adapter, out of fold)'] = ad_summary
+    paired.update(ad_paired)
+    extra_lines += fit_adapter.section(name, adapter_spec[0], adapter_spec[1], ad_summary, ad_paired, adapted,
+                                       metrics)
+    extra_files.update(fit_adapter.files(adapted, folds))
   timing = {'wall_s': wall, 'load_embed_s': t_load, 'fit_s': t_fit, 'fit_per_fold_s': [r.wall_s for r in fits],
             'score_s': wall - t_load - t_fit}
   if cond is not None:
@@ -245,6 +257,12 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
         'per_question': {m: cond['scores'][m].tolist() for m in metrics}}}
   else:
     extra_results = {}
+  if adapted is not None:
+    extra_results['adapter'] = {
+        'spec': OmegaConf.to_container(cfg.fit.adapter), 'mean_cos_to_base': adapted['mean_cos_to_base'],
+        'scalars': {fit.fold_label(f): r.values for f, r in zip(folds, adapted['fits'])},
+        'fit_per_fold_s': [r.wall_s for r in adapted['fits']],
+        'per_question': {m: adapted['scores'][m].tolist() for m in metrics}}
   results = {'pipeline': name, 'protocol': protocol_info, 'params': [p for p, _ in problem.fitted], 'hand_set': every,
              'n_questions': len(after[metrics[0]]), 'metrics': metrics, 'summary': summary, 'paired': paired,
              'fitted': fitted['folds'], 'timing': timing, 'anneal': list(cfg.fit.get('anneal') or (1.0, 1.0)),

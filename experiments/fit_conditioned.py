@@ -66,15 +66,16 @@ def run_folds(cfg: DictConfig, name: str, pipe, episodes, arrays, folds, problem
 
 
 def compare(cond: dict[str, np.ndarray], scalar: dict[str, np.ndarray], before, hand_rows: list[str],
-            metrics: list[str], *, seed: int, n_resamples: int) -> dict[str, Any]:
-  """Conditioned minus the scalar fit and minus each hand-set row, paired (bootstrap CI, sign-flip p)."""
+            metrics: list[str], *, seed: int, n_resamples: int, label: str = 'conditioned') -> dict[str, Any]:
+  """``label`` (the conditioned or adapted fit) minus the scalar fit and minus each hand-set row, paired (bootstrap
+  CI, sign-flip p)."""
   others = {'scalar fit (out of fold)': scalar, **{f'{r} (hand-set)': before.scores[r] for r in hand_rows}}
   pairs = [(r, m) for r in others for m in metrics]
   res = stats.paired_tests(np.stack([cond[m] for _, m in pairs]), np.stack([others[r][m] for r, m in pairs]),
                            seed=seed, n_resamples=n_resamples)
-  out: dict[str, dict] = {f'conditioned - {r}': {} for r in others}
+  out: dict[str, dict] = {f'{label} - {r}': {} for r in others}
   for (r, m), t in zip(pairs, res):
-    out[f'conditioned - {r}'][m] = t.to_dict()
+    out[f'{label} - {r}'][m] = t.to_dict()
   return out
 
 

@@ -64,3 +64,22 @@ def test_fit_runs_forward_mode_is_refused_and_queries_stay_unit():
   problem_f, *_ = _setup('forward')
   with pytest.raises(ValueError, match='cfsr_grad=implicit or reverse'):
     A.AdapterSpec(rank=2, lr_scale=1.0).check(problem_f)
+
+
+@pytest.mark.slow
+def test_experiment_fits_an_adapter_beside_the_scalar_fit(tmp_path):
+  from hydra import compose, initialize_config_dir  # pylint: disable=import-outside-toplevel
+  from experiments import fit as fit_exp  # pylint: disable=import-outside-toplevel
+  from test_fit import CONF  # pylint: disable=import-outside-toplevel
+  with initialize_config_dir(config_dir=CONF, version_base='1.3'):
+    cfg = compose(config_name='fit', overrides=[
+        'embedder=hashing', 'dataset.loader.conversations=[conv-30,conv-26]', 'pipeline=rrf_cos_bm25',
+        'fit.folds=2', 'fit.steps=2', 'fit.batch_size=16', 'eval.n_resamples=100', 'eval.progress=false',
+        'fit.baselines=[cosine]', f'paths.cache_dir={tmp_path}/cache', 'fit.gap_checks=0',
+        'fit.adapter={rank: 2, lr_scale: 0.1, cfsr_grad: implicit}'])
+  res = fit_exp.run(cfg, tmp_path / 'out')
+  a = res['adapter']
+  assert len(a['per_question']['ndcg@10']) == res['n_questions']
+  d = res['paired']['adapter - scalar fit (out of fold)']['ndcg@10']['delta']
+  assert abs(d - (np.mean(a['per_question']['ndcg@10']) - np.mean(res['per_question']['fitted']['ndcg@10']))) < 1e-12
+  assert all(0.9 < v <= 1.0 + 1e-6 for v in a['mean_cos_to_base'].values())
