@@ -12,10 +12,10 @@ What the soft pipeline recomputes from :math:`q'` at every step, per question of
 * a fitted CFS-R-family leg's pool cosines ``pool_cos`` (the NNLS right-hand side :math:`b = C q'`), recomputed
   from the pool's rows. **The pool itself (its items and its Gram block) is held from the base embedding.** The
   pool is a hard top-P cut (no gradient through membership), its Gram :math:`C C^\top` does not depend on the query
-  at all, and re-pooling per step would re-gather ``[B, P, P]`` blocks from the episode Gram for every step; the
-  rank-``r`` adapter starts at the identity and moves the query a little, so the top-150 pool changes only at its
-  margin, which the blend's min-max normalisation and the top-10 cut barely read. The hard scorer does re-pool
-  under :math:`q'`; the soft-vs-hard gap of such a fit measures what holding the pool costs.
+  at all, and re-pooling per step would re-gather ``[B, P, P]`` blocks from the episode Gram for every step. The
+  hard scorer does re-pool under :math:`q'`. This is an approximation that grows with how far the adapter moves the
+  query (on LoCoMo a rank-8 adapter moved it to a cosine of 0.39-0.75 with the base query); its cost is not yet
+  measured (no soft-vs-hard gap monitor for adapter fits).
   The gradient reaches ``b`` only when the CFS-R twin differentiates its solve in ``b``: ``fit.cfsr_grad`` must be
   ``implicit`` (KKT, nothing stored) or ``reverse`` (unrolled); ``forward`` stops it (checked).
 * BM25 and other lexical legs do not read the query embedding and stay as they are.
