@@ -8,7 +8,10 @@ query (cosine, the CFS-R pool and solve, ...) seeing :math:`q'`.
 What the soft pipeline recomputes from :math:`q'` at every step, per question of the minibatch:
 
 * the cosine list (``rows.cos``, the twins' context) and a constant ``cosine`` leg's scores: ``docs @ q'``, from
-  the episode's item embeddings (gathered per question: ``[B, N, D]``);
+  the episode's item embeddings (gathered per question: ``[B, N, D]``). **A constant leg is ranked hard in the soft
+  fusion, so these scores pass no gradient to the adapter** (and the context's temperature scales stop theirs): the
+  adapter learns only through fitted legs that read the query (a CFS-R leg's pool cosines). Soft-ranking the
+  cosine leg when an adapter is fit is not done yet;
 * a fitted CFS-R-family leg's pool cosines ``pool_cos`` (the NNLS right-hand side :math:`b = C q'`), recomputed
   from the pool's rows. **The pool itself (its items and its Gram block) is held from the base embedding.** The
   pool is a hard top-P cut (no gradient through membership), its Gram :math:`C C^\top` does not depend on the query
