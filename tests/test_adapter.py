@@ -1,6 +1,6 @@
 """Low-rank query adapter: the identity adapter reproduces the soft pipeline's loss, gradients reach U and V through
-the cosine leg and the CFS-R pool cosines (implicit and unrolled NNLS gradients agree when converged), forward mode
-is refused, adapted queries are unit-norm."""
+the fitted CFS-R leg's pool cosines (the constant cosine leg is ranked hard in the soft fusion and passes none;
+implicit and unrolled NNLS gradients agree when converged), forward mode is refused, adapted queries are unit-norm."""
 
 import jax
 import jax.numpy as jnp
