@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from engram_jax import batch, evaluation, fit, pipeline, report, stats
 from engram_jax.data import splits
 from engram_jax.fit import twins
-from experiments.lib import checks, common, protocol
+from experiments.lib import checks, common, fit_adapter, fit_conditioned, protocol
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def fit_folds(cfg: DictConfig, name: str, pipe: pipeline.Pipeline, episodes, arr
   problem, knobs, every = fit.make_problem(
       pipe, params, k=int(cfg.eval.k), temperatures=fit.Temperatures(**cfg.fit.temperatures),
       settings=fit.Settings(greedy_pool=int(cfg.fit.greedy_pool), candidates=int(cfg.fit.candidates),
-                            solve_batch=cfg.fit.solve_batch))
+                            solve_batch=cfg.fit.solve_batch, cfsr_grad=str(cfg.fit.cfsr_grad)))
   rows = fit.build_rows(problem, pipe, episodes, arrays, seed=int(cfg.seed))
   if cfg.fit.get('check_twins', True):
     check_twins(problem, rows, episodes, arrays, every, seed=int(cfg.seed),
@@ -208,6 +208,10 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   common.import_ops_modules(cfg)
   pipe = common.hand_set_pipeline(name, cfg.pipeline[name])
   baselines = {b: common.hand_set_pipeline(b) for b in cfg.fit.baselines if b != name}
+  cond_spec = fit_conditioned.spec_of(cfg)  # config errors before any data is loaded
+  if cond_spec is not None:
+    cond_spec.check(pipe, list(cfg.fit.params or cfg.fit.params_by_pipeline[name]))
+  adapter_spec = fit_adapter.spec_of(cfg)
   protocol_info = protocol.check(cfg)  # refuses an already-scored confirmation (unless forced)
   options = pipeline.build_options([pipe, *baselines.values()])
   episodes, embeddings, arrays = prepare(cfg, options)
@@ -231,6 +235,10 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   t_fit = time.perf_counter() - t0 - t_load
 
   after = score_folds(cfg, name, pipe, episodes, embeddings, arrays, folds, fits, metrics)
+  cond = None if cond_spec is None else fit_conditioned.run_folds(cfg, name, pipe, episodes, arrays, folds, problem,
+                                                                  every, cond_spec, metrics)
+  adapted = None if adapter_spec is None else fit_adapter.run_folds(cfg, name, pipe, episodes, embeddings, arrays,
+                                                                    folds, problem, every, *adapter_spec, metrics)
   before = evaluation.evaluate([episodes[i] for i in scored], [embeddings[i] for i in scored],
                                {name: pipe, **baselines}, k=int(cfg.eval.k), metrics=metrics, seed=int(cfg.seed),
                                progress=False, arrays=[arrays[i] for i in scored],
@@ -257,8 +265,39 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
        'n_train_questions': train_qids[','.join(f)],
        'scored_questions': [q.id for e in episodes if e.id in f for q in e.questions]} for f in folds]}
   gap = gap_table(folds, fits)
+  extra_lines, extra_files = [], {}
+  if cond is not None:
+    cond_summary = {m: _interval(cond['scores'][m], seed, nres) for m in metrics}
+    cond_paired = fit_conditioned.compare(cond['scores'], after, before, hand_rows, metrics, seed=seed, n_resamples=nres)
+    summary[f'{name} (conditioned, out of fold)'] = cond_summary
+    paired.update(cond_paired)
+    extra_lines = fit_conditioned.section(name, cond_spec, cond_summary, cond_paired, cond, metrics)
+    extra_files = fit_conditioned.files(cond, folds)
+  if adapted is not None:
+    ad_summary = {m: _interval(adapted['scores'][m], seed, nres) for m in metrics}
+    ad_paired = fit_conditioned.compare(adapted['scores'], after, before, hand_rows, metrics, seed=seed,
+                                        n_resamples=nres, label='adapter')
+    summary[f'{name} (adapter, out of fold)'] = ad_summary
+    paired.update(ad_paired)
+    extra_lines += fit_adapter.section(name, adapter_spec[0], adapter_spec[1], ad_summary, ad_paired, adapted,
+                                       metrics)
+    extra_files.update(fit_adapter.files(adapted, folds))
   timing = {'wall_s': wall, 'load_embed_s': t_load, 'fit_s': t_fit, 'fit_per_fold_s': [r.wall_s for r in fits],
             'score_s': wall - t_load - t_fit}
+  if cond is not None:
+    extra_results = {'conditioned': {
+        'spec': OmegaConf.to_container(cfg.fit.conditioned), 'knob_stats': cond['knob_stats'],
+        'scalars': {fit.fold_label(f): r.values for f, r in zip(folds, cond['fits'])},
+        'fit_per_fold_s': [r.wall_s for r in cond['fits']],
+        'per_question': {m: cond['scores'][m].tolist() for m in metrics}}}
+  else:
+    extra_results = {}
+  if adapted is not None:
+    extra_results['adapter'] = {
+        'spec': OmegaConf.to_container(cfg.fit.adapter), 'mean_cos_to_base': adapted['mean_cos_to_base'],
+        'scalars': {fit.fold_label(f): r.values for f, r in zip(folds, adapted['fits'])},
+        'fit_per_fold_s': [r.wall_s for r in adapted['fits']],
+        'per_question': {m: adapted['scores'][m].tolist() for m in metrics}}
   results = {'pipeline': name, 'protocol': protocol_info, 'params': [p for p, _ in problem.fitted], 'hand_set': every,
              'n_questions': len(after[metrics[0]]), 'metrics': metrics, 'summary': summary, 'paired': paired,
              'fitted': fitted['folds'], 'timing': timing, 'anneal': list(cfg.fit.get('anneal') or (1.0, 1.0)),
@@ -268,7 +307,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
                               'fitted': {m: after[m].tolist() for m in metrics},
                               'hand_set': {m: before.scores[name][m].tolist() for m in metrics},
                               'baselines': {b: {m: before.scores[b][m].tolist() for m in metrics} for b in baselines},
-                              'categories': [str(c) for c in before.categories]}}
+                              'categories': [str(c) for c in before.categories]}, **extra_results}
   lines = [f'### {cfg.dataset.name}: {name} fitted by gradient ({cfg.fit.split}, {len(folds)} folds, '
            f'{results["n_questions"]} questions scored out of fold), k={cfg.eval.k}', '',
            '| pipeline | ' + ' | '.join(f'{m} [95% CI]' for m in metrics) + ' |',
@@ -304,6 +343,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
               '| step | temperature factor | soft | hard | soft - hard |', '|---|---|---|---|---|']
     lines += [f'| {r["step"]} | {r["scale"]:.3g} | {r["soft_ndcg"]:.4f} | {r["hard_ndcg"]:.4f} | {r["gap"]:+.4f} |'
               for r in gap['by_step']]
+  lines += extra_lines
   lines += ['', f'Wall time {wall:.1f}s (load+embed {t_load:.1f}s, fit {t_fit:.1f}s, hard scoring '
                 f'{timing["score_s"]:.1f}s); {cfg.fit.steps} steps x {cfg.fit.batch_size} questions per fold.', '']
   text = '\n'.join(lines)
@@ -311,7 +351,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
       'fitted.json': json.dumps(fitted, indent=1),
       'loss_curve.json': json.dumps({','.join(f): r.losses for f, r in zip(folds, fits)}),
       'split.json': json.dumps(split, indent=1), 'results.json': json.dumps(results, indent=1),
-      'results.md': text, 'config_resolved.yaml': OmegaConf.to_yaml(cfg, resolve=True)})
+      'results.md': text, 'config_resolved.yaml': OmegaConf.to_yaml(cfg, resolve=True), **extra_files})
   print(text)
   log.info('wrote %s', out_dir / 'fitted.json')
   if protocol_info:

@@ -76,6 +76,12 @@ class Settings:
   greedy_pool: int = 100        # cosine pool of a relaxed CFS / MMR leg (the hard leg may use all items)
   candidates: int = 10          # extra soft-rank candidates beyond a fitted leg's depth
   solve_batch: int | None = 8   # CFS-R pools solved this many at a time (cache-friendly on CPU)
+  cfsr_grad: str = 'forward'    # CFS-R twin's NNLS gradient: forward (in lam), reverse (unrolled), implicit (KKT)
+
+  def __post_init__(self) -> None:
+    grads = ('forward', 'reverse', 'implicit')
+    if self.cfsr_grad not in grads:
+      raise ValueError(f'fit.cfsr_grad must be one of {list(grads)}, got {self.cfsr_grad!r}')
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,7 +27,7 @@ from jax.typing import ArrayLike
 
 from engram_jax import ranking
 from engram_jax.batch import EpisodeArrays
-from engram_jax.ops import pools
+from engram_jax.ops import nnls_implicit, pools
 from engram_jax.ops.greedy import episode_gram, map_queries
 from engram_jax.ops.registry import Knob, Operator, SoftTwin, knob_defaults, register
 
@@ -228,6 +228,9 @@ def _solve_pools_lam_bwd(iterations, power_iterations, batch_size, da_dlam, ct):
 _solve_pools_lam.defvjp(_solve_pools_lam_fwd, _solve_pools_lam_bwd)
 
 
+LAM_GRADS = ('reverse', 'forward', 'implicit')
+
+
 def cfsr_pool_scores(b: Array, g: Array, *, valid: Array | None = None, lam: ArrayLike = _D['lam'],
                      w: ArrayLike = _D['w'], iterations: int = _D['iterations'], power_iterations: int = 20,
                      batch_size: int | None = None, lam_grad: str = 'reverse') -> Array:
@@ -247,6 +250,9 @@ def cfsr_pool_scores(b: Array, g: Array, *, valid: Array | None = None, lam: Arr
     plain solve, nothing stored), handed to reverse mode by a ``custom_vjp``. The same gradient in
     ``lam`` and ``w``, several times cheaper on CPU; **no gradient flows to ``b`` or ``g``** (constants
     when fitting ``lam`` and ``w``).
+  * ``'implicit'``: the converged solution differentiated through its KKT conditions
+    (:mod:`engram_jax.ops.nnls_implicit`: one ``P x P`` solve per pool, nothing stored), in ``lam``, ``b`` and
+    ``g``; equal to ``'reverse'`` once the iterations have converged.
 
   Returns:
     ``[..., P]`` scores in [0, 1] for valid pool entries, ``-inf`` elsewhere.
@@ -264,8 +270,11 @@ def cfsr_pool_scores(b: Array, g: Array, *, valid: Array | None = None, lam: Arr
   elif lam_grad == 'forward':
     a = _solve_pools_lam(lam_, jax.lax.stop_gradient(fb), jax.lax.stop_gradient(fg), fv, iterations,
                          power_iterations, batch_size)
+  elif lam_grad == 'implicit':
+    a = nnls_implicit.nnls_ridge_implicit(fg, fb, lam=lam_, iterations=iterations, valid=fv,
+                                          power_iterations=power_iterations, batch_size=batch_size)
   else:
-    raise ValueError(f"lam_grad must be 'reverse' or 'forward', got {lam_grad!r}")
+    raise ValueError(f"lam_grad must be one of {LAM_GRADS}, got {lam_grad!r}")
   w_ = jnp.asarray(w, b.dtype)
   s = w_ * minmax(a, fv) + (1.0 - w_) * minmax(fb, fv)
   return jnp.where(fv, s, -jnp.inf).reshape(batch + (p,))
@@ -292,7 +301,7 @@ def _rows(ep: EpisodeArrays, n_questions: int, n_pad: int, options, settings) ->
 def _soft(rows, values, ctx) -> Array:
   sp = cfsr_pool_scores(rows['pool_cos'], rows['pool_gram'], valid=rows['pool_valid'], lam=values['lam'],
                         w=values['w'], iterations=int(values['iterations']), batch_size=ctx.settings.solve_batch,
-                        lam_grad='forward')
+                        lam_grad=getattr(ctx.settings, 'cfsr_grad', 'forward'))
   return pools.scatter_rows(sp, rows['pool_idx'], ctx.where.shape[-1], -jnp.inf)
 
 

@@ -4,5 +4,7 @@
   embedder) and a run's files;
 * :mod:`experiments.lib.checks`: the config checked before any data is loaded (one-line errors naming the option);
 * :mod:`experiments.lib.protocol`: protocols fixed in advance (committed file, SHA-256, the ledger of scorings);
+* :mod:`experiments.lib.fit_conditioned`, :mod:`experiments.lib.fit_adapter`: ``experiments.fit``'s question-conditioned
+  knobs and query adapter beside the scalar fit;
 * :mod:`experiments.lib.answer`: Tier 1 in a run (the reader from config, answers and answer metrics per dataset).
 """

@@ -8,5 +8,9 @@
 * ``python -m experiments.research.cfsr_diagnosis``: per question, why standalone CFS-R trails cosine (pool,
   solver against an exact NNLS, ranking);
 * ``python -m experiments.research.search_compare``: the gradient fit against a Hydra grid and optuna on the same
-  knobs and split.
+  knobs and split;
+* ``python -m experiments.research.search_budget``: gradient fit vs optuna TPE vs a grid at an equal wall budget,
+  in one process;
+* ``python -m experiments.research.cfsr_grad_bench``: CFS-R gradients unrolled vs forward vs implicit (agreement,
+  time, compiled memory).
 """

@@ -1,0 +1,217 @@
+r"""A low-rank query adapter fit through the soft pipeline: :math:`q' = (q + U V^\top q) / \|q + U V^\top q\|`.
+
+``U, V`` are ``[D, r]`` (rank ``r`` from config); ``U`` starts at 0, so the adapter starts as the identity, and both
+are fit jointly with the pipeline's scalar knobs on the soft twins (approx-NDCG@k). Hard scoring embeds nothing
+again: it runs the hard pipeline on the adapted query embeddings (:func:`adapt_queries`), every leg that reads the
+query (cosine, the CFS-R pool and solve, ...) seeing :math:`q'`.
+
+What the soft pipeline recomputes from :math:`q'` at every step, per question of the minibatch:
+
+* the cosine list (``rows.cos``, the twins' context) and a constant ``cosine`` leg's scores: ``docs @ q'``, from
+  the episode's item embeddings (gathered per question: ``[B, N, D]``). **A constant leg is ranked hard in the soft
+  fusion, so these scores pass no gradient to the adapter** (and the context's temperature scales stop theirs): the
+  adapter learns only through fitted legs that read the query (a CFS-R leg's pool cosines). Soft-ranking the
+  cosine leg when an adapter is fit is not done yet;
+* a fitted CFS-R-family leg's pool cosines ``pool_cos`` (the NNLS right-hand side :math:`b = C q'`), recomputed
+  from the pool's rows. **The pool itself (its items and its Gram block) is held from the base embedding.** The
+  pool is a hard top-P cut (no gradient through membership), its Gram :math:`C C^\top` does not depend on the query
+  at all, and re-pooling per step would re-gather ``[B, P, P]`` blocks from the episode Gram for every step. The
+  hard scorer does re-pool under :math:`q'`. This is an approximation that grows with how far the adapter moves the
+  query (on LoCoMo a rank-8 adapter moved it to a cosine of 0.39-0.75 with the base query); its cost is not yet
+  measured (no soft-vs-hard gap monitor for adapter fits).
+  The gradient reaches ``b`` only when the CFS-R twin differentiates its solve in ``b``: ``fit.cfsr_grad`` must be
+  ``implicit`` (KKT, nothing stored) or ``reverse`` (unrolled); ``forward`` stops it (checked).
+* BM25 and other lexical legs do not read the query embedding and stay as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+from jax import Array
+from jax.typing import ArrayLike
+
+from engram_jax import relax
+from engram_jax.batch import EpisodeArrays
+from engram_jax.fit.knobs import Knobs
+from engram_jax.fit.problem import Problem, Rows, effective_values, soft_scores
+from engram_jax.fit.splits import check_disjoint
+from engram_jax.fit.train import anneal_scale, max_gold_of
+from engram_jax.types import Episode
+
+
+@dataclasses.dataclass(frozen=True)
+class AdapterSpec:
+  """The adapter's rank and its learning rate as a fraction of the scalar knobs' (from config)."""
+
+  rank: int
+  lr_scale: float
+
+  def __post_init__(self) -> None:
+    if int(self.rank) < 1 or not self.lr_scale > 0:
+      raise ValueError(f'adapter.rank must be >= 1 and adapter.lr_scale > 0, got {self.rank}, {self.lr_scale}')
+
+  def check(self, problem: Problem) -> None:
+    """The CFS-R twin must pass gradients to its pool cosines when a fitted leg has them."""
+    pooled = [leg.name for leg in problem.legs if leg.fitted and leg.op.startswith(('cfsr', 'tcfsr'))]
+    if pooled and problem.settings.cfsr_grad == 'forward':
+      raise ValueError(f'a query adapter needs fit.cfsr_grad=implicit or reverse (legs {pooled} read the query '
+                       'through their NNLS right-hand side; forward mode passes no gradient there)')
+
+
+@struct.dataclass
+class Inputs:
+  """Per-question query embeddings and per-episode item embeddings (padded to one N)."""
+
+  query: Array       # [Q, D]
+  docs: Array        # [E, N, D]
+  episode: Array     # [Q] int32, each question's episode (row into ``docs``)
+
+
+def build_inputs(episodes: Sequence[Episode], arrays: Sequence[EpisodeArrays]) -> Inputs:
+  n_pad = max(a.docs.shape[0] for a in arrays)
+  docs = np.stack([np.pad(np.asarray(a.docs, np.float32), [(0, n_pad - a.docs.shape[0]), (0, 0)]) for a in arrays])
+  query = np.concatenate([np.asarray(a.queries, np.float32)[:len(e.questions)] for e, a in zip(episodes, arrays)])
+  ep = np.concatenate([np.full(len(e.questions), i, np.int32) for i, e in enumerate(episodes)])
+  return Inputs(query=jnp.asarray(query), docs=jnp.asarray(docs), episode=jnp.asarray(ep))
+
+
+def init_params(spec: AdapterSpec, dim: int, seed: int) -> dict[str, Array]:
+  """``U = 0`` (identity adapter), ``V ~ N(0, 1/D)``."""
+  v = jax.random.normal(jax.random.key(seed), (dim, int(spec.rank)), jnp.float32) / np.sqrt(dim)
+  return {'u': jnp.zeros((dim, int(spec.rank)), jnp.float32), 'v': v}
+
+
+def adapt(params: Mapping[str, Array], q: ArrayLike) -> Array:
+  """``[..., D]`` unit-norm adapted queries."""
+  q = jnp.asarray(q)
+  x = q + (q @ params['v']) @ params['u'].T
+  return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+def adapt_queries(params: Mapping[str, Any], queries: np.ndarray) -> np.ndarray:
+  """NumPy-in, NumPy-out :func:`adapt` (float32) for hard scoring."""
+  return np.asarray(adapt({k: jnp.asarray(v) for k, v in params.items()}, jnp.asarray(queries, jnp.float32)))
+
+
+def adapted_rows(problem: Problem, rows: Rows, inputs: Inputs, params: Mapping[str, Array]) -> Rows:
+  """``rows`` (a batch) with everything that reads the query recomputed from the adapted query (see the module
+  docstring: the cosine list, a constant cosine leg, fitted CFS-R legs' pool cosines; pools held)."""
+  q = adapt(params, inputs.query)
+  d = inputs.docs[inputs.episode]
+  cos = jnp.where(rows.where, jnp.einsum('bnd,bd->bn', d, q), -jnp.inf)
+  legs = []
+  for l, leg in enumerate(problem.legs):
+    x = rows.legs[l]
+    if not leg.fitted and leg.op == 'cosine':
+      x = cos
+    elif leg.fitted and isinstance(x, dict) and 'pool_cos' in x:
+      x = {**x, 'pool_cos': jnp.where(x['pool_valid'], jnp.take_along_axis(cos, x['pool_idx'], axis=-1),
+                                      x['pool_cos'])}
+    legs.append(x)
+  return rows.replace(cos=cos, legs=tuple(legs))
+
+
+def loss_fn(params: dict, fixed: Mapping[str, Array], rows: Rows, inputs: Inputs, weight: Array,
+            scale: ArrayLike = 1.0, *, problem: Problem, max_gold: int) -> Array:
+  """``1 - weighted mean approx-NDCG@k`` of the soft pipeline on adapted queries."""
+  vals = dict(fixed)
+  vals.update(Knobs(raw=dict(params['raw']), transforms=problem.fitted).values())
+  r = adapted_rows(problem, rows, inputs, params['adapter'])
+  s = soft_scores(problem, vals, r, scale)
+  t = problem.temperatures.scaled(scale)
+  temp = t.final * relax.gap_scale(s, k=problem.k, where=r.where)
+  nd = relax.approx_ndcg(s, r.labels, k=problem.k, where=r.where, temperature=temp, cutoff_temperature=t.cutoff,
+                         max_gold=max_gold)
+  return 1.0 - jnp.sum(weight * nd) / jnp.maximum(jnp.sum(weight), 1e-12)
+
+
+def make_step(problem: Problem, spec: AdapterSpec, optimizer: optax.GradientTransformation, *,
+              max_gold: int) -> Callable:
+  grad_fn = jax.value_and_grad(lambda p, *a: loss_fn(p, *a, problem=problem, max_gold=max_gold))
+
+  @jax.jit
+  def step(params, opt_state, fixed, rows, inputs, idx, weight, scale):
+    batch_rows = jax.tree_util.tree_map(lambda x: x[idx], rows)
+    batch_in = Inputs(query=inputs.query[idx], docs=inputs.docs, episode=inputs.episode[idx])
+    loss, grads = grad_fn(params, fixed, batch_rows, batch_in, weight, scale)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    updates = {'raw': updates['raw'], 'adapter': jax.tree_util.tree_map(lambda u: u * spec.lr_scale,
+                                                                        updates['adapter'])}
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  return step
+
+
+@dataclasses.dataclass
+class AdapterFit:
+  values: dict[str, float]
+  adapter: dict[str, np.ndarray]
+  losses: list[float]
+  train_rows: int
+  wall_s: float
+
+
+def fit(problem: Problem, spec: AdapterSpec, knobs: Knobs, fixed: Mapping[str, float], rows: Rows, inputs: Inputs,
+        train: np.ndarray, *, optimizer: optax.GradientTransformation, steps: int, batch_size: int, seed: int,
+        step_fn: Callable | None = None, max_gold: int | None = None,
+        anneal: tuple[float, float] = (1.0, 1.0)) -> AdapterFit:
+  """Fit the scalar knobs and the adapter jointly on rows ``train`` (minibatches as :func:`engram_jax.fit.fit`)."""
+  t0 = time.perf_counter()
+  spec.check(problem)
+  max_gold = max_gold_of(rows) if max_gold is None else max_gold
+  step_fn = step_fn or make_step(problem, spec, optimizer, max_gold=max_gold)
+  fixed_j = {p: jnp.asarray(v, jnp.float32) for p, v in fixed.items()}
+  params = {'raw': dict(knobs.raw), 'adapter': init_params(spec, inputs.query.shape[-1], seed)}
+  opt_state = optimizer.init(params)
+  rng = np.random.default_rng(seed)
+  train = np.asarray(train)
+  losses = []
+  for t in range(steps):
+    scale = anneal_scale(t, steps, anneal)
+    if len(train) >= batch_size:
+      idx, w = rng.choice(train, batch_size, replace=False), np.ones(batch_size, np.float32)
+    else:
+      idx = np.concatenate([train, np.full(batch_size - len(train), train[0])])
+      w = (np.arange(batch_size) < len(train)).astype(np.float32)
+    params, opt_state, loss = step_fn(params, opt_state, fixed_j, rows, inputs, jnp.asarray(idx), jnp.asarray(w),
+                                      jnp.float32(scale))
+    losses.append(loss)
+  vals = effective_values(problem, params['raw'], fixed_j)
+  out = {p: float(vals[p]) for p, _ in problem.fitted}
+  losses = [float(x) for x in losses]
+  if not all(np.isfinite(v) for v in out.values()) or not np.all(np.isfinite(losses)):
+    raise FloatingPointError(f'adapter fit of {problem.name} diverged: {out}')
+  return AdapterFit(values=out, adapter={k: np.asarray(v) for k, v in params['adapter'].items()}, losses=losses,
+                    train_rows=len(train), wall_s=time.perf_counter() - t0)
+
+
+def crossfit(problem: Problem, spec: AdapterSpec, knobs: Knobs, fixed: Mapping[str, float], rows: Rows,
+             inputs: Inputs, *, row_episodes: Sequence[str], question_ids: Sequence[str],
+             folds: Sequence[Sequence[str]], optimizer: optax.GradientTransformation, steps: int, batch_size: int,
+             seed: int, anneal: tuple[float, float] = (1.0, 1.0),
+             log: Callable[[str], None] | None = None) -> list[AdapterFit]:
+  """One adapter fit per fold on every other fold's rows (asserted disjoint by question id); seed ``seed + f``."""
+  row_episodes = np.asarray(row_episodes)
+  max_gold = max_gold_of(rows)
+  step_fn = make_step(problem, spec, optimizer, max_gold=max_gold)
+  out = []
+  for f, fold in enumerate(folds):
+    scored = np.flatnonzero(np.isin(row_episodes, list(fold)))
+    train = np.flatnonzero(~np.isin(row_episodes, list(fold)))
+    check_disjoint(question_ids, train, scored)
+    res = fit(problem, spec, knobs, fixed, rows, inputs, train, optimizer=optimizer, steps=steps,
+              batch_size=batch_size, seed=seed + f, step_fn=step_fn, max_gold=max_gold, anneal=anneal)
+    if log:
+      log(f'adapter fold {f}: {len(train)} training questions, loss {res.losses[0]:.4f} -> '
+          f'{np.mean(res.losses[-10:]):.4f} in {res.wall_s:.1f}s; scalars {res.values}')
+    out.append(res)
+  return out

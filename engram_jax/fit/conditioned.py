@@ -1,0 +1,351 @@
+r"""Question-conditioned knobs: a small flax module maps each question's features to per-question knob values.
+
+A pipeline's fit may declare (``fit.conditioned``)::
+
+    conditioned: {knobs: [legs.cos.weight, legs.bm25.weight, legs.cfsr.weight, k0],
+                  features: [cues, pool, query], hidden: 0, rank: 8, net_lr_scale: 0.1}
+
+Each conditioned knob's value for question :math:`q` is its declared transform (:data:`engram_jax.fit.knobs.FORWARD`)
+of the scalar unconstrained value plus the module's output,
+
+.. math:: v_{q,j} = T_j(\theta_j + f_\phi(x_q)_j),
+
+so with :math:`f_\phi \equiv 0` (its last layer starts at zero) every question gets the scalar fit's value, and the
+scalar knobs and :math:`\phi` are fit jointly on the soft pipeline (approx-NDCG@k, as :mod:`engram_jax.fit.train`).
+Inputs :math:`x_q` (``features``):
+
+* ``cues``: the question's text cues (:mod:`engram_jax.features`: current, when, count, bias);
+* ``pool``: statistics of its cosine list: the top cosine, the mean of the top 10 and the top-1 minus top-10 gap;
+* ``query``: its embedding through a learned rank-``rank`` projection (``D x rank`` parameters).
+
+``hidden`` = 0 makes :math:`f_\phi` linear; otherwise one tanh layer of that width.
+
+Conditioned knobs are the fusion knobs (leg weights and ``k0``): hard scoring fuses the legs' hard scores (each
+leg at its fitted scalar knobs) by :func:`engram_jax.ops.rrf.rrf_fuse` with each question's own weights and ``k0``
+(``vmap`` over questions), and the soft twin fuses batched the same way (:func:`engram_jax.ops.rrf.soft_rrf_fuse`
+under ``vmap``). An operator knob cannot be conditioned yet (the hard legs take scalar knobs): it raises.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+from jax import Array
+from jax.typing import ArrayLike
+
+from engram_jax import metrics as metrics_lib
+from engram_jax import ranking, relax
+from engram_jax.batch import EpisodeArrays
+from engram_jax.fit.knobs import FORWARD, Knobs
+from engram_jax.fit.problem import Problem, Rows, effective_values, soft_leg
+from engram_jax.fit.splits import check_disjoint
+from engram_jax.fit.train import anneal_scale, max_gold_of
+from engram_jax.ops import pools, rrf
+from engram_jax.pipeline import Pipeline, split_path, with_values
+from engram_jax.types import Episode
+
+FEATURE_GROUPS = ('cues', 'pool', 'query')
+POOL_STATS = ('top_cos', 'mean_top10_cos', 'gap_top1_top10')
+
+
+@dataclasses.dataclass(frozen=True)
+class Conditioning:
+  """Which knobs are conditioned on the question, on what, and the module's size (all from config)."""
+
+  knobs: tuple[str, ...]
+  features: tuple[str, ...]
+  hidden: int
+  rank: int
+  net_lr_scale: float  # the module's learning rate as a fraction of the scalar knobs' (its updates times this)
+
+  def __post_init__(self) -> None:
+    if not self.knobs:
+      raise ValueError('conditioned.knobs is empty: name the knobs to condition on the question')
+    bad = [f for f in self.features if f not in FEATURE_GROUPS]
+    if bad or not self.features:
+      raise ValueError(f'conditioned.features must be a non-empty subset of {list(FEATURE_GROUPS)}, got '
+                       f'{list(self.features)}')
+    if not self.net_lr_scale > 0:
+      raise ValueError(f'conditioned.net_lr_scale must be > 0, got {self.net_lr_scale}')
+    if int(self.hidden) < 0 or int(self.rank) < 1:
+      raise ValueError(f'conditioned.hidden must be >= 0 and conditioned.rank >= 1, got {self.hidden}, {self.rank}')
+
+  def check(self, pipe: Pipeline, fitted: Sequence[str]) -> None:
+    """Every conditioned knob is a fusion knob of ``pipe`` (a leg weight or ``k0``) and is also fitted."""
+    if pipe.fusion != 'rrf':
+      raise ValueError(f'conditioned knobs need an RRF fusion; pipeline {pipe.name!r} has fusion {pipe.fusion}')
+    for path in self.knobs:
+      _, knob = split_path(pipe, path)
+      if knob not in (None, 'weight'):
+        raise ValueError(f'conditioned knob {path!r}: only fusion knobs (legs.<leg>.weight, k0) can be conditioned '
+                         f'(hard legs take scalar knobs)')
+      if path not in fitted:
+        raise ValueError(f'conditioned knob {path!r} must also be in fit.params (its scalar value is the base)')
+
+
+class KnobNet(nn.Module):
+  """``(features [B, F], query [B, D]) -> [B, n_out]`` offsets of the unconstrained knob values (0 at init)."""
+
+  n_out: int
+  hidden: int
+  rank: int
+  use_query: bool
+
+  @nn.compact
+  def __call__(self, feats: Array, query: Array) -> Array:
+    parts = [feats]
+    if self.use_query:
+      parts.append(nn.Dense(self.rank, use_bias=False, kernel_init=nn.initializers.normal(0.1), name='proj')(query))
+    h = jnp.concatenate(parts, axis=-1)
+    if self.hidden:
+      h = jnp.tanh(nn.Dense(self.hidden, name='hidden')(h))
+    return nn.Dense(self.n_out, kernel_init=nn.initializers.zeros, bias_init=nn.initializers.zeros, name='out')(h)
+
+
+@struct.dataclass
+class Inputs:
+  """Per-question inputs of the module, in the order of :func:`engram_jax.fit.build_rows` (Q questions)."""
+
+  feats: Array   # [Q, F] cue indicators and pool statistics (as ``features`` selects; F may be 0)
+  query: Array   # [Q, D] query embeddings
+
+
+def pool_stats(cos: np.ndarray) -> np.ndarray:
+  """``[Q, 3]`` :data:`POOL_STATS` of each question's cosine list ``cos [Q, N]`` (``-inf`` = masked)."""
+  c = np.where(np.isfinite(cos), cos, -np.inf)
+  top = -np.sort(-c, axis=-1)[:, :10]
+  top = np.where(np.isfinite(top), top, np.nan)
+  first = top[:, 0]
+  return np.stack([first, np.nanmean(top, axis=-1), first - top[:, np.sum(np.isfinite(top), -1).min() - 1]],
+                  axis=-1).astype(np.float32)
+
+
+def episode_inputs(spec: Conditioning, ep: EpisodeArrays, n_questions: int) -> tuple[np.ndarray, np.ndarray]:
+  """One episode's ``(feats [Q, F], query [Q, D])`` for its ``n_questions`` real questions."""
+  parts = []
+  if 'cues' in spec.features:
+    if ep.query_features is None:
+      raise ValueError('conditioned feature "cues" needs EpisodeArrays.query_features')
+    parts.append(np.asarray(ep.query_features)[:n_questions])
+  if 'pool' in spec.features:
+    n = ep.where.shape[0]
+    parts.append(pool_stats(pools.question_cosines(ep, n_questions, n)))
+  feats = np.concatenate(parts, -1) if parts else np.zeros((n_questions, 0), np.float32)
+  return feats.astype(np.float32), np.asarray(ep.queries, np.float32)[:n_questions]
+
+
+def build_inputs(spec: Conditioning, episodes: Sequence[Episode], arrays: Sequence[EpisodeArrays]) -> Inputs:
+  """:class:`Inputs` of every question of ``episodes`` (the rows' order)."""
+  got = [episode_inputs(spec, a, len(e.questions)) for e, a in zip(episodes, arrays)]
+  return Inputs(feats=jnp.asarray(np.concatenate([f for f, _ in got])),
+                query=jnp.asarray(np.concatenate([q for _, q in got])))
+
+
+def make_net(spec: Conditioning) -> KnobNet:
+  return KnobNet(n_out=len(spec.knobs), hidden=int(spec.hidden), rank=int(spec.rank),
+                 use_query='query' in spec.features)
+
+
+def init_net(spec: Conditioning, inputs: Inputs, seed: int) -> Any:
+  return make_net(spec).init(jax.random.key(seed), inputs.feats[:1], inputs.query[:1])
+
+
+def question_values(problem: Problem, spec: Conditioning, raw: Mapping[str, Array], fixed: Mapping[str, Array],
+                    net_params: Any, feats: Array, query: Array) -> dict[str, Array]:
+  """Every knob's value on a batch: scalars as :func:`engram_jax.fit.effective_values` (weights not renormalised
+  here), the conditioned ones ``[B]``: ``transform(raw + net(x)[:, j])``."""
+  vals = dict(fixed)
+  vals.update(Knobs(raw=dict(raw), transforms=problem.fitted).values())
+  delta = make_net(spec).apply(net_params, feats, query)
+  kinds = dict(problem.fitted)
+  for j, path in enumerate(spec.knobs):
+    vals[path] = FORWARD[kinds[path]](raw[path] + delta[:, j])
+  return vals
+
+
+def _per_question_fusion(problem: Problem, vals: Mapping[str, Array], b: int) -> tuple[Array, Array]:
+  """``(weights [B, L], k0 [B])``, the weights renormalised per question to the initial mean when all are fit."""
+  weights = jnp.stack([jnp.broadcast_to(vals[f'legs.{leg.name}.weight'], (b,)) for leg in problem.legs], -1)
+  if problem.normalise_weights:
+    weights = weights * (problem.initial_weight_mean / jnp.mean(weights, axis=-1, keepdims=True))
+  return weights, jnp.broadcast_to(vals['k0'], (b,))
+
+
+def soft_scores(problem: Problem, vals: Mapping[str, Array], rows: Rows, scale: ArrayLike = 1.0) -> Array:
+  """The soft pipeline's final scores ``[B, N]`` with per-question fusion knobs (``vals[path]`` ``[B]`` or
+  scalar): the legs as :func:`engram_jax.fit.problem.soft_scores`, the fusion vmapped over questions."""
+  b = rows.where.shape[0]
+  outs = [soft_leg(problem, l, vals, rows, scale) for l in range(len(problem.legs))]
+  weights, k0 = _per_question_fusion(problem, vals, b)
+  fitted_depths = [leg.depth for leg in problem.legs if leg.fitted and not leg.operator.soft.selection]
+  depths = [leg.depth for leg in problem.legs]
+  temps = [None if t is None else jnp.broadcast_to(t, (b,)) for _, t in outs]
+  cands = max(fitted_depths, default=0) + problem.settings.candidates
+
+  def one(legs, temps, where, w, k):
+    return rrf.soft_rrf_fuse(legs, weights=w, depths=depths, where=where, k0=k, temperature=temps,
+                             depth_temperature=problem.temperatures.depth * scale, candidates=cands)
+
+  return jax.vmap(one)([o for o, _ in outs], temps, rows.where, weights, k0)
+
+
+def loss_fn(params: dict, fixed: Mapping[str, Array], rows: Rows, inputs: Inputs, weight: Array,
+            scale: ArrayLike = 1.0, *, problem: Problem, spec: Conditioning, max_gold: int) -> Array:
+  """``1 - weighted mean approx-NDCG@k`` of the conditioned soft pipeline on a batch."""
+  vals = question_values(problem, spec, params['raw'], fixed, params['net'], inputs.feats, inputs.query)
+  s = soft_scores(problem, vals, rows, scale)
+  t = problem.temperatures.scaled(scale)
+  temp = t.final * relax.gap_scale(s, k=problem.k, where=rows.where)
+  nd = relax.approx_ndcg(s, rows.labels, k=problem.k, where=rows.where, temperature=temp,
+                         cutoff_temperature=t.cutoff, max_gold=max_gold)
+  return 1.0 - jnp.sum(weight * nd) / jnp.maximum(jnp.sum(weight), 1e-12)
+
+
+def make_step(problem: Problem, spec: Conditioning, optimizer: optax.GradientTransformation, *,
+              max_gold: int) -> Callable:
+  """Jitted ``(params, opt_state, fixed, rows, inputs, idx, weight, scale) -> (params, opt_state, loss)``."""
+  grad_fn = jax.value_and_grad(lambda p, *a: loss_fn(p, *a, problem=problem, spec=spec, max_gold=max_gold))
+
+  @jax.jit
+  def step(params, opt_state, fixed, rows, inputs, idx, weight, scale):
+    take = lambda x: x[idx]
+    loss, grads = grad_fn(params, fixed, jax.tree_util.tree_map(take, rows), jax.tree_util.tree_map(take, inputs),
+                          weight, scale)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    updates = {'raw': updates['raw'], 'net': jax.tree_util.tree_map(lambda u: u * spec.net_lr_scale, updates['net'])}
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  return step
+
+
+@dataclasses.dataclass
+class CondFit:
+  """One conditioned fit: the scalar knob values (hard pipeline), the module's parameters, the loss curve."""
+
+  values: dict[str, float]
+  raw: dict[str, Array]
+  net: Any
+  losses: list[float]
+  train_rows: int
+  wall_s: float
+
+
+def fit(problem: Problem, spec: Conditioning, knobs: Knobs, fixed: Mapping[str, float], rows: Rows, inputs: Inputs,
+        train: np.ndarray, *, optimizer: optax.GradientTransformation, steps: int, batch_size: int, seed: int,
+        step_fn: Callable | None = None, max_gold: int | None = None,
+        anneal: tuple[float, float] = (1.0, 1.0)) -> CondFit:
+  """Fit the scalar knobs and the module jointly on rows ``train`` (minibatches as :func:`engram_jax.fit.fit`)."""
+  t0 = time.perf_counter()
+  max_gold = max_gold_of(rows) if max_gold is None else max_gold
+  step_fn = step_fn or make_step(problem, spec, optimizer, max_gold=max_gold)
+  fixed_j = {p: jnp.asarray(v, jnp.float32) for p, v in fixed.items()}
+  params = {'raw': dict(knobs.raw), 'net': init_net(spec, inputs, seed)}
+  opt_state = optimizer.init(params)
+  rng = np.random.default_rng(seed)
+  train = np.asarray(train)
+  losses = []
+  for t in range(steps):
+    scale = anneal_scale(t, steps, anneal)
+    if len(train) >= batch_size:
+      idx, w = rng.choice(train, batch_size, replace=False), np.ones(batch_size, np.float32)
+    else:
+      idx = np.concatenate([train, np.full(batch_size - len(train), train[0])])
+      w = (np.arange(batch_size) < len(train)).astype(np.float32)
+    params, opt_state, loss = step_fn(params, opt_state, fixed_j, rows, inputs, jnp.asarray(idx), jnp.asarray(w),
+                                      jnp.float32(scale))
+    losses.append(loss)
+  vals = effective_values(problem, params['raw'], fixed_j)
+  out = {p: float(vals[p]) for p, _ in problem.fitted}
+  losses = [float(x) for x in losses]
+  if not all(np.isfinite(v) for v in out.values()) or not np.all(np.isfinite(losses)):
+    raise FloatingPointError(f'conditioned fit of {problem.name} diverged: {out}')
+  return CondFit(values=out, raw=params['raw'], net=params['net'], losses=losses, train_rows=len(train),
+                 wall_s=time.perf_counter() - t0)
+
+
+def crossfit(problem: Problem, spec: Conditioning, knobs: Knobs, fixed: Mapping[str, float], rows: Rows,
+             inputs: Inputs, *, row_episodes: Sequence[str], question_ids: Sequence[str],
+             folds: Sequence[Sequence[str]], optimizer: optax.GradientTransformation, steps: int, batch_size: int,
+             seed: int, anneal: tuple[float, float] = (1.0, 1.0),
+             log: Callable[[str], None] | None = None) -> list[CondFit]:
+  """One conditioned fit per fold on every other fold's rows (asserted disjoint by question id); fold f draws its
+  minibatches and initialises its module with seed ``seed + f``."""
+  row_episodes = np.asarray(row_episodes)
+  max_gold = max_gold_of(rows)
+  step_fn = make_step(problem, spec, optimizer, max_gold=max_gold)
+  out = []
+  for f, fold in enumerate(folds):
+    scored = np.flatnonzero(np.isin(row_episodes, list(fold)))
+    train = np.flatnonzero(~np.isin(row_episodes, list(fold)))
+    check_disjoint(question_ids, train, scored)
+    res = fit(problem, spec, knobs, fixed, rows, inputs, train, optimizer=optimizer, steps=steps,
+              batch_size=batch_size, seed=seed + f, step_fn=step_fn, max_gold=max_gold, anneal=anneal)
+    if log:
+      log(f'fold {f}: {len(train)} training questions, loss {res.losses[0]:.4f} -> {np.mean(res.losses[-10:]):.4f} '
+          f'in {res.wall_s:.1f}s; scalars {res.values}')
+    out.append(res)
+  return out
+
+
+# ---- hard scoring with per-question fusion knobs ----------------------------------------------------------------
+
+def hard_topk(pipe: Pipeline, problem: Problem, spec: Conditioning, res: CondFit, fixed: Mapping[str, float],
+              ep: EpisodeArrays, feats: Array, query: Array, key: Array, *, k: int) -> Array:
+  """Top-``k`` ``[Q, k]`` of the hard pipeline on one padded episode with per-question fusion knobs: each leg's hard
+  scores at the fit's scalar knob values, fused by :func:`engram_jax.ops.rrf.rrf_fuse` question by question.
+  ``feats [Q, F]`` / ``query [Q, D]`` cover the padded question axis (padding rows are ignored)."""
+  fitted = with_values(pipe, res.values)
+  keys = jax.random.split(key, len(fitted.legs))
+  legs = jnp.stack([spec_.score(ep, k_) for spec_, k_ in zip(fitted.legs, keys)])
+  fixed_j = {p: jnp.asarray(v, jnp.float32) for p, v in fixed.items()}
+  vals = question_values(problem, spec, res.raw, fixed_j, res.net, feats, query)
+  weights, k0 = _per_question_fusion(problem, vals, legs.shape[1])
+  depths = [s.depth for s in fitted.legs]
+  fused = jax.vmap(lambda s, w, k_: rrf.rrf_fuse(s, weights=w, depths=depths, where=ep.where, k0=k_),
+                   in_axes=(1, 0, 0))(legs, weights, k0)
+  idx, v = ranking.top_k(fused, k=k, where=ep.where)
+  return jnp.where(jnp.isneginf(v), -1, idx)
+
+
+def per_question_knobs(problem: Problem, spec: Conditioning, res: CondFit, fixed: Mapping[str, float], feats: Array,
+                       query: Array) -> dict[str, np.ndarray]:
+  """The conditioned knobs' per-question values ``{path: [Q]}`` as the hard scorer uses them (weights
+  renormalised)."""
+  fixed_j = {p: jnp.asarray(v, jnp.float32) for p, v in fixed.items()}
+  vals = question_values(problem, spec, res.raw, fixed_j, res.net, feats, query)
+  weights, k0 = _per_question_fusion(problem, vals, feats.shape[0])
+  out = {f'legs.{leg.name}.weight': np.asarray(weights[:, l]) for l, leg in enumerate(problem.legs)}
+  out['k0'] = np.asarray(k0)
+  return {p: out[p] for p in spec.knobs}
+
+
+def score_episodes(pipe: Pipeline, problem: Problem, spec: Conditioning, res: CondFit, fixed: Mapping[str, float],
+                   episodes: Sequence[Episode], arrays: Sequence[EpisodeArrays], *, k: int, metrics: Sequence[str],
+                   seed: int, indices: Sequence[int]) -> dict[str, np.ndarray]:
+  """Per-question label metrics (NumPy float64, :mod:`engram_jax.metrics`) of the conditioned hard pipeline on
+  ``episodes`` (episode ``i`` of the run gets key ``fold_in(key(seed), indices[i])``, as
+  :func:`engram_jax.evaluation.evaluate`)."""
+  run = jax.jit(lambda ep, feats, query, key: hard_topk(pipe, problem, spec, res, fixed, ep, feats, query, key, k=k))
+  out: dict[str, list] = {m: [] for m in metrics}
+  base = jax.random.key(seed)
+  for i, e, a in zip(indices, episodes, arrays):
+    nq = len(e.questions)
+    f, q = episode_inputs(spec, a, nq)
+    qb = a.queries.shape[0]
+    f = np.concatenate([f, np.zeros((qb - nq, f.shape[1]), np.float32)])
+    q = np.asarray(a.queries, np.float32)
+    topk = np.asarray(run(a, jnp.asarray(f), jnp.asarray(q), jax.random.fold_in(base, i)))[:nq]
+    labels = np.asarray(a.labels)[:nq]
+    for m in metrics:
+      base_m, cut = metrics_lib.parse_metric(m)
+      out[m].append(np.asarray(metrics_lib.METRICS[base_m](topk, labels, k=cut), np.float64))
+  return {m: np.concatenate(v) for m, v in out.items()}
