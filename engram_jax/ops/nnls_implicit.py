@@ -1,6 +1,6 @@
 r"""Implicit gradients of the non-negative ridge solution (CFS-R's NNLS) through its optimality conditions.
 
-The forward pass is the projected-gradient solver (:func:`engram_jax.ops.cfsr.nnls_ridge_pg`); the backward pass
+The forward pass is the projected-gradient solver (:func:`engram_jax.ops.nnls.nnls_ridge_pg`); the backward pass
 does not unroll its iterations but differentiates the *converged* solution. At the minimiser of
 :math:`f(a) = \|z - C^\top a\|^2 + \lambda\|a\|^2` over :math:`a \ge 0` the KKT conditions are, with the active
 (support) set :math:`S = \{i : a_i > 0\}`,
@@ -34,9 +34,10 @@ import jax.numpy as jnp
 from jax import Array
 from jax.typing import ArrayLike
 
+from engram_jax.ops.nnls import nnls_ridge_pg
+
 
 def _forward(g: Array, b: Array, lam: Array, valid: Array, iterations: int, power_iterations: int) -> Array:
-  from engram_jax.ops.cfsr import nnls_ridge_pg  # cfsr imports this module
   return nnls_ridge_pg(g, b, lam=lam, iterations=iterations, valid=valid, power_iterations=power_iterations)
 
 
@@ -81,7 +82,7 @@ nnls_ridge_implicit_one.defvjp(_one_fwd, _one_bwd)
 def nnls_ridge_implicit(g: ArrayLike, b: ArrayLike, *, lam: ArrayLike, iterations: int,
                         valid: ArrayLike | None = None, power_iterations: int = 20,
                         batch_size: int | None = None) -> Array:
-  r"""Non-negative ridge regression (the same solution as :func:`engram_jax.ops.cfsr.nnls_ridge_pg`), differentiated
+  r"""Non-negative ridge regression (the same solution as :func:`engram_jax.ops.nnls.nnls_ridge_pg`), differentiated
   implicitly through its KKT conditions in ``g``, ``b`` and ``lam``.
 
   Args:
