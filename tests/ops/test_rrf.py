@@ -16,6 +16,7 @@ from engram_jax.testing import reference as ref
 COLD = ops_testing.COLD
 
 
+@pytest.mark.slow
 @given(st.integers(1, 4), st.integers(1, 25), st.data())
 def test_rrf_matches_reference(n_legs, n, data):
   rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1)))

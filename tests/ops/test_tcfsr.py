@@ -129,6 +129,7 @@ def test_soft_gate_tends_to_hard():
   assert errs[-1] < 1e-6 and errs[0] >= errs[-1]
 
 
+@pytest.mark.slow
 def test_jit_eager_vmap_chunks_and_masked():
   rng = np.random.default_rng(3)
   docs = ref.pad(ref.unit_vectors(rng, N_PAD, 6), N_PAD, D_PAD)
