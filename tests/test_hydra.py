@@ -64,8 +64,10 @@ def test_unknown_pipeline_is_a_clear_error():
 @pytest.mark.slow
 @real
 def test_run_writes_results_json(tmp_path):
+  # eval.leg_cache_mb=0: an earlier test in this process may have left the same jitted programs in the in-process
+  # leg cache (engram_jax.legcache), and this test checks that compilations are counted
   cfg = _compose(['embedder=hashing', 'dataset.loader.conversations=[conv-30]', 'eval.n_resamples=200',
-                  'eval.progress=false', f'paths.cache_dir={tmp_path}/cache'])
+                  'eval.progress=false', f'paths.cache_dir={tmp_path}/cache', 'eval.leg_cache_mb=0'])
   res = evaluate.run(cfg, tmp_path / 'out')
   saved = json.loads((tmp_path / 'out' / 'results.json').read_text())
   assert saved['dataset'] == 'locomo' and saved['n_questions'] == res['n_questions'] == 105

@@ -143,15 +143,15 @@ def check(cfg: DictConfig, ledger: Path = LEDGER, protocol_dir: Path = PROTOCOL_
   if committed is False and not force:
     raise ValueError(f'protocol {name}: {_rel(path)} is not committed (or differs from HEAD); commit '
                      'it before its confirmation run (protocol_force=true runs it anyway, marked as forced)')
+  if earlier and not force:
+    raise ValueError(f'protocol {name} was already scored on {earlier[0]["date"]} (file sha256 '
+                     f'{earlier[0]["sha256"][:12]}, run {earlier[0]["run_dir"]}); a confirmation is made once, also '
+                     'after an edit of its file (protocol_force=true reruns it, marked as forced)')
   if changed and not force:
     groups = list(dict.fromkeys('.'.join(c.split('.')[:2]) for c in changed))  # e.g. embedder.encoder, fit.steps
     shown = ', '.join(groups[:12]) + (f', ... ({len(groups)} in all)' if len(groups) > 12 else '')
     raise ValueError(f'protocol {name}: the run\'s overrides change settings the protocol fixes ({shown}); run '
                      f'`+protocol={name}` alone (protocol_force=true runs it anyway, marked as forced)')
-  if earlier and not force:
-    raise ValueError(f'protocol {name} was already scored on {earlier[0]["date"]} (file sha256 '
-                     f'{earlier[0]["sha256"][:12]}, run {earlier[0]["run_dir"]}); a confirmation is made once, also '
-                     'after an edit of its file (protocol_force=true reruns it, marked as forced)')
   reasons = ([f'already scored {len(earlier)}x'] if earlier else []) + \
       (['file not committed unmodified'] if committed is False else []) + \
       ([f'changed settings: {changed}'] if changed else [])
