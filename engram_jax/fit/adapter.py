@@ -44,7 +44,7 @@ from engram_jax.batch import EpisodeArrays
 from engram_jax.fit.knobs import Knobs
 from engram_jax.fit.problem import Problem, Rows, effective_values, soft_scores
 from engram_jax.fit.splits import check_disjoint
-from engram_jax.fit.train import anneal_scale, max_gold_of
+from engram_jax.fit.train import anneal_scale, max_gold_of, minibatch
 from engram_jax.types import Episode
 
 
@@ -177,11 +177,7 @@ def fit(problem: Problem, spec: AdapterSpec, knobs: Knobs, fixed: Mapping[str, f
   losses = []
   for t in range(steps):
     scale = anneal_scale(t, steps, anneal)
-    if len(train) >= batch_size:
-      idx, w = rng.choice(train, batch_size, replace=False), np.ones(batch_size, np.float32)
-    else:
-      idx = np.concatenate([train, np.full(batch_size - len(train), train[0])])
-      w = (np.arange(batch_size) < len(train)).astype(np.float32)
+    idx, w = minibatch(rng, train, batch_size)
     params, opt_state, loss = step_fn(params, opt_state, fixed_j, rows, inputs, jnp.asarray(idx), jnp.asarray(w),
                                       jnp.float32(scale))
     losses.append(loss)

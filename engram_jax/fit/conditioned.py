@@ -48,7 +48,7 @@ from engram_jax.batch import EpisodeArrays
 from engram_jax.fit.knobs import FORWARD, Knobs
 from engram_jax.fit.problem import Problem, Rows, effective_values, soft_leg
 from engram_jax.fit.splits import check_disjoint
-from engram_jax.fit.train import anneal_scale, max_gold_of
+from engram_jax.fit.train import anneal_scale, max_gold_of, minibatch
 from engram_jax.ops import pools, rrf
 from engram_jax.pipeline import Pipeline, split_path, with_values
 from engram_jax.types import Episode
@@ -255,11 +255,7 @@ def fit(problem: Problem, spec: Conditioning, knobs: Knobs, fixed: Mapping[str, 
   losses = []
   for t in range(steps):
     scale = anneal_scale(t, steps, anneal)
-    if len(train) >= batch_size:
-      idx, w = rng.choice(train, batch_size, replace=False), np.ones(batch_size, np.float32)
-    else:
-      idx = np.concatenate([train, np.full(batch_size - len(train), train[0])])
-      w = (np.arange(batch_size) < len(train)).astype(np.float32)
+    idx, w = minibatch(rng, train, batch_size)
     params, opt_state, loss = step_fn(params, opt_state, fixed_j, rows, inputs, jnp.asarray(idx), jnp.asarray(w),
                                       jnp.float32(scale))
     losses.append(loss)

@@ -95,6 +95,15 @@ class FitResult:
   monitor: list[dict[str, float]] = dataclasses.field(default_factory=list)  # what ``monitor`` returned, by step
 
 
+def minibatch(rng: np.random.Generator, train: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+  """One training minibatch: ``(row indices [batch_size], weights [batch_size])``, drawn without replacement from
+  ``train``; when ``train`` is smaller than a batch, all of it padded with its first row at weight 0."""
+  if len(train) >= batch_size:
+    return rng.choice(train, batch_size, replace=False), np.ones(batch_size, np.float32)
+  idx = np.concatenate([train, np.full(batch_size - len(train), train[0])])
+  return idx, (np.arange(batch_size) < len(train)).astype(np.float32)
+
+
 def max_gold_of(rows: Rows) -> int:
   """Largest number of gold items of any question (static; bucketed to a multiple of 4)."""
   g = int(np.max(np.sum(np.asarray(rows.labels), axis=-1)))
@@ -142,11 +151,7 @@ def fit(problem: Problem, knobs: Knobs, fixed: Mapping[str, float], rows: Rows, 
                       **monitor(t, scale, effective_values(problem, state.raw, fixed_j))})
     if t == steps:
       break
-    if len(train) >= batch_size:
-      idx, w = rng.choice(train, batch_size, replace=False), np.ones(batch_size, np.float32)
-    else:
-      idx = np.concatenate([train, np.full(batch_size - len(train), train[0])])
-      w = (np.arange(batch_size) < len(train)).astype(np.float32)
+    idx, w = minibatch(rng, train, batch_size)
     state, loss = step_fn(state, fixed_j, rows, jnp.asarray(idx), jnp.asarray(w), jnp.float32(scale))
     losses.append(loss)
     scales.append(scale)
