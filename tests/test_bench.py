@@ -48,6 +48,7 @@ def test_overrides_are_validated_by_the_declaration(episodes):
     operators.time_operators(episodes[:1], ['nope'], repeats=1)
 
 
+@pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_cli_prints_the_environment_and_the_table(capsys):
   rows = cli.main(['--episodes', '1', '--queries', '4', '--repeats', '1', '--rounds', '1', '--ref-queries', '2',
                      '--ops', 'cosine,cos2,rrf', '--set', 'cos2.eps=0.1', '--cfsr-batch', '0'])
@@ -156,6 +157,7 @@ def test_scale_skips_text_operators_over_the_dense_budget(monkeypatch):
   assert 'skipped: dense [N, V]' in scale.format_scale(result, threads='')
 
 
+@pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_scale_cli_writes_the_table(tmp_path, capsys):
   out = tmp_path / 'scale.md'
   result = cli.main(['--scale', '--scale-n', '50,70', '--scale-queries', '2', '--scale-ops', 'cosine,cfsr',

@@ -158,12 +158,13 @@ def test_every_launcher_collects_the_same_table(tmp_path):
   data = tmp_path / 'data'
   tiny_data.write_locomo(io.resolve_data_root(), data)
   tables = {}
-  for launcher in LAUNCHERS:
+  for launcher in LAUNCHERS + ['basic+shapes']:  # the last: the basic launcher under hydra/sweeper=shapes
     sweep = tmp_path / launcher
     cmd = [sys.executable, '-m', 'experiments.evaluate', '-m', 'pipeline=[cosine],[bm25]', 'eval.k=5,10',
            'eval.metrics=[ndcg@${eval.k},recall@${eval.k}]', 'embedder=hashing', 'eval.n_resamples=200',
            'eval.progress=false', f'paths.data_root={data}', f'paths.cache_dir={tmp_path}/cache',
-           f'paths.compile_cache_dir={sweep}_jax', f'hydra.sweep.dir={sweep}', f'hydra/launcher={launcher}']
+           f'paths.compile_cache_dir={sweep}_jax', f'hydra.sweep.dir={sweep}',
+           f'hydra/launcher={launcher.split("+")[0]}'] + (['hydra/sweeper=shapes'] if '+' in launcher else [])
     subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
     table = collect.main([str(sweep), '--against', 'pipeline=[cosine] eval.k=10', '--n-resamples', '300'])
     assert [(r['label'], r['metric']) for r in table['rows']] == [
@@ -172,3 +173,8 @@ def test_every_launcher_collects_the_same_table(tmp_path):
     assert table['same_questions'] and table['missing'] == [] and len(table['timing']['wall_s']) == 4
     tables[launcher] = {k: v for k, v in table.items() if k != 'timing'}
   assert all(t == tables['basic'] for t in tables.values()), list(tables)
+  for job in range(4):  # one composition per job under the shapes sweeper: the same job configs and results
+    for name in ('results.json', 'config_resolved.yaml'):
+      want = (tmp_path / 'basic' / str(job) / name).read_text().replace(str(tmp_path / 'basic'), 'SWEEP')
+      got = (tmp_path / 'basic+shapes' / str(job) / name).read_text().replace(str(tmp_path / 'basic+shapes'), 'SWEEP')
+      assert got == want, (job, name)

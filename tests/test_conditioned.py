@@ -1,6 +1,8 @@
 """Question-conditioned fusion knobs: a constant module gives exactly the scalar path (soft and hard), gradients
 reach the module, per-question values differ after a fit on a planted per-question rule, config errors are clear."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -48,8 +50,8 @@ def test_constant_module_equals_scalar_path_soft_and_hard():
   for p in KNOBS:
     np.testing.assert_allclose(q_vals[p], np.full(rows.where.shape[0], float(fit.Knobs(
         raw=raw, transforms=problem.fitted).values()[p])), rtol=1e-6)
-  s_scalar = fit.problem.soft_scores(problem, scalar_vals, rows)
-  s_cond = C.soft_scores(problem, q_vals, rows)
+  s_scalar = jax.jit(functools.partial(fit.problem.soft_scores, problem))(scalar_vals, rows)  # jitted: one compile
+  s_cond = jax.jit(functools.partial(C.soft_scores, problem))(q_vals, rows)
   np.testing.assert_allclose(s_cond, s_scalar, rtol=1e-5, atol=1e-7)
   # hard: per-question fusion == the scalar pipeline through evaluation.evaluate, every question
   res = C.CondFit(values={p: float(v) for p, v in scalar_vals.items() if p in KNOBS}, raw=knobs.raw, net=net,
@@ -62,6 +64,7 @@ def test_constant_module_equals_scalar_path_soft_and_hard():
     np.testing.assert_array_equal(got[m], want.scores['p'][m])
 
 
+@pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_gradients_reach_the_module_and_a_fit_moves_it():
   eps, embs, arrays, pipe, problem, knobs, every, rows, inputs = _setup()
   fixed = {p: jnp.asarray(v, jnp.float32) for p, v in every.items()}

@@ -99,7 +99,10 @@ def test_fit_recovers_planted_rrf_weights():
   assert _ndcg(P.with_values(start, w), eps, embs, arrays) > _ndcg(start, eps, embs, arrays)
 
 
-@pytest.mark.parametrize('case', ['cfsr', 'cfs', 'mmr', 'bm25', 'tide'])
+# cfsr, cfs and mmr: slow tier (heavy compiles); the fast tier checks their twins on batched rows through
+# test_registry_twins (engram_jax.testing.check_operator)
+@pytest.mark.parametrize('case', [pytest.param(c, marks=pytest.mark.slow) for c in ('cfsr', 'cfs', 'mmr')]
+                         + ['bm25', 'tide'])
 def test_soft_pipeline_is_the_hard_one_when_cold(case):
   eps, embs = _episodes(n_eps=2, n=40, q=6, seed=3)
   arrays = [batch.episode_arrays(e, *x) for e, x in zip(eps, embs)]
@@ -126,6 +129,7 @@ def test_soft_pipeline_is_the_hard_one_when_cold(case):
   np.testing.assert_allclose(soft[np.isfinite(soft)], hard[np.isfinite(hard)], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # the fast tier checks BM25 against rank_bm25 (tests/ops/test_bm25.py)
 def test_bm25_term_statistics_equal_bm25_scores():
   eps, embs = _episodes(n_eps=1, n=30, q=5, seed=4)
   arr = batch.episode_arrays(eps[0], *embs[0])
@@ -160,6 +164,7 @@ def test_step_does_not_recompile(caplog):
   assert int(state.step) == 2 and np.isfinite(float(loss))
 
 
+@pytest.mark.slow  # two fits; the fast tier keeps the planted-weight fit
 def test_annealing_schedule_and_the_gap_monitor():
   assert fit.anneal_scale(0, 10) == 1.0 and fit.anneal_scale(9, 10) == 1.0
   np.testing.assert_allclose([fit.anneal_scale(t, 3, (1.0, 0.25)) for t in range(3)], [1.0, 0.5, 0.25])

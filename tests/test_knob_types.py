@@ -2,6 +2,7 @@
 before tracing (``lam=1`` and ``lam=1.0`` compile once and give the same result)."""
 
 import numpy as np
+import pytest
 
 from engram_jax import evaluation, pipeline, timing
 from engram_jax.ops import registry
@@ -48,6 +49,7 @@ def test_an_int_for_a_float_knob_compiles_once():
   assert res.retrieved['a'] == res.retrieved['b'] == alone.retrieved['a']
 
 
+@pytest.mark.slow  # the counterfactual (compiles twice); the fast tier keeps the positive test
 def test_without_canonical_values_an_int_would_recompile(monkeypatch):
   """The check above can fail: with the canonicalisation turned off, ``lam=1`` is traced as int32."""
   monkeypatch.setattr(registry.Knob, 'canonical', lambda self, value: value)

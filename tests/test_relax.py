@@ -3,6 +3,7 @@ values and gradients on all-masked rows through every soft twin. The operators' 
 them (tests/ops/)."""
 
 import functools
+import pytest
 
 import jax
 import jax.numpy as jnp
@@ -102,6 +103,7 @@ def test_relax_tends_to_hard():
 
 # ---- gradients -----------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_check_grads_relax():
   s, y = _lists(b=2, n=8)
   at = np.array([[0, 3], [1, 2]])
@@ -114,6 +116,7 @@ def test_check_grads_relax():
 
 # ---- all-masked rows: finite values and gradients --------------------------------------------------------
 
+@pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_all_masked_rows_are_finite():
   s, y = _lists(b=2, n=10)
   where = np.ones_like(s, bool)

@@ -61,6 +61,7 @@ needs_data = pytest.mark.skipif(REAL is None, reason='LongMemEval_S / FactConsol
                                 'the data root (set ENGRAM_DATA_ROOT); regeneration check skipped')
 
 
+@pytest.mark.slow  # regenerates every committed split file
 @needs_data
 def test_regenerating_gives_the_committed_lists(tmp_path):
   from engram_jax.data.longmemeval import entry_skip_reason, read_longmemeval  # pylint: disable=import-outside-toplevel

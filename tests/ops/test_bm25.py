@@ -31,8 +31,11 @@ def test_bm25_equals_rank_bm25(corpus, k1, b, eps):
   # rank_bm25 yields 0/0 = NaN for an empty document when b == 1; we (and the reference) define it as 0.
   expected = np.nan_to_num(expected, nan=0.0)
   np.testing.assert_allclose(ref.bm25(query, docs, k1, b, eps), expected, rtol=1e-9, atol=1e-12)
-  q, d = _tf(query, docs, pad_rows=3, pad_cols=5)
-  where = np.arange(len(docs) + 3) < len(docs)
+  # padded to fixed buckets (rows 32, vocabulary a multiple of 64), so the examples share a few compiled shapes
+  n_vocab = len(bm25.build_vocab(docs))
+  pad_rows, pad_cols = 32 - len(docs), -(-(n_vocab + 5) // 64) * 64 - n_vocab
+  q, d = _tf(query, docs, pad_rows=pad_rows, pad_cols=pad_cols)
+  where = np.arange(len(docs) + pad_rows) < len(docs)
   got = bm25.bm25_scores(q, d, where=where, k1=k1, b=b, epsilon=eps)
   np.testing.assert_allclose(np.asarray(got)[:len(docs)], expected, rtol=1e-9, atol=1e-12)
   assert np.all(np.isneginf(np.asarray(got)[len(docs):]))
@@ -81,6 +84,7 @@ def test_bm25_on_real_sized_corpus_and_repeated_query_terms():
   np.testing.assert_allclose(bm25.bm25_scores(q, d), BM25Okapi(docs).get_scores(query), rtol=1e-9)
 
 
+@pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_bm25_gradients_in_k1_b_are_finite():
   q, d = _tf(['cat', 'dog'], [['cat', 'the'], ['dog', 'dog', 'a'], ['x'], []])
   g = jax.grad(lambda k1, b: jnp.sum(bm25.bm25_scores(q, d, k1=k1, b=b)), argnums=(0, 1))(1.5, 0.75)
@@ -95,6 +99,7 @@ def test_check_grads_bm25():
   ops_testing.grads_ok(lambda k1, bb: bm25.bm25_scores(qtf, dtf, k1=k1, b=bb), (1.2, 0.6), modes=['rev'])
 
 
+@pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_jit_eager_vmap_and_all_masked():
   c = ops_testing.jit_case()
   ops_testing.check_jit_eager_vmap_and_all_masked(lambda x, w: bm25.bm25_scores(x, c['dtf'], where=w), c['qtf'],

@@ -45,6 +45,7 @@ def test_all_masked_and_short_lists(pool):
   ops_testing.check_all_masked_and_short_lists(cfs_jit, pool)
 
 
+@pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_jit_eager_vmap_loop_batch():
   ops_testing.check_jit_eager_vmap_loop_batch(cfs.cfs_select, cfs_jit)
 
@@ -62,10 +63,12 @@ def test_traced_hyperparameters_do_not_recompile():
 
 # ---- soft twin --------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_soft_cfs_tends_to_hard():
   ops_testing.check_soft_greedy_tends_to_hard(cfs.cfs_select, cfs.soft_cfs_select, dict(beta=0.5, sigma=0.5))
 
 
+@pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_check_grads_soft_cfs():
   docs, qs = ops_testing.unit_episode(n=14, d=6, q=2, seed=4)
   f = lambda beta, sigma: cfs.soft_cfs_select(qs, docs, k=4, beta=beta, sigma=sigma, temperature=0.3).probs

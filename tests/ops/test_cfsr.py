@@ -145,6 +145,7 @@ def test_cfsr_pool_scores_equal_cfsr_scores():
     np.testing.assert_allclose(p, np.take_along_axis(np.asarray(full), idx, -1), rtol=1e-10)
 
 
+@pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_check_grads_cfsr_pool_scores():
   docs, qs = ops_testing.unit_episode(n=20, d=6, q=2, seed=5)
   cos = qs @ docs.T

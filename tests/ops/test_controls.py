@@ -97,6 +97,7 @@ def test_perturbed_cosine():
   assert abs(resid.mean()) < 0.3 and 0.7 < resid.std() < 1.3
 
 
+@pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_jit_eager_vmap_loop():
   rng = np.random.default_rng(1)
   sem = rng.uniform(-1, 1, (Q, N_PAD))
@@ -122,6 +123,7 @@ def test_cos2_seed_selects_the_noise_draw():
   assert not np.allclose(a[fin], b[fin])
 
 
+@pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 @pytest.mark.parametrize('op', ['cos2', 'mem0'])
 def test_declaration(op):
   ops_testing.check_declaration(op)

@@ -2,6 +2,7 @@
 become leg scores, and the relaxed greedy loop's gradients stay finite when cold."""
 
 import jax
+import pytest
 import jax.numpy as jnp
 import numpy as np
 from hypothesis import given
@@ -28,6 +29,7 @@ def test_gram_and_selection_scores(ep):
       np.testing.assert_array_equal(leg[qi], ref.selection_scores_ref(np.asarray(a.indices[qi]), N_PAD))
 
 
+@pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_soft_greedy_gradients_finite_when_cold(dtype=np.float32):
   """Regression: logits / T far beyond exp's range (cold steps) once gave inf * 0 = NaN gradients."""
   rng = np.random.default_rng(0)

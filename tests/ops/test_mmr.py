@@ -42,16 +42,19 @@ def test_all_masked_and_short_lists(pool):
   ops_testing.check_all_masked_and_short_lists(mmr_jit, pool)
 
 
+@pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_jit_eager_vmap_loop_batch():
   ops_testing.check_jit_eager_vmap_loop_batch(mmr.mmr_select, mmr_jit)
 
 
 # ---- soft twin --------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_soft_mmr_tends_to_hard():
   ops_testing.check_soft_greedy_tends_to_hard(mmr.mmr_select, mmr.soft_mmr_select, dict(lam=0.6))
 
 
+@pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_check_grads_soft_mmr():
   docs, qs = ops_testing.unit_episode(n=14, d=6, q=2, seed=4)
   f = lambda lam, t: mmr.soft_mmr_select(qs, docs, k=4, lam=lam, temperature=t).probs
@@ -63,6 +66,7 @@ def test_declaration():
   ops_testing.check_declaration('mmr')
 
 
+@pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_soft_mmr_gradient_is_finite_with_padded_pool_slots():
   rel = np.array([0.9, 0.5, 0.2, -np.inf])  # the soft twin's pool cosines: the last slot is padding
   valid = np.array([True, True, True, False])

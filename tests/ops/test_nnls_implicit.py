@@ -118,6 +118,7 @@ def test_implicit_matches_unrolled_to_convergence(prob):
   assert rel_err(gg, np.asarray(ug)[:p, :p]) < 1e-5
 
 
+@pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_masked_entries_get_no_gradient_and_batches_agree():
   rng = np.random.default_rng(3)
   c = rng.normal(size=(4, 7, 9))
@@ -139,6 +140,7 @@ def test_masked_entries_get_no_gradient_and_batches_agree():
   assert np.all(full[1][1, 5:] == 0) and np.all(full[0][1, 5:, :] == 0) and np.all(full[0][1, :, 5:] == 0)
 
 
+@pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_cfsr_pool_scores_implicit_same_values_and_converged_grads():
   rng = np.random.default_rng(7)
   c = rng.normal(size=(3, 8, 12))

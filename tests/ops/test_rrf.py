@@ -29,6 +29,7 @@ def test_rrf_matches_reference(n_legs, n, data):
   np.testing.assert_allclose(got, ref.rrf(legs, weights, depths, where=where), rtol=1e-12)
 
 
+@pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_jit_eager_vmap_and_all_masked():
   c = ops_testing.jit_case()
   ops_testing.check_jit_eager_vmap_and_all_masked(
@@ -43,6 +44,7 @@ def test_rrf_rejects_depth_count_mismatch():
 
 # ---- soft twin --------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 @pytest.mark.parametrize('candidates', [None, 8])
 def test_soft_rrf_tends_to_rrf(candidates):
   rng = np.random.default_rng(2)
@@ -73,6 +75,7 @@ def test_soft_rrf_tends_to_rrf(candidates):
   np.testing.assert_allclose(soft_sel, hard_sel, atol=1e-9)
 
 
+@pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_check_grads_soft_rrf():
   rng = np.random.default_rng(3)
   legs = rng.normal(size=(2, 2, 15))

@@ -39,6 +39,7 @@ def _t(where):
   return np.where(where, POS / max(n_real - 1, 1), 0.0)
 
 
+@pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 @settings(max_examples=15)
 @given(episodes(), st.sampled_from((5, 150)))
 def test_zero_knob_is_cfsr(ep, pool):
@@ -61,6 +62,7 @@ def test_prior_adds_gamma_t_on_the_pool(ep, gamma):
   np.testing.assert_allclose(got[fin], (base + gamma * _t(where))[fin], rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_basis_is_the_nnls_over_time_augmented_vectors():
   """Converged solver: the basis variant's coefficients are scipy's NNLS over rows [c_i, alpha t_i] for the
   target [z, alpha * anchor] (with the ridge rows), so its scores equal the blend of those coefficients."""
@@ -148,6 +150,7 @@ def test_jit_eager_vmap_chunks_and_masked():
     assert np.isneginf(none).all()
 
 
+@pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_gradients_finite_and_check_grads():
   rng = np.random.default_rng(4)
   docs = ref.pad(ref.unit_vectors(rng, N_PAD, 6), N_PAD, D_PAD)
@@ -199,7 +202,8 @@ def _episode():
   return Episode(id='e', items=items, questions=qs)
 
 
-@pytest.mark.parametrize('op', ['tcfsr_prior', 'tcfsr_basis', 'tcfsr_gated'])
+@pytest.mark.parametrize('op', ['tcfsr_prior'] + [pytest.param(o, marks=pytest.mark.slow)  # fast tier: one of three
+                                for o in ('tcfsr_basis', 'tcfsr_gated')])
 def test_legs_in_a_pipeline(op):
   ep = _episode()
   rng = np.random.default_rng(6)
@@ -227,7 +231,7 @@ def test_bad_shapes_raise():
 
 # ---- soft twins: the same operators on pools gathered once ----------------------------------------------------
 
-@pytest.mark.parametrize('variant', ['prior', 'basis', 'gated'])
+@pytest.mark.parametrize('variant', ['basis'] + [pytest.param(v, marks=pytest.mark.slow) for v in ('prior', 'gated')])
 def test_pool_scores_equal_the_hard_operators(variant):
   """:func:`tcfsr.pool_scores` on the cosine top-P (gathered as the fitter gathers it) equals the hard operator
   after its pool step; at a cold temperature the relaxed gate equals the hard one."""

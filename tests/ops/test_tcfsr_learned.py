@@ -87,6 +87,7 @@ def test_gate_reads_the_question():
   np.testing.assert_allclose(s[1] - base[1], 0.5 / (1 + np.exp(2.0)) * t, atol=1e-5)
 
 
+@pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_pool_scores_equal_the_hard_operator():
   docs, qs = ops_testing.unit_episode(n=24, d=6, q=3, seed=7)
   docs[20] = docs[3]  # a restated fact: the revision signal is non-zero for some query

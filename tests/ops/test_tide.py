@@ -67,6 +67,7 @@ def test_recency_term_and_small_lists():
   assert np.isneginf(none).all()
 
 
+@pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_jit_eager_vmap_loop():
   rng = np.random.default_rng(0)
   base = rng.normal(size=(Q, N_PAD))
@@ -122,5 +123,6 @@ def test_memory_is_linear_in_n():
                                rtol=1e-12)
 
 
+@pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_declaration():
   ops_testing.check_declaration('tide')
