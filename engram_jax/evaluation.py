@@ -120,6 +120,7 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
   for ep in episodes:
     if ep.n_items < k:
       raise ValueError(f'k={k} is larger than episode {ep.id} ({ep.n_items} items)')
+  arrays_key = None  # the arrays' content key in leg_cache, when built here
   if arrays is None:
     t0 = time.perf_counter()
     options = build_options(pipelines.values())  # e.g. the term counts of every BM25 tokenizer a leg asks for
@@ -129,8 +130,11 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
     if leg_cache is None:
       arrays = build()
     else:  # keyed by everything the arrays are built from: the episodes' content, the embeddings, the options
-      arrays = leg_cache.get('arrays', (_episodes_key(episodes), legcache.fingerprint(list(embeddings)),
-                                        repr(sorted(options.items()))), build)
+      # (content hashes taken once per process-memoised episodes / embeddings object, not once per job)
+      content = (leg_cache.of_object('episodes_key', episodes, lambda: _episodes_key(episodes)),
+                 leg_cache.of_object('embeddings_key', embeddings, lambda: legcache.fingerprint(list(embeddings))))
+      arrays_key = content + (repr(sorted(options.items())),)
+      arrays = leg_cache.get('arrays', arrays_key, build)
     if timer is not None:
       timer.add('arrays', time.perf_counter() - t0)
   result = EvalResult(
@@ -159,14 +163,21 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
     metric_fns = {(base, cut): _batched_metric(base, cut) for base, cut in label_metrics}
     for group in tqdm(groups, desc='episode groups', disable=not progress or len(groups) < 2):
       t0 = time.perf_counter()
-      stack = stack_arrays([arrays[e] for e in group])
       index = np.asarray(group, np.int32)  # episode e's key is fold_in(base_key, e), folded inside the jit
+      if cached and arrays_key is not None:  # the stacked group and its fingerprint once per sweep (cached arrays)
+        stack, fp = leg_cache.get('stack', (arrays_key, tuple(group), max_waste), lambda group=group, index=index: (
+            lambda st: (st, legcache.fingerprint(st, index)))(stack_arrays([arrays[e] for e in group])))
+        group_key = (fp, seed)
+      elif cached:  # arrays given by the caller: fingerprint them here
+        stack = stack_arrays([arrays[e] for e in group])
+        group_key = (legcache.fingerprint(stack, index), seed)
+      else:
+        stack, group_key = stack_arrays([arrays[e] for e in group]), None
       inputs = (stack, index)
       if mesh is not None:  # pad E to a multiple of the device count, split it over the mesh
         inputs = sharding.place_episodes(sharding.pad_episodes(inputs, n_dev), mesh)
       if timer is not None:
         timer.add('arrays', time.perf_counter() - t0)
-      group_key = (legcache.fingerprint(stack, index), seed) if cached else None
       for name, pipe in pipelines.items():
         t0 = time.perf_counter()
         if cached:

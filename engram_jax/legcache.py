@@ -44,6 +44,7 @@ class LegCache:
     self.max_bytes = int(max_bytes)
     self._data: collections.OrderedDict[Hashable, tuple[Any, int]] = collections.OrderedDict()
     self._programs: dict[Hashable, Callable] = {}
+    self._by_object: dict[tuple[str, int], tuple[Any, Any, tuple]] = {}
     self.bytes = 0
     self.counts: collections.Counter = collections.Counter()
 
@@ -64,6 +65,23 @@ class LegCache:
         _, (_, s) = self._data.popitem(last=False)
         self.bytes -= s
         self.counts['evictions'] += 1
+    return value
+
+  def of_object(self, kind: str, obj: Any, make: Callable[[], Any]) -> Any:
+    """``make()`` memoised on the identity of ``obj`` (e.g. a fingerprint of a process-memoised dataset, taken once
+    instead of once per job). ``obj`` itself is held beside the value, so its id cannot be reused by another object
+    while the entry lives, and so are its members' ids (a list refilled in place misses); the objects must not be
+    mutated in place otherwise (as with the arrays JAX is given). A few entries per process (one per dataset and
+    embedder), not counted in ``max_bytes`` (their values are hashes)."""
+    key = (kind, id(obj))
+    held = self._by_object.get(key)
+    members = tuple(map(id, obj)) if isinstance(obj, (list, tuple)) else ()  # a list refilled in place is another
+    if held is not None and held[0] is obj and held[2] == members:
+      self.counts[f'{kind}_hits'] += 1
+      return held[1]
+    self.counts[f'{kind}_misses'] += 1
+    value = make()
+    self._by_object[key] = (obj, value, members)
     return value
 
   def program(self, key: Hashable, make: Callable[[], Callable]) -> Callable:

@@ -12,6 +12,7 @@ statsmodels (imported where used: it costs ~1-2 s at start-up).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -86,6 +87,50 @@ def _tables(dev: np.ndarray) -> list[tuple[slice, np.ndarray]]:
   return out
 
 
+class _DrawCache:
+  """Bootstrap index draws by ``(seed, Q, R)``, least recently used out beyond ``max_bytes``: the jobs of a sweep
+  in one process (and the categories of one run) draw the same indices again and again, and drawing them is ~3/4 of
+  a bootstrap pass."""
+
+  def __init__(self, max_bytes: int):
+    self.max_bytes, self.bytes = max_bytes, 0
+    self.store: dict[tuple[int, int, int], tuple[np.ndarray, ...]] = {}
+
+  def get(self, key: tuple[int, int, int], make) -> tuple[np.ndarray, ...]:
+    if key in self.store:
+      self.store[key] = self.store.pop(key)  # most recent last
+      return self.store[key]
+    value = make()
+    size = sum(a.nbytes for a in value)
+    if size <= self.max_bytes:
+      while self.store and self.bytes + size > self.max_bytes:
+        self.bytes -= sum(a.nbytes for a in self.store.pop(next(iter(self.store))))
+      self.store[key] = value
+      self.bytes += size
+    return value
+
+
+@functools.cache
+def _draw_cache() -> _DrawCache:
+  return _DrawCache(128 << 20)  # LoCoMo's 1,982 questions x 10,000 resamples: 40 MB (uint16), its categories 40 MB
+
+
+def bootstrap_draws(seed: int, q: int, n_resamples: int) -> tuple[np.ndarray, ...]:
+  """The index blocks of :func:`bootstrap_means`: ``rng = default_rng(seed)``, then per block of ``c =``
+  :func:`chunk_size` ``(q)`` resamples (the last shorter) ``rng.integers(0, q, size=(q, c), dtype=index_dtype(q))``.
+  Cached in the process by ``(seed, q, n_resamples)`` (read-only arrays, at most 128 MB in all)."""
+  def make() -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(seed)
+    c, dtype = chunk_size(q), index_dtype(q)
+    out = []
+    for start in range(0, n_resamples, c):
+      a = rng.integers(0, q, size=(q, min(c, n_resamples - start)), dtype=dtype)
+      a.flags.writeable = False
+      out.append(a)
+    return tuple(out)
+  return _draw_cache().get((int(seed), int(q), int(n_resamples)), make)
+
+
 def bootstrap_means(values: np.ndarray, *, seed: int, n_resamples: int = 10_000) -> np.ndarray:
   """Bootstrap replicates of the mean of each row of ``values [M, Q]``: ``[M, R]`` (NaN where ``Q == 0``).
 
@@ -106,13 +151,11 @@ def bootstrap_means(values: np.ndarray, *, seed: int, n_resamples: int = 10_000)
   # values on a coarse binary grid (0, 1/2, 1, ...), whose replicates then come out as in float64
   centers = v[np.arange(m), np.argmin(np.abs(v - v.mean(axis=1, keepdims=True)), axis=1)]
   tables = _tables(v - centers[:, None])
-  rng = np.random.default_rng(seed)
-  c, dtype = chunk_size(q), index_dtype(q)
+  c = chunk_size(q)
   sums = np.empty((m, n_resamples), np.float64)
   gathered: dict[int, np.ndarray] = {}  # reused buffers (fresh pages cost more than the gather)
-  for start in range(0, n_resamples, c):
-    r = min(c, n_resamples - start)
-    idx = rng.integers(0, q, size=(q, r), dtype=dtype)
+  for start, idx in zip(range(0, n_resamples, c), bootstrap_draws(seed, q, n_resamples)):
+    r = idx.shape[1]
     g = gathered.get(r)
     if g is None:
       g = gathered[r] = np.empty((q, r, LANES), np.float32)

@@ -17,7 +17,7 @@ import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from engram_jax import analysis, evaluation, report, timing
+from engram_jax import analysis, evaluation, jsonfmt, report, timing
 from engram_jax.data import splits
 from experiments.lib import answer, checks, common
 
@@ -159,7 +159,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   if fits:
     tables.append(report.fits_markdown(fits))
   text = '\n'.join(tables)
-  files = {'results.json': json.dumps(results, indent=1), 'results.md': text,
+  files = {'results.json': jsonfmt.dumps(results), 'results.md': text,
            'config_resolved.yaml': OmegaConf.to_yaml(cfg, resolve=True)}
   report.write_files(out_dir, files)
   timer.add('report', time.perf_counter() - report_t0)
@@ -171,7 +171,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
               'leg_cache': (common.leg_cache(cfg).report() if common.leg_cache(cfg) else None)}
   if tier1 is not None:
     run_info['reader'] = tier1.info
-  report.write_files(out_dir, {'run_info.json': json.dumps(run_info, indent=1)})
+  report.write_files(out_dir, {'run_info.json': jsonfmt.dumps(run_info)})
   print(text)
   print(timing.markdown(spent))
   log.info('wrote %s', out_dir / 'results.json')

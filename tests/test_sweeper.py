@@ -1,8 +1,8 @@
-"""experiments.lib.sweeper: jobs that differ only in config values share one composition shape; a group choice,
+"""hydra_plugins.engram_sweeper (hydra/sweeper=shapes): jobs that differ only in config values share one composition shape; a group choice,
 an added or removed key makes another shape. (The end-to-end check that the shapes sweeper gives every job the
 configuration and results of the stock sweeper is in test_collect.py, slow tier.)"""
 
-from experiments.lib import sweeper
+from hydra_plugins.engram_sweeper import shapes_sweeper as sweeper
 
 GROUPS = {'pipeline', 'dataset', 'hydra/launcher'}
 
@@ -32,3 +32,25 @@ def test_the_sweeper_config_names_the_class():
   conf = yaml.safe_load((Path(__file__).resolve().parents[1] / 'conf/hydra/sweeper/shapes.yaml').read_text())
   module, name = conf['_target_'].rsplit('.', 1)
   assert module == sweeper.__name__ and issubclass(getattr(sweeper, name), sweeper.BasicSweeper)
+
+
+def test_the_sweeper_composes_one_job_per_shape():
+  """validate_batch_is_legal composes once per shape (here 2 of 4 jobs); the shapes are hashable (list values)."""
+  calls = []
+
+  class Repo:
+    def group_exists(self, key):
+      return key in GROUPS
+
+  class Loader:
+    repository = Repo()
+
+    def load_sweep_config(self, master_config, sweep_overrides):
+      calls.append(sweep_overrides)
+
+  sw = sweeper.ShapeValidatingSweeper(max_batch_size=None)
+  sw.hydra_context, sw.config = type('Ctx', (), {'config_loader': Loader()})(), None
+  batch = [['pipeline=[rrf,cosine]', f'++pipeline.rrf.k0={k}'] for k in (20, 40, 60)] + [['pipeline=[bm25]', '++pipeline.rrf.k0=20']]
+  sw.validate_batch_is_legal(batch)
+  assert calls == [batch[0], batch[3]]
+  assert len({shape(b) for b in batch}) == 2

@@ -33,7 +33,7 @@ def composition_shape(overrides: Sequence[str], is_group) -> tuple:
   shape = []
   for o in parsed:
     key = o.get_key_element()
-    shape.append((key, o.value() if is_group(o.key_or_group) else None))
+    shape.append((key, repr(o.value()) if is_group(o.key_or_group) else None))  # lists are not hashable
   return tuple(sorted(shape, key=repr))
 
 
