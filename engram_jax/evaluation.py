@@ -8,6 +8,7 @@ import hashlib
 import pickle
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -261,10 +262,21 @@ def _cached_topk(cache: LegCache, pipe: Pipeline, k: int, inputs, base_key, valu
     mine_key = tuple(sorted((n, v.dtype.str, v.tobytes()) for n, v in mine.items()))
     op = (spec.op, id(spec.operator.leg))  # the registered function itself (a re-registered name is another op)
     leg_key = (group_key, op, static, mine_key, spec.depth, pos, n_legs)
-    run = cache.program(('leg', op, static, tuple(sorted(mine)), spec.depth, pos, n_legs),
-                        functools.partial(_stacked_leg, spec, pos, n_legs, tuple(sorted(mine))))
-    tops.append(cache.get('leg', leg_key, lambda run=run, mine=mine: jax.tree_util.tree_map(
-        np.asarray, run(stack, base_key, index, mine))))
+    stages = spec.operator.stages
+    if stages is not None and not set(stages.by) & set(mine):  # its first part shared by every job of a sweep
+      by = {n: v for n, v in spec.options if n in stages.by}
+      prep_key = (group_key, op, legcache.fingerprint(list(by.values())) + repr(sorted(by)), pos, n_legs)
+      prepare = cache.program(('prepare', op, repr(sorted(by.items())), pos, n_legs),
+                              functools.partial(_stacked_prepare, spec, pos, n_legs, by))
+      run = cache.program(('finish', op, static, tuple(sorted(mine)), spec.depth, pos, n_legs),
+                          functools.partial(_stacked_finish, spec, pos, n_legs, tuple(sorted(mine))))
+      make = lambda run=run, mine=mine, prepare=prepare, prep_key=prep_key: jax.tree_util.tree_map(np.asarray, run(
+          stack, cache.get('prepared', prep_key, lambda: prepare(stack, base_key, index)), base_key, index, mine))
+    else:
+      run = cache.program(('leg', op, static, tuple(sorted(mine)), spec.depth, pos, n_legs),
+                          functools.partial(_stacked_leg, spec, pos, n_legs, tuple(sorted(mine))))
+      make = lambda run=run, mine=mine: jax.tree_util.tree_map(np.asarray, run(stack, base_key, index, mine))
+    tops.append(cache.get('leg', leg_key, make))
   fuse = cache.program(('rrf_topk', tuple(int(t[0].shape[-1]) for t in tops), n_legs, k),
                        functools.partial(_stacked_fusion, k))
   weights = [values[f'legs.{s.name}.weight'] for s in pipe.legs]
@@ -282,6 +294,30 @@ def _stacked_leg(spec, pos: int, n_legs: int, traced: tuple[str, ...]) -> Callab
       s = spec.operator.leg(ep, k_, **{**dict(spec.options), **mine}) if traced else spec.score(ep, k_)
       return legcache.leg_top(s, ep.where, spec.depth)
     return jax.lax.map(one, (st, index))
+  return jax.jit(run)
+
+
+def _stacked_prepare(spec, pos: int, n_legs: int, by: Mapping[str, Any]) -> Callable:
+  """``(stacked arrays, key, episode indices) -> prepared [E, ...]``: the first part of a staged leg
+  (:class:`engram_jax.ops.registry.Stages`), with the leg's key, mapped over episodes; jitted."""
+  def run(st, key, index):
+    def one(a):
+      ep, e = a
+      return spec.operator.stages.prepare(ep, jax.random.split(jax.random.fold_in(key, e), n_legs)[pos], **by)
+    return jax.lax.map(one, (st, index))
+  return jax.jit(run)
+
+
+def _stacked_finish(spec, pos: int, n_legs: int, traced: tuple[str, ...]) -> Callable:
+  """``(stacked arrays, prepared, key, episode indices, traced knob values) -> (top-D, ranked) [E, Q, D]``: the
+  second part of a staged leg, then its top-D as :func:`_stacked_leg` gives it (equal bit for bit); jitted."""
+  def run(st, prepared, key, index, mine):
+    def one(a):
+      ep, p, e = a
+      k_ = jax.random.split(jax.random.fold_in(key, e), n_legs)[pos]
+      s = spec.operator.stages.finish(ep, p, k_, **{**dict(spec.options), **mine})
+      return legcache.leg_top(s, ep.where, spec.depth)
+    return jax.lax.map(one, (st, prepared, index))
   return jax.jit(run)
 
 

@@ -10,6 +10,9 @@ given a :class:`LegCache` runs an RRF pipeline as two kinds of jitted programs p
   group's padded arrays (their bytes: embeddings, term statistics, masks, labels) and episode indices;
 * one for the fusion (:func:`rrf_from_top`, the same arithmetic as :func:`engram_jax.ops.rrf.rrf_fuse`) and the
   final top-k, which is all a fusion-only change recomputes.
+* for a staged leg (:class:`engram_jax.ops.registry.Stages`, e.g. CFS-R), its first part (CFS-R's cosine pools and
+  their Grams) is stored per group and per value of the static knobs it reads, so that a sweep over the other knobs
+  (CFS-R's ``lam`` and ``w``) runs only the second part (the solve).
 
 A one-leg pipeline (``fusion='none'``) is cached whole, by its structure, traced knob values, ``k``, seed and
 group. The padded arrays of a dataset are cached too (by the episodes' content, the embeddings' bytes and the build

@@ -79,6 +79,8 @@ def test_cached_results_equal_uncached_and_legs_are_reused():
   assert first.retrieved['p0'] == plain.retrieved['p0']
   lam = _run({'lam': _stack(lam=0.05, name='lam')}, cache)  # only the cfsr leg is recomputed
   assert cache.report()['leg_misses'] == rep['leg_misses'] + 1  # one group (4 legs, 4 misses above): cfsr only
+  # and of the cfsr leg, only its solve: its cosine pools and Grams (stages.prepare) come from the cache
+  assert cache.report()['prepared_misses'] == rep['prepared_misses'] and cache.report()['prepared_hits'] >= 1
   assert lam.retrieved['lam'] == _run({'lam': _stack(lam=0.05, name='lam')}).retrieved['lam']
 
 

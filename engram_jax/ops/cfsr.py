@@ -30,7 +30,7 @@ from engram_jax.batch import EpisodeArrays
 from engram_jax.ops import nnls_implicit, pools
 from engram_jax.ops.nnls import nnls_ridge_pg  # noqa: F401  (re-exported: the CFS-R solve)
 from engram_jax.ops.greedy import episode_gram, map_queries
-from engram_jax.ops.registry import Knob, Operator, SoftTwin, knob_defaults, register
+from engram_jax.ops.registry import Knob, Operator, SoftTwin, Stages, knob_defaults, register
 
 # The declaration of CFS-R's knobs: the one place their defaults are written (signatures below read _D; the
 # time-aware variants in engram_jax.ops.tcfsr reuse the first four).
@@ -227,6 +227,34 @@ def cfsr_leg(ep: EpisodeArrays, key: Array, *, pool: int = _D['pool'], iteration
                      iterations=iterations, lam=lam, w=w, batch_size=batch_size)
 
 
+def cfsr_prepare(ep: EpisodeArrays, key: Array, *, pool: int, batch_size: int | None) -> dict[str, Array]:
+  """The part of :func:`cfsr_leg` that ``lam`` and ``w`` do not change: each query's cosine pool
+  (:func:`cosine_pool`), as ``{'b': [Q, P] pool cosines, 'idx': [Q, P], 'valid': [Q, P], 'gram': [Q, P, P]}``."""
+  del key
+  def one(q, d, wh, g):
+    cos, idx, valid, gp = cosine_pool(q, d, wh, g, pool=pool)
+    return {'b': cos[idx], 'idx': idx, 'valid': valid, 'gram': gp}
+  return map_queries(one, ep.queries, ep.docs, ep.where, episode_gram(ep.docs), batch_size=batch_size)
+
+
+def cfsr_finish(ep: EpisodeArrays, prepared: dict[str, Array], key: Array, *, pool: int, iterations: int,
+                lam: ArrayLike, w: ArrayLike, batch_size: int | None) -> Array:
+  """:func:`cfsr_leg` from :func:`cfsr_prepare`'s pools: the solve, the blend and the scatter (equal bit for bit,
+  checked by ``check_operator``)."""
+  del key, pool
+  n = ep.docs.shape[-2]
+  def one(b, idx, valid, gp):
+    a = nnls_ridge_pg(gp, b, lam=lam, iterations=iterations, valid=valid, power_iterations=20)
+    w_ = jnp.asarray(w, b.dtype)
+    s = w_ * minmax(a, valid) + (1.0 - w_) * minmax(b, valid)
+    s = jnp.where(valid, s, -jnp.inf)
+    return jnp.full((n,), -jnp.inf, s.dtype).at[idx].set(s, unique_indices=True)
+  args = (prepared['b'], prepared['idx'], prepared['valid'], prepared['gram'])
+  if batch_size is None or args[0].shape[0] <= 1:  # as map_queries chunks cfsr_scores's queries
+    return jax.vmap(one)(*args)
+  return jax.lax.map(lambda a: one(*a), args, batch_size=min(int(batch_size), args[0].shape[0]))
+
+
 def _rows(ep: EpisodeArrays, n_questions: int, n_pad: int, options, settings) -> dict:
   del settings
   return pools.cosine_pool_rows(ep, n_questions, n_pad, options['pool'])
@@ -241,4 +269,5 @@ def _soft(rows, values, ctx) -> Array:
 
 CFSR = register(Operator(
     name='cfsr', leg=cfsr_leg, doc='Conditional Field Reconstruction: NNLS share of the query over a cosine pool',
-    knobs=KNOBS, soft=SoftTwin(rows=_rows, scores=_soft)))
+    knobs=KNOBS, soft=SoftTwin(rows=_rows, scores=_soft),
+    stages=Stages(prepare=cfsr_prepare, finish=cfsr_finish, by=('pool', 'batch_size'))))

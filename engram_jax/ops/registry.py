@@ -127,6 +127,25 @@ class SoftTwin:
 
 
 @dataclasses.dataclass(frozen=True)
+class Stages:
+  """A hard leg in two parts, so that a sweep shares the first across knob values that do not change it.
+
+  ``finish(ep, prepare(ep, key, **{k: knobs[k] for k in by}), key, **knobs)`` must equal ``leg(ep, key, **knobs)``
+  bit for bit (``engram_jax.testing.check_operator`` checks it). :func:`engram_jax.evaluation.evaluate` with a leg
+  cache stores ``prepare``'s output per episode group and ``by`` values, and runs only ``finish`` for each job.
+
+  Attributes:
+    prepare: ``(ep, key, **by knobs) -> pytree`` of per-question arrays (e.g. CFS-R's cosine pools and their Grams).
+    finish: ``(ep, prepared, key, **every knob) -> [Q, N]`` scores.
+    by: the knobs ``prepare`` reads (static knobs only: traced ones would be swept).
+  """
+
+  prepare: Callable[..., Any]
+  finish: Callable[..., Any]
+  by: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class Operator:
   """One registered operator.
 
@@ -138,6 +157,7 @@ class Operator:
     doc: one line (for listings and docs).
     needs: optional ``options -> {build option: value}`` for :func:`engram_jax.batch.episode_arrays` (e.g. the
       term counts of a BM25 tokenizer).
+    stages: optional :class:`Stages`: the leg split where a sweep can share its first part.
   """
 
   name: str
@@ -146,6 +166,7 @@ class Operator:
   soft: SoftTwin | None = None
   doc: str = ''
   needs: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
+  stages: Stages | None = None
 
   def knob(self, name: str) -> Knob:
     for k in self.knobs:

@@ -101,6 +101,27 @@ def check_leg(op: registry.Operator, arrays, options: Mapping[str, Any], n_quest
       _fail(op.name, f'the leg is not reproducible from a fixed key (max difference {np.nanmax(np.abs(s - again))})')
 
 
+def check_stages(op: registry.Operator, arrays, options: Mapping[str, Any], *, seed: int) -> None:
+  """A staged leg (:class:`engram_jax.ops.registry.Stages`): ``finish(prepare(...))`` equals the leg bit for bit,
+  each jitted, on every episode."""
+  st = op.stages
+  if set(st.by) - {k.name for k in op.knobs}:
+    _fail(op.name, f'stages.by names unknown knobs {sorted(set(st.by) - {k.name for k in op.knobs})}')
+  traced = [n for n in st.by if not op.knob(n).static]
+  if traced:
+    _fail(op.name, f'stages.by may name static knobs only (a sweep moves traced ones), got {traced}')
+  key = jax.random.key(seed)
+  whole = jax.jit(lambda arr: op.leg(arr, key, **options))
+  staged = jax.jit(lambda arr: st.finish(arr, st.prepare(arr, key, **{n: options[n] for n in st.by}), key,
+                                         **options))
+  for i, arr in enumerate(arrays):
+    a, b = np.asarray(whole(arr)), np.asarray(staged(arr))
+    if not np.array_equal(a, b):
+      diff = np.abs(np.where(np.isfinite(a) & np.isfinite(b), a - b, 0.0)).max()
+      _fail(op.name, f'its stages (finish after prepare) differ from the leg on episode {i}: '
+                     f'{int((a != b).sum())} entries, max |difference| {diff:.3g}')
+
+
 def random_values(op: registry.Operator, rng: np.random.Generator) -> dict[str, float]:
   """An in-range draw of every fittable knob (around its default, validated)."""
   out = {}
@@ -144,6 +165,8 @@ def check_operator(name: str, *, seed: int = 0) -> None:
   episodes, arrays = random_padded_episodes(seed, tokenizers=tokenizers)
   n_questions = [len(e.questions) for e in episodes]
   check_leg(op, arrays, op.defaults, n_questions, seed=seed)
+  if op.stages is not None:
+    check_stages(op, arrays, op.defaults, seed=seed)
   if op.soft is None:
     return
 

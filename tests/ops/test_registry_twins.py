@@ -142,3 +142,21 @@ def test_a_gradient_that_points_the_wrong_way_is_rejected():
   finally:
     registry.OPERATORS.clear()
     registry.OPERATORS.update(before)
+
+
+def test_stages_that_drift_from_the_leg_are_rejected():
+  """A staged leg whose finish does not reproduce the leg (here: w read as 1 - w) fails check_stages by name."""
+  from engram_jax.testing.operators import check_stages  # pylint: disable=import-outside-toplevel
+  from engram_jax.testing.episodes import random_padded_episodes  # pylint: disable=import-outside-toplevel
+  _, arrays = random_padded_episodes(0)
+  good = cfsr.CFSR
+  check_stages(good, arrays[:1], good.defaults, seed=0)
+  bad_finish = lambda ep, p, key, **kw: cfsr.cfsr_finish(ep, p, key, **{**kw, 'w': 1.0 - kw['w']})
+  bad = registry.Operator(name='cfsr_bad_stages', leg=good.leg, knobs=good.knobs,
+                          stages=registry.Stages(prepare=good.stages.prepare, finish=bad_finish, by=good.stages.by))
+  with pytest.raises(AssertionError, match=r"check_operator\('cfsr_bad_stages'\): its stages .* differ from the leg"):
+    check_stages(bad, arrays[:1], bad.defaults, seed=0)
+  traced = registry.Operator(name='cfsr_traced_by', leg=good.leg, knobs=good.knobs,
+                             stages=registry.Stages(prepare=good.stages.prepare, finish=good.stages.finish, by=('lam',)))
+  with pytest.raises(AssertionError, match='static knobs only'):
+    check_stages(traced, arrays[:1], traced.defaults, seed=0)
