@@ -117,7 +117,8 @@ def check_stages(op: registry.Operator, arrays, options: Mapping[str, Any], *, s
   for i, arr in enumerate(arrays):
     a, b = np.asarray(whole(arr)), np.asarray(staged(arr))
     if not np.array_equal(a, b):
-      diff = np.abs(np.where(np.isfinite(a) & np.isfinite(b), a - b, 0.0)).max()
+      both = np.isfinite(a) & np.isfinite(b)
+      diff = np.abs(a[both] - b[both]).max(initial=0.0)
       _fail(op.name, f'its stages (finish after prepare) differ from the leg on episode {i}: '
                      f'{int((a != b).sum())} entries, max |difference| {diff:.3g}')
 
