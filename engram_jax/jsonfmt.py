@@ -27,19 +27,13 @@ def _float(o: float) -> str:
 
 
 def _key(k: Any) -> str:
+  """A dict key as json writes it: a string as is, a number, bool or None as the string of its JSON value."""
   if isinstance(k, str):
     return _escape(k)
-  if isinstance(k, float):
-    return _escape(_float(k))
-  if k is True:
-    return '"true"'
-  if k is False:
-    return '"false"'
-  if k is None:
-    return '"null"'
-  if isinstance(k, int):
-    return _escape(int.__repr__(k))
-  raise TypeError(f'keys must be str, int, float, bool or None, not {k.__class__.__name__}')
+  s = _scalar(k)
+  if s is None:
+    raise TypeError(f'keys must be str, int, float, bool or None, not {k.__class__.__name__}')
+  return _escape(s)
 
 
 def _scalar(o: Any) -> str | None:
