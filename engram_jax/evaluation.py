@@ -283,6 +283,11 @@ def _cached_topk(cache: LegCache, pipe: Pipeline, k: int, inputs, base_key, valu
   return fuse([t[0] for t in tops], [t[1] for t in tops], stack.where, weights, values['k0'])
 
 
+def _leg_key(key, e, pos: int, n_legs: int):
+  """Leg ``pos``'s key on episode ``e``, as :func:`engram_jax.pipeline.pipeline_scores` splits it."""
+  return jax.random.split(jax.random.fold_in(key, e), n_legs)[pos]
+
+
 def _stacked_leg(spec, pos: int, n_legs: int, traced: tuple[str, ...]) -> Callable:
   """``(stacked arrays, key, episode indices, the leg's traced knob values) -> (top-D indices, ranked) [E, Q, D]``:
   leg ``pos`` of ``n_legs`` exactly as :func:`engram_jax.pipeline.pipeline_scores` runs it (same key, same knob
@@ -290,7 +295,7 @@ def _stacked_leg(spec, pos: int, n_legs: int, traced: tuple[str, ...]) -> Callab
   def run(st, key, index, mine):
     def one(a):
       ep, e = a
-      k_ = jax.random.split(jax.random.fold_in(key, e), n_legs)[pos]
+      k_ = _leg_key(key, e, pos, n_legs)
       s = spec.operator.leg(ep, k_, **{**dict(spec.options), **mine}) if traced else spec.score(ep, k_)
       return legcache.leg_top(s, ep.where, spec.depth)
     return jax.lax.map(one, (st, index))
@@ -303,7 +308,7 @@ def _stacked_prepare(spec, pos: int, n_legs: int, by: Mapping[str, Any]) -> Call
   def run(st, key, index):
     def one(a):
       ep, e = a
-      return spec.operator.stages.prepare(ep, jax.random.split(jax.random.fold_in(key, e), n_legs)[pos], **by)
+      return spec.operator.stages.prepare(ep, _leg_key(key, e, pos, n_legs), **by)
     return jax.lax.map(one, (st, index))
   return jax.jit(run)
 
@@ -314,7 +319,7 @@ def _stacked_finish(spec, pos: int, n_legs: int, traced: tuple[str, ...]) -> Cal
   def run(st, prepared, key, index, mine):
     def one(a):
       ep, p, e = a
-      k_ = jax.random.split(jax.random.fold_in(key, e), n_legs)[pos]
+      k_ = _leg_key(key, e, pos, n_legs)
       s = spec.operator.stages.finish(ep, p, k_, **{**dict(spec.options), **mine})
       return legcache.leg_top(s, ep.where, spec.depth)
     return jax.lax.map(one, (st, prepared, index))
