@@ -1,6 +1,7 @@
 """Low-rank query adapter: the identity adapter reproduces the soft pipeline's loss, gradients reach U and V through
-the fitted CFS-R leg's pool cosines (the constant cosine leg is ranked hard in the soft fusion and passes none;
-implicit and unrolled NNLS gradients agree when converged), forward mode is refused, adapted queries are unit-norm."""
+the fitted CFS-R leg's pool cosines (implicit and unrolled NNLS gradients agree when converged) and, with
+soft_query_legs, through the soft-ranked cosine leg (cold, it fuses as the hard one); an adapter with no gradient
+path and forward mode are refused; adapted queries are unit-norm."""
 
 import functools
 
@@ -80,10 +81,41 @@ def test_experiment_fits_an_adapter_beside_the_scalar_fit(tmp_path):
         'embedder=hashing', 'dataset.loader.conversations=[conv-30,conv-26]', 'pipeline=rrf_cos_bm25',
         'fit.folds=2', 'fit.steps=2', 'fit.batch_size=16', 'eval.n_resamples=100', 'eval.progress=false',
         'fit.baselines=[cosine]', f'paths.cache_dir={tmp_path}/cache', 'fit.gap_checks=0',
-        'fit.adapter={rank: 2, lr_scale: 0.1, cfsr_grad: implicit}'])
+        'fit.adapter={rank: 2, lr_scale: 0.1, cfsr_grad: implicit, soft_query_legs: true}'])
   res = fit_exp.run(cfg, tmp_path / 'out')
   a = res['adapter']
   assert len(a['per_question']['ndcg@10']) == res['n_questions']
   d = res['paired']['adapter - scalar fit (out of fold)']['ndcg@10']['delta']
   assert abs(d - (np.mean(a['per_question']['ndcg@10']) - np.mean(res['per_question']['fitted']['ndcg@10']))) < 1e-12
   assert all(0.9 < v <= 1.0 + 1e-6 for v in a['mean_cos_to_base'].values())
+  assert min(a['mean_cos_to_base'].values()) < 1.0 - 1e-7  # it learned through the soft-ranked cosine leg
+
+
+def test_soft_query_legs_give_the_cosine_leg_a_gradient_that_is_cold_hard():
+  """Without a fitted CFS-R leg the adapter learns only through a soft-ranked cosine leg: refused when that is off,
+  a nonzero gradient when on; cold, the soft-ranked constant leg fuses as the hard-ranked one."""
+  eps, embs = _episodes(n_eps=2, n=40, q=16, d=12, seed=5, gold=lambda e: (np.arange(16) * 3) % 40)
+  arrays = [batch.episode_arrays(e, *x) for e, x in zip(eps, embs)]
+  pipe = _rrf(COS, ('bm25', {'op': 'bm25'}, 10), weights=[1.0, 1.0])
+  problem, knobs, every = fit.make_problem(pipe, ['legs.cos.weight', 'k0'])
+  rows = fit.build_rows(problem, pipe, eps, arrays, seed=DEFAULT_SEED)
+  inputs = A.build_inputs(eps, arrays)
+  with pytest.raises(ValueError, match='soft_query_legs=true'):
+    A.AdapterSpec(rank=2, lr_scale=1.0).check(problem)
+  spec = A.AdapterSpec(rank=2, lr_scale=1.0, soft_query_legs=True)
+  spec.check(problem)
+  assert A.query_legs(problem) == (0,)
+  fixed = {p: jnp.asarray(v, jnp.float32) for p, v in every.items()}
+  params = {'raw': dict(knobs.raw), 'adapter': A.init_params(spec, 12, 0)}
+  w = jnp.ones(rows.where.shape[0])
+  g = {}
+  for soft in ((), (0,)):
+    g[soft] = jax.jit(jax.grad(functools.partial(A.loss_fn, problem=problem, max_gold=4, soft_legs=soft)))(
+        params, fixed, rows, inputs, w)['adapter']['u']
+  assert np.abs(np.asarray(g[()])).sum() == 0
+  assert np.abs(np.asarray(g[(0,)])).sum() > 0
+  vals = {**fixed, **knobs.values()}
+  hard = fit.soft_scores(problem, vals, rows, 1e-9)
+  cold = fit.soft_scores(problem, vals, rows, 1e-9, soft_constant=(0,))
+  real = np.asarray(rows.where)
+  np.testing.assert_allclose(np.where(real, cold, 0.0), np.where(real, hard, 0.0), rtol=1e-4, atol=1e-6)

@@ -8,10 +8,13 @@ query (cosine, the CFS-R pool and solve, ...) seeing :math:`q'`.
 What the soft pipeline recomputes from :math:`q'` at every step, per question of the minibatch:
 
 * the cosine list (``rows.cos``, the twins' context) and a constant ``cosine`` leg's scores: ``docs @ q'``, from
-  the episode's item embeddings (gathered per question: ``[B, N, D]``). **A constant leg is ranked hard in the soft
-  fusion, so these scores pass no gradient to the adapter** (and the context's temperature scales stop theirs): the
-  adapter learns only through fitted legs that read the query (a CFS-R leg's pool cosines). Soft-ranking the
-  cosine leg when an adapter is fit is not done yet;
+  the episode's item embeddings (gathered per question: ``[B, N, D]``). A constant leg is ranked hard in the soft
+  fusion, so by default these scores pass no gradient to the adapter (and the context's temperature scales stop
+  theirs): the adapter then learns only through fitted legs that read the query (a CFS-R leg's pool cosines).
+  With ``soft_query_legs`` (``fit.adapter.soft_query_legs: true``) every constant cosine leg is soft-ranked in the
+  fusion at the fitted legs' rank temperature (:func:`engram_jax.fit.problem.soft_scores`, ``soft_constant``), so
+  the adapter learns through it too; cold, that soft rank is the hard one. The default (false) is what the
+  confirmed ``locomo_adapter`` / ``lme_adapter`` runs used, kept so that they reproduce;
 * a fitted CFS-R-family leg's pool cosines ``pool_cos`` (the NNLS right-hand side :math:`b = C q'`), recomputed
   from the pool's rows. **The pool itself (its items and its Gram block) is held from the base embedding.** The
   pool is a hard top-P cut (no gradient through membership), its Gram :math:`C C^\top` does not depend on the query
@@ -54,6 +57,7 @@ class AdapterSpec:
 
   rank: int
   lr_scale: float
+  soft_query_legs: bool = False   # soft-rank constant cosine legs in the fusion (their gradient reaches q')
 
   def __post_init__(self) -> None:
     if int(self.rank) < 1 or not self.lr_scale > 0:
@@ -65,6 +69,11 @@ class AdapterSpec:
     if pooled and problem.settings.cfsr_grad == 'forward':
       raise ValueError(f'a query adapter needs fit.cfsr_grad=implicit or reverse (legs {pooled} read the query '
                        'through their NNLS right-hand side; forward mode passes no gradient there)')
+    if not pooled and not (self.soft_query_legs and query_legs(problem)):
+      why = ('it has no cosine leg' if not query_legs(problem) else
+             'its cosine legs are ranked hard in the soft fusion: set fit.adapter.soft_query_legs=true')
+      raise ValueError(f'the query adapter of {problem.name} would get no gradient: no fitted leg reads the query '
+                       f'(CFS-R pool cosines) and {why}')
 
 
 @struct.dataclass
@@ -120,13 +129,19 @@ def adapted_rows(problem: Problem, rows: Rows, inputs: Inputs, params: Mapping[s
   return rows.replace(cos=cos, legs=tuple(legs))
 
 
+def query_legs(problem: Problem) -> tuple[int, ...]:
+  """Indices of the constant legs whose scores :func:`adapted_rows` recomputes from the adapted query (cosine)."""
+  return tuple(l for l, leg in enumerate(problem.legs) if not leg.fitted and leg.op == 'cosine')
+
+
 def loss_fn(params: dict, fixed: Mapping[str, Array], rows: Rows, inputs: Inputs, weight: Array,
-            scale: ArrayLike = 1.0, *, problem: Problem, max_gold: int) -> Array:
-  """``1 - weighted mean approx-NDCG@k`` of the soft pipeline on adapted queries."""
+            scale: ArrayLike = 1.0, *, problem: Problem, max_gold: int, soft_legs: tuple[int, ...] = ()) -> Array:
+  """``1 - weighted mean approx-NDCG@k`` of the soft pipeline on adapted queries; constant legs ``soft_legs``
+  soft-ranked (:func:`query_legs` when ``AdapterSpec.soft_query_legs``)."""
   vals = dict(fixed)
   vals.update(Knobs(raw=dict(params['raw']), transforms=problem.fitted).values())
   r = adapted_rows(problem, rows, inputs, params['adapter'])
-  s = soft_scores(problem, vals, r, scale)
+  s = soft_scores(problem, vals, r, scale, soft_constant=soft_legs)
   t = problem.temperatures.scaled(scale)
   temp = t.final * relax.gap_scale(s, k=problem.k, where=r.where)
   nd = relax.approx_ndcg(s, r.labels, k=problem.k, where=r.where, temperature=temp, cutoff_temperature=t.cutoff,
@@ -136,7 +151,9 @@ def loss_fn(params: dict, fixed: Mapping[str, Array], rows: Rows, inputs: Inputs
 
 def make_step(problem: Problem, spec: AdapterSpec, optimizer: optax.GradientTransformation, *,
               max_gold: int) -> Callable:
-  grad_fn = jax.value_and_grad(lambda p, *a: loss_fn(p, *a, problem=problem, max_gold=max_gold))
+  soft_legs = query_legs(problem) if spec.soft_query_legs else ()
+  grad_fn = jax.value_and_grad(lambda p, *a: loss_fn(p, *a, problem=problem, max_gold=max_gold,
+                                                     soft_legs=soft_legs))
 
   @jax.jit
   def step(params, opt_state, fixed, rows, inputs, idx, weight, scale):

@@ -274,16 +274,30 @@ def soft_leg(problem: Problem, l: int, vals: Mapping[str, Array], rows: Rows, sc
   return out, temps.rank * relax.gap_scale(out, k=leg.depth, where=rows.where)
 
 
-def soft_scores(problem: Problem, vals: Mapping[str, Array], rows: Rows, scale: ArrayLike = 1.0) -> Array:
+def soft_scores(problem: Problem, vals: Mapping[str, Array], rows: Rows, scale: ArrayLike = 1.0, *,
+                soft_constant: Sequence[int] = ()) -> Array:
   """The soft pipeline's final scores ``[B, N]`` on a batch of rows, given every knob's value by path, every
-  temperature times ``scale`` (1 = as set; an annealing schedule lowers it towards the hard pipeline)."""
+  temperature times ``scale`` (1 = as set; an annealing schedule lowers it towards the hard pipeline).
+
+  ``soft_constant``: indices of constant legs (nothing fitted) to soft-rank in the fusion anyway, at the fitted
+  legs' rank temperature, because their scores carry a gradient from outside the knobs (a query adapter's cosine
+  leg). By default a constant leg is ranked hard: it is then exactly its hard leg, and passes no gradient.
+  """
   outs = [soft_leg(problem, l, vals, rows, scale) for l in range(len(problem.legs))]
+  temps = problem.temperatures.scaled(scale)
+  for l in soft_constant:
+    leg = problem.legs[l]
+    if leg.fitted:
+      raise ValueError(f'soft_constant: leg {leg.name} is fitted (it is soft-ranked already)')
+    s = outs[l][0]
+    outs[l] = (s, temps.rank * relax.gap_scale(s, k=leg.depth, where=rows.where))
   if problem.fusion == 'none':
     return jnp.where(rows.where, outs[0][0], -jnp.inf)
   weights = jnp.stack([vals[f'legs.{leg.name}.weight'] for leg in problem.legs])
   if problem.normalise_weights:
     weights = weights * (problem.initial_weight_mean / jnp.mean(weights))
-  fitted_depths = [leg.depth for leg in problem.legs if leg.fitted and not leg.operator.soft.selection]
+  fitted_depths = [leg.depth for l, leg in enumerate(problem.legs)
+                   if (leg.fitted and not leg.operator.soft.selection) or l in soft_constant]
   return soft_rrf_fuse([o for o, _ in outs], weights=weights, depths=[leg.depth for leg in problem.legs],
                        where=rows.where, k0=vals['k0'], temperature=[tp for _, tp in outs],
                        depth_temperature=problem.temperatures.depth * scale,

@@ -31,7 +31,8 @@ def spec_of(cfg: DictConfig) -> tuple[A.AdapterSpec, str] | None:
   node = OmegaConf.to_container(node)
   grad = str(node['cfsr_grad'])
   fit.Settings(cfsr_grad=grad)  # validates it
-  return A.AdapterSpec(rank=int(node['rank']), lr_scale=float(node['lr_scale'])), grad
+  return A.AdapterSpec(rank=int(node['rank']), lr_scale=float(node['lr_scale']),
+                       soft_query_legs=bool(node.get('soft_query_legs', False))), grad
 
 
 def run_folds(cfg: DictConfig, name: str, pipe, episodes, embeddings, arrays, folds, problem: fit.Problem,
@@ -69,7 +70,8 @@ def run_folds(cfg: DictConfig, name: str, pipe, episodes, embeddings, arrays, fo
 def section(name: str, spec: A.AdapterSpec, grad: str, summary: dict, paired: dict, part: dict,
             metrics: list[str]) -> list[str]:
   lines = ['', f'Query adapter (rank {spec.rank}, learning rate x{spec.lr_scale}, CFS-R gradient {grad}; pools held '
-               'from the base embedding in the soft twin, re-pooled by the hard scorer):', '',
+               'from the base embedding in the soft twin, re-pooled by the hard scorer; cosine legs ranked '
+               f'{"soft" if spec.soft_query_legs else "hard"} in the soft fusion):', '',
            '| row | ' + ' | '.join(f'{m} [95% CI]' for m in metrics) + ' |', '|---|' + '---|' * len(metrics)]
   lines.append(f'| {name} (adapter, out of fold) | ' + ' | '.join(
       f'{summary[m]["mean"]:.4f} [{summary[m]["lo"]:.4f}, {summary[m]["hi"]:.4f}]' for m in metrics) + ' |')
