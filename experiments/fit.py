@@ -126,7 +126,7 @@ def gap_monitor(cfg: DictConfig, name: str, pipe: pipeline.Pipeline, problem: fi
     values = fit.fitted_values(problem, vals)
     r = evaluation.evaluate([episodes[i] for i in sel], None, {name: pipeline.with_values(pipe, values)}, k=k,
                             metrics=[f'ndcg@{k}'], seed=int(cfg.seed), progress=False,
-                            arrays=[arrays[i] for i in sel])
+                            arrays=[arrays[i] for i in sel], leg_cache=common.leg_cache(cfg))
     hard = float(np.mean(r.scores[name][f'ndcg@{k}']))
     if len(r.question_ids) != len(train):
       raise AssertionError(f'gap monitor: {len(r.question_ids)} hard-scored vs {len(train)} training questions')

@@ -158,7 +158,8 @@ def test_every_launcher_collects_the_same_table(tmp_path):
   data = tmp_path / 'data'
   tiny_data.write_locomo(io.resolve_data_root(), data)
   tables = {}
-  for launcher in LAUNCHERS + ['basic+shapes']:  # the last: the basic launcher under hydra/sweeper=shapes
+  # the last two: the basic launcher and the shape-composing one, under hydra/sweeper=shapes
+  for launcher in LAUNCHERS + ['basic+shapes', 'shapes+shapes']:
     sweep = tmp_path / launcher
     cmd = [sys.executable, '-m', 'experiments.evaluate', '-m', 'pipeline=[cosine],[bm25]', 'eval.k=5,10',
            'eval.metrics=[ndcg@${eval.k},recall@${eval.k}]', 'embedder=hashing', 'eval.n_resamples=200',
@@ -173,8 +174,9 @@ def test_every_launcher_collects_the_same_table(tmp_path):
     assert table['same_questions'] and table['missing'] == [] and len(table['timing']['wall_s']) == 4
     tables[launcher] = {k: v for k, v in table.items() if k != 'timing'}
   assert all(t == tables['basic'] for t in tables.values()), list(tables)
-  for job in range(4):  # one composition per job under the shapes sweeper: the same job configs and results
-    for name in ('results.json', 'config_resolved.yaml'):
+  for job in range(4):  # fewer compositions under the shapes sweeper / launcher: the same job configs and results
+    for name in ('results.json', 'config_resolved.yaml', '.hydra/config.yaml', '.hydra/overrides.yaml'):
       want = (tmp_path / 'basic' / str(job) / name).read_text().replace(str(tmp_path / 'basic'), 'SWEEP')
-      got = (tmp_path / 'basic+shapes' / str(job) / name).read_text().replace(str(tmp_path / 'basic+shapes'), 'SWEEP')
-      assert got == want, (job, name)
+      for other in ('basic+shapes', 'shapes+shapes'):
+        got = (tmp_path / other / str(job) / name).read_text().replace(str(tmp_path / other), 'SWEEP')
+        assert got == want, (other, job, name)

@@ -56,12 +56,19 @@ def test_constant_module_equals_scalar_path_soft_and_hard():
   # hard: per-question fusion == the scalar pipeline through evaluation.evaluate, every question
   res = C.CondFit(values={p: float(v) for p, v in scalar_vals.items() if p in KNOBS}, raw=knobs.raw, net=net,
                   losses=[], train_rows=0, wall_s=0.0)
-  got = C.score_episodes(pipe, problem, SPEC, res, every, eps, arrays, k=10, metrics=['ndcg@10', 'recall@10'],
-                         seed=0, indices=range(len(eps)))
+  # and a dataset's own episode metric (FactConsolidation's answer@k is one), as evaluate computes it
+  first = {'first': lambda ep, q, row, cut: float(ep.items[row[0]].id in q.gold)}
+  metrics = ['ndcg@10', 'recall@10', 'first@1']
+  got = C.score_episodes(pipe, problem, SPEC, res, every, eps, arrays, k=10, metrics=metrics, seed=0,
+                         indices=range(len(eps)), episode_metrics=first)
   want = evaluation.evaluate(eps, embs, {'p': P.with_values(pipe, {p: float(scalar_vals[p]) for p in KNOBS})},
-                             k=10, metrics=['ndcg@10', 'recall@10'], seed=0, progress=False, arrays=arrays)
-  for m in ('ndcg@10', 'recall@10'):
+                             k=10, metrics=metrics, seed=0, progress=False, arrays=arrays, episode_metrics=first)
+  for m in metrics:
     np.testing.assert_array_equal(got[m], want.scores['p'][m])
+  assert 0 < np.mean(got['first@1']) < 1
+  with pytest.raises(ValueError, match="Unknown metric 'answer@10'"):
+    C.score_episodes(pipe, problem, SPEC, res, every, eps, arrays, k=10, metrics=['answer@10'], seed=0,
+                     indices=range(len(eps)))
 
 
 @pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins

@@ -84,6 +84,24 @@ def test_cached_results_equal_uncached_and_legs_are_reused():
   assert lam.retrieved['lam'] == _run({'lam': _stack(lam=0.05, name='lam')}).retrieved['lam']
 
 
+def test_arrays_given_by_the_caller_are_fingerprinted_and_reuse_legs():
+  """The path of experiments.fit's gap monitor and search_compare's trials: arrays built by the caller, then many
+  evaluations at other knob values. A k0 change reuses every leg; results equal the uncached run bit for bit."""
+  from engram_jax.batch import episode_arrays  # pylint: disable=import-outside-toplevel
+  eps, embs = _episodes(seed=4)
+  arrays = [episode_arrays(e, d, q, **evaluation.build_options([_stack()])) for e, (d, q) in zip(eps, embs)]
+  cache = legcache.LegCache()
+  for k0 in (60.0, 20.0):
+    pipes = {'s': _stack(k0=k0)}
+    got = evaluation.evaluate(eps, None, pipes, k=10, metrics=['ndcg@10'], seed=3, progress=False, arrays=arrays,
+                              leg_cache=cache)
+    want = evaluation.evaluate(eps, None, pipes, k=10, metrics=['ndcg@10'], seed=3, progress=False, arrays=arrays)
+    assert got.retrieved['s'] == want.retrieved['s']
+    assert np.array_equal(got.scores['s']['ndcg@10'], want.scores['s']['ndcg@10'])
+  rep = cache.report()
+  assert rep['leg_hits'] >= rep['leg_misses'] > 0
+
+
 def test_the_cache_is_bounded():
   cache = legcache.LegCache(max_bytes=1000)
   cache.get('leg', 'a', lambda: np.zeros(100, np.int32))  # 400 bytes

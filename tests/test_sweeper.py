@@ -54,3 +54,58 @@ def test_the_sweeper_composes_one_job_per_shape():
   sw.validate_batch_is_legal(batch)
   assert calls == [batch[0], batch[3]]
   assert len({shape(b) for b in batch}) == 2
+
+
+def _loader_and_master(overrides):
+  """Hydra's config loader on conf/ and a multirun master config (as ``-m`` composes it)."""
+  from pathlib import Path  # pylint: disable=import-outside-toplevel
+  from hydra import initialize_config_dir  # pylint: disable=import-outside-toplevel
+  from hydra.core.global_hydra import GlobalHydra  # pylint: disable=import-outside-toplevel
+  from hydra.types import RunMode  # pylint: disable=import-outside-toplevel
+  ctx = initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / 'conf'), version_base='1.3')
+  ctx.__enter__()
+  loader = GlobalHydra.instance().config_loader()
+  master = loader.load_configuration('config', overrides, RunMode.MULTIRUN)
+  return ctx, loader, master
+
+
+def test_the_launcher_reuses_a_shape_and_its_configs_equal_hydras():
+  """Per job, the shape launcher's configuration equals ``load_sweep_config``'s: the whole tree unresolved (values,
+  interpolations, the hydra node with its overrides and override_dirname) and the flags; jobs with a dict value or a
+  deletion are composed from the files; the resolver cache (``${now:...}``) is the master's."""
+  from omegaconf import OmegaConf  # pylint: disable=import-outside-toplevel
+  from hydra.types import HydraContext  # pylint: disable=import-outside-toplevel
+  from hydra_plugins.engram_sweeper import shapes_launcher  # pylint: disable=import-outside-toplevel
+  ctx, loader, master = _loader_and_master(['hydra/launcher=shapes', 'hydra.sweep.dir=/tmp/x'])
+  try:
+    jobs = [['pipeline=[rrf_cos_bm25]', f'++pipeline.rrf_cos_bm25.k0={k}', f'eval.k={n}', '+extra=1']
+            for k in (20, 40.5) for n in (5, 10)]
+    jobs += [['pipeline=[cosine]', 'eval.k=5', '+extra=2'], ['pipeline=[rrf_cos_bm25]', '++pipeline.rrf_cos_bm25.k0=7',
+             'eval.k=3', '+extra=3'], ['pipeline=[rrf_cos_bm25]', 'eval.metrics=[ndcg@3,recall@3]', 'eval.k=3',
+             '++pipeline.rrf_cos_bm25.k0=8', '+extra=4'],
+             ['pipeline=[rrf_cos_bm25]', '++pipeline.rrf_cos_bm25.k0=9', 'eval.k=3', '+extra={a: 1}'],
+             ['pipeline=[rrf_cos_bm25]', '++pipeline.rrf_cos_bm25.k0=9', 'eval.k=3', '+extra={b: 2}'],
+             ['pipeline=[rrf_cos_bm25]', '++pipeline.rrf_cos_bm25.k0=9', 'eval.k=3', '~eval.metrics']]
+    launcher = shapes_launcher.ShapeComposingLauncher()
+    launcher.hydra_context = HydraContext(config_loader=loader, callbacks=None)
+    launcher.config = master
+    composed = []
+    real = loader.load_sweep_config
+
+    def counting(master_config, sweep_overrides):
+      composed.append(sweep_overrides)
+      return real(master_config, sweep_overrides)
+    loader.load_sweep_config = counting
+    got = list(launcher.sweep_configs(jobs))
+    loader.load_sweep_config = real
+    # shapes: 4 rrf jobs + 1 more with its keys, cosine, metrics list (another key set), 2 dict values, 1 deletion
+    assert composed == [jobs[0], jobs[4], jobs[6], jobs[7], jobs[8], jobs[9]]
+    for job, cfg in zip(jobs, got):
+      want = real(master, job)
+      assert OmegaConf.to_yaml(cfg) == OmegaConf.to_yaml(want), job
+      assert OmegaConf.is_struct(cfg) == OmegaConf.is_struct(want) and not OmegaConf.is_readonly(cfg.hydra)
+      assert OmegaConf.to_container(cfg.pipeline, resolve=True) == OmegaConf.to_container(want.pipeline, resolve=True)
+    assert got[1].pipeline.rrf_cos_bm25.k0 == 20 and got[3].pipeline.rrf_cos_bm25.k0 == 40.5
+    assert list(got[3].hydra.overrides.task) == jobs[3] and got[0].hydra.overrides.task != got[3].hydra.overrides.task
+  finally:
+    ctx.__exit__(None, None, None)

@@ -326,10 +326,14 @@ def per_question_knobs(problem: Problem, spec: Conditioning, res: CondFit, fixed
 
 def score_episodes(pipe: Pipeline, problem: Problem, spec: Conditioning, res: CondFit, fixed: Mapping[str, float],
                    episodes: Sequence[Episode], arrays: Sequence[EpisodeArrays], *, k: int, metrics: Sequence[str],
-                   seed: int, indices: Sequence[int]) -> dict[str, np.ndarray]:
-  """Per-question label metrics (NumPy float64, :mod:`engram_jax.metrics`) of the conditioned hard pipeline on
-  ``episodes`` (episode ``i`` of the run gets key ``fold_in(key(seed), indices[i])``, as
-  :func:`engram_jax.evaluation.evaluate`)."""
+                   seed: int, indices: Sequence[int],
+                   episode_metrics: Mapping[str, Callable] | None = None) -> dict[str, np.ndarray]:
+  """Per-question metrics (NumPy float64) of the conditioned hard pipeline on ``episodes`` (episode ``i`` of the
+  run gets key ``fold_in(key(seed), indices[i])``, as :func:`engram_jax.evaluation.evaluate`): label metrics
+  (:mod:`engram_jax.metrics`) and the dataset's own ``episode_metrics`` (name -> ``fn(episode, question, ranked
+  indices, k)``, as ``evaluate`` takes them, e.g. FactConsolidation's ``answer@k``)."""
+  episode_metrics = dict(episode_metrics or {})
+  parsed = {m: metrics_lib.parse_metric(m, tuple(episode_metrics)) for m in metrics}  # unknown names: before work
   run = jax.jit(lambda ep, feats, query, key: hard_topk(pipe, problem, spec, res, fixed, ep, feats, query, key, k=k))
   out: dict[str, list] = {m: [] for m in metrics}
   base = jax.random.key(seed)
@@ -342,6 +346,10 @@ def score_episodes(pipe: Pipeline, problem: Problem, spec: Conditioning, res: Co
     topk = np.asarray(run(a, jnp.asarray(f), jnp.asarray(q), jax.random.fold_in(base, i)))[:nq]
     labels = np.asarray(a.labels)[:nq]
     for m in metrics:
-      base_m, cut = metrics_lib.parse_metric(m)
-      out[m].append(np.asarray(metrics_lib.METRICS[base_m](topk, labels, k=cut), np.float64))
+      base_m, cut = parsed[m]
+      if base_m in episode_metrics:
+        vals = [episode_metrics[base_m](e, q_, row, cut) for q_, row in zip(e.questions, topk.tolist())]
+        out[m].append(np.asarray(vals, np.float64))
+      else:
+        out[m].append(np.asarray(metrics_lib.METRICS[base_m](topk, labels, k=cut), np.float64))
   return {m: np.concatenate(v) for m, v in out.items()}

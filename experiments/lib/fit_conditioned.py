@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from engram_jax import fit, stats
 from engram_jax.fit import conditioned as C
 from engram_jax.fit.knobs import inverse
+from experiments.lib import common
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,8 @@ def run_folds(cfg: DictConfig, name: str, pipe, episodes, arrays, folds, problem
   for fold, res in zip(folds, fits):
     sel = [i for i, e in enumerate(episodes) if e.id in fold]
     got = C.score_episodes(pipe, problem, spec, res, every, [episodes[i] for i in sel], [arrays[i] for i in sel],
-                           k=int(cfg.eval.k), metrics=metrics, seed=int(cfg.seed), indices=range(len(sel)))
+                           k=int(cfg.eval.k), metrics=metrics, seed=int(cfg.seed), indices=range(len(sel)),
+                           episode_metrics=common.dataset_metrics(cfg.dataset))
     lens = np.cumsum([0] + [len(episodes[i].questions) for i in sel])
     for j, i in enumerate(sel):
       by_ep[episodes[i].id] = {m: got[m][lens[j]:lens[j + 1]] for m in metrics}

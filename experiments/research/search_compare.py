@@ -63,7 +63,8 @@ def split_episodes(cfg: DictConfig, episodes) -> tuple[list[int], list[int]]:
 def score(cfg: DictConfig, pipe, data, sel: list[int]) -> np.ndarray:
   episodes, embeddings, arrays = data
   r = evaluation.evaluate([episodes[i] for i in sel], [embeddings[i] for i in sel], {'p': pipe}, k=int(cfg.eval.k),
-                          metrics=['ndcg@10'], seed=int(cfg.seed), progress=False, arrays=[arrays[i] for i in sel])
+                          metrics=['ndcg@10'], seed=int(cfg.seed), progress=False, arrays=[arrays[i] for i in sel],
+                          leg_cache=common.leg_cache(cfg))  # legs whose knobs a trial leaves alone: computed once
   return r.scores['p']['ndcg@10']
 
 
