@@ -76,12 +76,15 @@ def index_dtype(q: int) -> type[np.unsignedinteger]:
 
 
 def _tables(dev: np.ndarray) -> list[tuple[slice, np.ndarray]]:
-  """``dev [M, Q]`` as ``[Q, LANES]`` float32 tables of up to :data:`LANES` rows each (zero-padded lanes)."""
+  """``dev [M, Q]`` as ``[Q, W]`` float32 tables of up to ``W = min(LANES, M)`` rows each (zero-padded lanes).
+  The width changes no number (each lane is summed on its own, in question order), only the bytes gathered: a
+  2-metric run gathers 8 bytes per drawn index instead of 32."""
   m, q = dev.shape
+  width = max(1, min(LANES, m))
   out = []
-  for start in range(0, m, LANES):
-    rows = slice(start, min(start + LANES, m))
-    table = np.zeros((q, LANES), np.float32)
+  for start in range(0, m, width):
+    rows = slice(start, min(start + width, m))
+    table = np.zeros((q, width), np.float32)
     table[:, :rows.stop - start] = dev[rows].T
     out.append((rows, table))
   return out
@@ -139,7 +142,7 @@ def bootstrap_means(values: np.ndarray, *, seed: int, n_resamples: int = 10_000)
   ``j`` being the question indices of one resample. It is shared by every row, so a row's replicates depend only
   on ``(seed, Q, R)`` and its values: bit for bit the same whether it is bootstrapped alone or in a batch (the
   paired-difference replicates of :func:`paired_tests` are differences of these). Each step gathers, per drawn
-  index, one row of a ``[Q, LANES]`` float32 table of deviations from a central value of each row (its value nearest
+  index, one row of a ``[Q, min(LANES, M)]`` float32 table of deviations from a central value of each row (its value nearest
   its mean) and sums over the questions, each lane on its own in question order: replicate = center + sum / Q,
   accurate to ~1e-7 of the values' spread (exact sums for values on a coarse binary grid, e.g. 0, 1/2, 1).
   """
@@ -158,10 +161,10 @@ def bootstrap_means(values: np.ndarray, *, seed: int, n_resamples: int = 10_000)
     r = idx.shape[1]
     g = gathered.get(r)
     if g is None:
-      g = gathered[r] = np.empty((q, r, LANES), np.float32)
+      g = gathered[r] = np.empty((q, r, tables[0][1].shape[1]), np.float32)
     for rows, table in tables:
       np.take(table, idx, axis=0, out=g, mode='clip')  # indices are in range: 'clip' skips the check
-      s = np.add.reduce(g, axis=0)  # [r, LANES]: sum over the questions
+      s = np.add.reduce(g, axis=0)  # [r, W]: sum over the questions
       sums[rows, start:start + r] = s[:, :rows.stop - rows.start].T
   return centers[:, None] + sums / q
 
