@@ -34,6 +34,7 @@ def test_ablation_table(tmp_path):
   assert 'minus_reference' not in rows['full', 'scalar']
   assert rows['less', 'scalar']['minus_reference']['delta'] == pytest.approx(np.mean(less_s - full_s))
   assert rows['full', 'adapter']['minus_best_hand_set']['delta'] == pytest.approx(np.mean(full_a - hand))
+  assert rows['full', 'adapter']['minus_own_scalar']['delta'] == pytest.approx(np.mean(full_a - full_s))
   assert '(reference)' in ablation.markdown(t)
   _run(tmp_path / 'other', ids[::-1], less_s, None, hand)
   with pytest.raises(ValueError, match='scored other questions'):

@@ -6,8 +6,8 @@ question. This reads them, checks that every run scored the same questions in th
 sign-flip p, :func:`engram_jax.stats.paired_tests`), plus every row minus the best hand-set row of the reference run.
 
   python -m experiments.research.ablation --metric ndcg@10 \\
-      --run full=outputs/repro/locomo_adapter --run -fusion=outputs/protocols/locomo_ablate_fusion \\
-      --run -bm25=outputs/protocols/locomo_ablate_bm25 --run -cfsr=outputs/protocols/locomo_ablate_cfsr \\
+      --run full=outputs/repro/locomo_adapter --run no_fusion=outputs/protocols/locomo_ablate_fusion \\
+      --run no_bm25=outputs/protocols/locomo_ablate_bm25 --run no_cfsr=outputs/protocols/locomo_ablate_cfsr \\
       --run full_sq=outputs/protocols/locomo_adapter_sq --reference full
 
 Nothing is fit or scored here: the numbers are those the runs wrote.
@@ -61,6 +61,9 @@ def table(runs: dict[str, Path], *, reference: str, metric: str, seed: int = 0,
       row = {'run': name, 'kind': kind, 'params': run['params'], 'mean': float(np.mean(x))}
       if kind in ref and name != reference:
         row['minus_reference'] = stats.paired_test(x, ref[kind], seed=seed, n_resamples=n_resamples).to_dict()
+      if kind == 'adapter':  # what the adapter adds to the scalar knobs it was fit with
+        row['minus_own_scalar'] = stats.paired_test(x, run['rows']['scalar'], seed=seed,
+                                                    n_resamples=n_resamples).to_dict()
       row['minus_best_hand_set'] = stats.paired_test(x, hand[best], seed=seed, n_resamples=n_resamples).to_dict()
       out.append(row)
   return {'metric': metric, 'reference': reference, 'best_hand_set': best, 'best_hand_set_mean':
@@ -70,10 +73,11 @@ def table(runs: dict[str, Path], *, reference: str, metric: str, seed: int = 0,
 def markdown(t: dict[str, Any]) -> str:
   def pair(p):
     return f"{p['delta']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}], p {p['p']:.3g}" if p else '(reference)'
-  lines = [f"| run | row | {t['metric']} | minus {t['reference']} (same row) | minus {t['best_hand_set']} "
-           f"({t['best_hand_set_mean']:.4f}) |", '|---|---|---|---|---|']
+  lines = [f"| run | row | {t['metric']} | minus {t['reference']} (same row) | adapter minus its scalar fit | minus "
+           f"{t['best_hand_set']} ({t['best_hand_set_mean']:.4f}) |", '|---|---|---|---|---|---|']
   for r in t['rows']:
-    lines.append(f"| {r['run']} | {r['kind']} | {r['mean']:.4f} | {pair(r.get('minus_reference'))} | "
+    own = pair(r['minus_own_scalar']) if 'minus_own_scalar' in r else ''
+    lines.append(f"| {r['run']} | {r['kind']} | {r['mean']:.4f} | {pair(r.get('minus_reference'))} | {own} | "
                  f"{pair(r['minus_best_hand_set'])} |")
   return '\n'.join(lines)
 
