@@ -298,6 +298,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
         'scalars': {fit.fold_label(f): r.values for f, r in zip(folds, adapted['fits'])},
         'fit_per_fold_s': [r.wall_s for r in adapted['fits']],
         'per_question': {m: adapted['scores'][m].tolist() for m in metrics}}
+    if adapted.get('train_gap'):
+      extra_results['adapter']['train_gap'] = adapted['train_gap']
   results = {'pipeline': name, 'protocol': protocol_info, 'params': [p for p, _ in problem.fitted], 'hand_set': every,
              'n_questions': len(after[metrics[0]]), 'metrics': metrics, 'summary': summary, 'paired': paired,
              'fitted': fitted['folds'], 'timing': timing, 'anneal': list(cfg.fit.get('anneal') or (1.0, 1.0)),

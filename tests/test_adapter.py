@@ -81,7 +81,7 @@ def test_experiment_fits_an_adapter_beside_the_scalar_fit(tmp_path):
         'embedder=hashing', 'dataset.loader.conversations=[conv-30,conv-26]', 'pipeline=rrf_cos_bm25',
         'fit.folds=2', 'fit.steps=2', 'fit.batch_size=16', 'eval.n_resamples=100', 'eval.progress=false',
         'fit.baselines=[cosine]', f'paths.cache_dir={tmp_path}/cache', 'fit.gap_checks=0',
-        'fit.adapter={rank: 2, lr_scale: 0.1, cfsr_grad: implicit, soft_query_legs: true}'])
+        'fit.adapter={rank: 2, lr_scale: 0.1, cfsr_grad: implicit, soft_query_legs: true, train_gap: true}'])
   res = fit_exp.run(cfg, tmp_path / 'out')
   a = res['adapter']
   assert len(a['per_question']['ndcg@10']) == res['n_questions']
@@ -89,6 +89,9 @@ def test_experiment_fits_an_adapter_beside_the_scalar_fit(tmp_path):
   assert abs(d - (np.mean(a['per_question']['ndcg@10']) - np.mean(res['per_question']['fitted']['ndcg@10']))) < 1e-12
   assert all(0.9 < v <= 1.0 + 1e-6 for v in a['mean_cos_to_base'].values())
   assert min(a['mean_cos_to_base'].values()) < 1.0 - 1e-7  # it learned through the soft-ranked cosine leg
+  for g in a['train_gap'].values():  # the training questions' soft objective and hard scores, per fold
+    assert g['train_questions'] > 0 and all(0.0 <= g[x] <= 1.0 for x in ('soft_ndcg', 'hard_ndcg_adapted',
+                                                                            'hard_ndcg_base_query'))
 
 
 def test_soft_query_legs_give_the_cosine_leg_a_gradient_that_is_cold_hard():
@@ -119,3 +122,18 @@ def test_soft_query_legs_give_the_cosine_leg_a_gradient_that_is_cold_hard():
   cold = fit.soft_scores(problem, vals, rows, 1e-9, soft_constant=(0,))
   real = np.asarray(rows.where)
   np.testing.assert_allclose(np.where(real, cold, 0.0), np.where(real, hard, 0.0), rtol=1e-4, atol=1e-6)
+
+
+def test_soft_ndcg_of_an_identity_adapter_is_the_scalar_objective():
+  """The training-gap diagnostic's soft side: batched (padded, weighted) approx-NDCG of an identity adapter equals
+  1 - the scalar fit's loss on the same rows."""
+  problem, knobs, every, rows, inputs = _setup()
+  spec = A.AdapterSpec(rank=3, lr_scale=1.0)
+  res = A.AdapterFit(values={}, adapter={k: np.asarray(v) for k, v in A.init_params(spec, 12, 0).items()},
+                     losses=[], train_rows=0, wall_s=0.0, raw={k: np.asarray(v) for k, v in knobs.raw.items()})
+  idx = np.arange(rows.where.shape[0])
+  got = A.soft_ndcg(problem, spec, res, every, rows, inputs, idx, scale=1.0, max_gold=4, batch_size=12)
+  fixed = {p: jnp.asarray(v, jnp.float32) for p, v in every.items()}
+  want = 1.0 - float(jax.jit(functools.partial(scalar_loss, problem=problem, max_gold=4))(
+      knobs.raw, fixed, rows, jnp.ones(len(idx))))
+  np.testing.assert_allclose(got, want, rtol=1e-5)

@@ -175,6 +175,7 @@ class AdapterFit:
   losses: list[float]
   train_rows: int
   wall_s: float
+  raw: dict[str, np.ndarray] | None = None   # the scalar knobs' unconstrained values (for soft re-evaluation)
 
 
 def fit(problem: Problem, spec: AdapterSpec, knobs: Knobs, fixed: Mapping[str, float], rows: Rows, inputs: Inputs,
@@ -204,7 +205,30 @@ def fit(problem: Problem, spec: AdapterSpec, knobs: Knobs, fixed: Mapping[str, f
   if not all(np.isfinite(v) for v in out.values()) or not np.all(np.isfinite(losses)):
     raise FloatingPointError(f'adapter fit of {problem.name} diverged: {out}')
   return AdapterFit(values=out, adapter={k: np.asarray(v) for k, v in params['adapter'].items()}, losses=losses,
-                    train_rows=len(train), wall_s=time.perf_counter() - t0)
+                    train_rows=len(train), wall_s=time.perf_counter() - t0,
+                    raw={k: np.asarray(v) for k, v in params['raw'].items()})
+
+
+def soft_ndcg(problem: Problem, spec: AdapterSpec, res: AdapterFit, fixed: Mapping[str, float], rows: Rows,
+              inputs: Inputs, idx: np.ndarray, *, scale: float, max_gold: int, batch_size: int = 128) -> float:
+  """Mean approx-NDCG@k of a fitted adapter's soft pipeline on rows ``idx`` (every temperature times ``scale``):
+  the objective the fit maximised, evaluated on any questions (its training questions for the soft-vs-hard gap)."""
+  soft_legs = query_legs(problem) if spec.soft_query_legs else ()
+  fn = jax.jit(lambda p, f, r, i, w, sc: 1.0 - loss_fn(p, f, r, i, w, sc, problem=problem, max_gold=max_gold,
+                                                        soft_legs=soft_legs))
+  params = {'raw': {k: jnp.asarray(v) for k, v in (res.raw or {}).items()},
+            'adapter': {k: jnp.asarray(v) for k, v in res.adapter.items()}}
+  fixed_j = {p: jnp.asarray(v, jnp.float32) for p, v in fixed.items()}
+  total = 0.0
+  idx = np.asarray(idx)
+  for start in range(0, len(idx), batch_size):
+    sel = idx[start:start + batch_size]
+    sel_j = jnp.asarray(np.pad(sel, (0, batch_size - len(sel)), mode='edge'))  # one compiled shape
+    w = jnp.asarray(np.arange(batch_size) < len(sel), jnp.float32)
+    r = jax.tree_util.tree_map(lambda x: x[sel_j], rows)
+    b_in = Inputs(query=inputs.query[sel_j], docs=inputs.docs, episode=inputs.episode[sel_j])
+    total += float(fn(params, fixed_j, r, b_in, w, jnp.float32(scale))) * len(sel)
+  return total / max(len(idx), 1)
 
 
 def crossfit(problem: Problem, spec: AdapterSpec, knobs: Knobs, fixed: Mapping[str, float], rows: Rows,

@@ -63,8 +63,42 @@ def run_folds(cfg: DictConfig, name: str, pipe, episodes, embeddings, arrays, fo
     base = np.concatenate([q for _, q in (embeddings[i] for i in sel)])
     moved[fit.fold_label(fold)] = float(np.mean(np.sum(np.concatenate([q for _, q in emb]) * base, -1)))
   order = [e.id for e in episodes if e.id in by_ep]
-  return {'scores': {m: np.concatenate([by_ep[e][m] for e in order]) for m in metrics}, 'fits': fits,
-          'mean_cos_to_base': moved}
+  out = {'scores': {m: np.concatenate([by_ep[e][m] for e in order]) for m in metrics}, 'fits': fits,
+         'mean_cos_to_base': moved}
+  if cfg.fit.adapter.get('train_gap'):
+    out['train_gap'] = train_gap(cfg, name, pipe, episodes, embeddings, arrays, folds, fits, problem, every, spec,
+                                 rows, inputs)
+  return out
+
+
+def train_gap(cfg: DictConfig, name: str, pipe, episodes, embeddings, arrays, folds, fits, problem: fit.Problem,
+              every: dict[str, float], spec: A.AdapterSpec, rows, inputs) -> dict[str, dict[str, float]]:
+  """Per fold, on its *training* questions: the fit's soft objective at its last temperatures (approx-NDCG@k), the
+  hard NDCG@k of the fitted pipeline on the adapted queries, and the hard NDCG@k of the same scalar knobs on the
+  base queries. Soft far above hard: the soft twin flatters the adapter; hard with q' far above hard with q while
+  the scored questions lose: the adapter over-fits its training questions. (``fit.adapter.train_gap: true``; it
+  changes no fit and no scored number.)"""
+  k = int(cfg.eval.k)
+  row_episodes = np.asarray([e.id for e in episodes for _ in e.questions])
+  anneal = tuple(cfg.fit.get('anneal') or (1.0, 1.0))
+  out = {}
+  for fold, res in zip(folds, fits):
+    train_rows = np.flatnonzero(~np.isin(row_episodes, list(fold)))
+    sel = [i for i, e in enumerate(episodes) if e.id not in fold]
+    soft = A.soft_ndcg(problem, spec, res, every, rows, inputs, train_rows, scale=float(anneal[1]),
+                       max_gold=fit.max_gold_of(rows))
+    fitted = {name: pipeline.with_values(pipe, res.values)}
+    hard = {}
+    for label, adapt in (('adapted', True), ('base', False)):
+      emb = [(d, A.adapt_queries(res.adapter, q) if adapt else q) for d, q in (embeddings[i] for i in sel)]
+      r = evaluation.evaluate([episodes[i] for i in sel], emb, fitted, k=k, metrics=[f'ndcg@{k}'],
+                              seed=int(cfg.seed), progress=False)
+      hard[label] = float(np.mean(r.scores[name][f'ndcg@{k}']))
+    out[fit.fold_label(fold)] = {'train_questions': int(len(train_rows)), 'soft_ndcg': soft,
+                                 'hard_ndcg_adapted': hard['adapted'], 'hard_ndcg_base_query': hard['base']}
+    log.info('adapter train gap, fold %s: soft %.4f, hard %.4f (base query %.4f) on %d training questions',
+             fit.fold_label(fold), soft, hard['adapted'], hard['base'], len(train_rows))
+  return out
 
 
 def section(name: str, spec: A.AdapterSpec, grad: str, summary: dict, paired: dict, part: dict,
@@ -82,6 +116,12 @@ def section(name: str, spec: A.AdapterSpec, grad: str, summary: dict, paired: di
                                           f'{t[m]["p"]:.3g}' for m in metrics) + ' |')
   lines += ['', 'Mean cosine of adapted to base query, per fold: ' +
             ', '.join(f'{f} {v:.4f}' for f, v in part['mean_cos_to_base'].items())]
+  if part.get('train_gap'):
+    lines += ['', 'On the training questions (fit.adapter.train_gap): soft approx-NDCG@k at the last temperatures, '
+                  'hard NDCG@k on the adapted queries and on the base queries (same scalar knobs):', '',
+              '| fold | training questions | soft | hard, adapted | hard, base query |', '|---|---|---|---|---|']
+    lines += [f"| {f} | {g['train_questions']} | {g['soft_ndcg']:.4f} | {g['hard_ndcg_adapted']:.4f} | "
+              f"{g['hard_ndcg_base_query']:.4f} |" for f, g in part['train_gap'].items()]
   return lines
 
 
