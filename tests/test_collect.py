@@ -129,14 +129,16 @@ LAUNCHERS = ['basic'] + [name for name, module in [('parallel', 'hydra_plugins.h
 
 
 PLUGINS = {'parallel': 'hydra_plugins.hydra_joblib_launcher', 'slurm': 'hydra_plugins.hydra_submitit_launcher',
-           'slurm_local': 'hydra_plugins.hydra_submitit_launcher', 'ray_local': 'hydra_plugins.hydra_ray_launcher'}
+           'slurm_local': 'hydra_plugins.hydra_submitit_launcher', 'ray_local': 'hydra_plugins.hydra_ray_launcher',
+           'shapes': 'hydra_plugins.engram_sweeper.shapes_launcher'}
 TARGETS = {'parallel': 'JoblibLauncher', 'slurm': 'SlurmLauncher', 'slurm_local': 'LocalLauncher',
-           'ray_local': 'RayLauncher'}
+           'ray_local': 'RayLauncher', 'shapes': 'ShapeComposingLauncher'}
 
 
 @pytest.mark.parametrize('name', sorted(p.stem for p in (ROOT / 'conf' / 'hydra' / 'launcher').glob('*.yaml')))
 def test_project_launcher_configs_extend_the_plugins(name):
-  """Each conf/hydra/launcher file composes on top of its plugin's own config (its schema and target kept)."""
+  """Each conf/hydra/launcher file composes on top of its plugin's own config (its schema and target kept); ours
+  (``shapes``) names its class."""
   pytest.importorskip(PLUGINS[name])
   from hydra import compose, initialize_config_dir  # pylint: disable=import-outside-toplevel
   with initialize_config_dir(config_dir=str(ROOT / 'conf'), version_base='1.3'):
@@ -145,7 +147,8 @@ def test_project_launcher_configs_extend_the_plugins(name):
   assert launcher._target_.endswith(TARGETS[name])
   assert {'parallel': lambda: launcher.n_jobs == 2, 'slurm': lambda: launcher.timeout_min == 240,
           'slurm_local': lambda: launcher.timeout_min == 240,
-          'ray_local': lambda: launcher.ray.remote.num_cpus == 2}[name]()
+          'ray_local': lambda: launcher.ray.remote.num_cpus == 2,
+          'shapes': lambda: set(launcher) == {'_target_'}}[name]()  # ours: no options
 
 
 @pytest.mark.slow
