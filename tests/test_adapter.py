@@ -124,6 +124,7 @@ def test_soft_query_legs_give_the_cosine_leg_a_gradient_that_is_cold_hard():
   np.testing.assert_allclose(np.where(real, cold, 0.0), np.where(real, hard, 0.0), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow  # a diagnostic's check; test_identity_adapter_is_the_soft_pipeline keeps the same identity fast
 def test_soft_ndcg_of_an_identity_adapter_is_the_scalar_objective():
   """The training-gap diagnostic's soft side: batched (padded, weighted) approx-NDCG of an identity adapter equals
   1 - the scalar fit's loss on the same rows."""
