@@ -94,34 +94,42 @@ def test_experiment_fits_an_adapter_beside_the_scalar_fit(tmp_path):
                                                                             'hard_ndcg_base_query'))
 
 
-def test_soft_query_legs_give_the_cosine_leg_a_gradient_that_is_cold_hard():
-  """Without a fitted CFS-R leg the adapter learns only through a soft-ranked cosine leg: refused when that is off,
-  a nonzero gradient when on; cold, the soft-ranked constant leg fuses as the hard-ranked one."""
+def _cos_bm25_setup():
   eps, embs = _episodes(n_eps=2, n=40, q=16, d=12, seed=5, gold=lambda e: (np.arange(16) * 3) % 40)
   arrays = [batch.episode_arrays(e, *x) for e, x in zip(eps, embs)]
   pipe = _rrf(COS, ('bm25', {'op': 'bm25'}, 10), weights=[1.0, 1.0])
   problem, knobs, every = fit.make_problem(pipe, ['legs.cos.weight', 'k0'])
   rows = fit.build_rows(problem, pipe, eps, arrays, seed=DEFAULT_SEED)
-  inputs = A.build_inputs(eps, arrays)
+  fixed = {p: jnp.asarray(v, jnp.float32) for p, v in every.items()}
+  return problem, knobs, fixed, rows, A.build_inputs(eps, arrays)
+
+
+def _adapter_grad(problem, knobs, fixed, rows, inputs, soft_legs):
+  params = {'raw': dict(knobs.raw), 'adapter': A.init_params(A.AdapterSpec(rank=2, lr_scale=1.0), 12, 0)}
+  loss = functools.partial(A.loss_fn, problem=problem, max_gold=4, soft_legs=soft_legs)
+  return np.asarray(jax.jit(jax.grad(loss))(params, fixed, rows, inputs, jnp.ones(rows.where.shape[0]))['adapter']['u'])
+
+
+def test_soft_query_legs_give_the_cosine_leg_a_gradient_that_is_cold_hard():
+  """Without a fitted CFS-R leg the adapter learns only through a soft-ranked cosine leg: refused when that is off,
+  a nonzero gradient when on; cold, the soft-ranked constant leg fuses as the hard-ranked one."""
+  problem, knobs, fixed, rows, inputs = _cos_bm25_setup()
   with pytest.raises(ValueError, match='soft_query_legs=true'):
     A.AdapterSpec(rank=2, lr_scale=1.0).check(problem)
-  spec = A.AdapterSpec(rank=2, lr_scale=1.0, soft_query_legs=True)
-  spec.check(problem)
+  A.AdapterSpec(rank=2, lr_scale=1.0, soft_query_legs=True).check(problem)
   assert A.query_legs(problem) == (0,)
-  fixed = {p: jnp.asarray(v, jnp.float32) for p, v in every.items()}
-  params = {'raw': dict(knobs.raw), 'adapter': A.init_params(spec, 12, 0)}
-  w = jnp.ones(rows.where.shape[0])
-  g = {}
-  for soft in ((), (0,)):
-    g[soft] = jax.jit(jax.grad(functools.partial(A.loss_fn, problem=problem, max_gold=4, soft_legs=soft)))(
-        params, fixed, rows, inputs, w)['adapter']['u']
-  assert np.abs(np.asarray(g[()])).sum() == 0
-  assert np.abs(np.asarray(g[(0,)])).sum() > 0
+  assert np.abs(_adapter_grad(problem, knobs, fixed, rows, inputs, (0,))).sum() > 0
   vals = {**fixed, **knobs.values()}
-  hard = fit.soft_scores(problem, vals, rows, 1e-9)
-  cold = fit.soft_scores(problem, vals, rows, 1e-9, soft_constant=(0,))
+  cold = jax.jit(lambda v, r, soft: fit.soft_scores(problem, v, r, 1e-9, soft_constant=soft), static_argnums=2)
   real = np.asarray(rows.where)
-  np.testing.assert_allclose(np.where(real, cold, 0.0), np.where(real, hard, 0.0), rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(np.where(real, cold(vals, rows, (0,)), 0.0), np.where(real, cold(vals, rows, ()), 0.0),
+                             rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow  # the counterfactual of the test above (a second compile of the gradient)
+def test_a_hard_ranked_cosine_leg_passes_the_adapter_no_gradient():
+  problem, knobs, fixed, rows, inputs = _cos_bm25_setup()
+  assert np.abs(_adapter_grad(problem, knobs, fixed, rows, inputs, ())).sum() == 0
 
 
 @pytest.mark.slow  # a diagnostic's check; test_identity_adapter_is_the_soft_pipeline keeps the same identity fast

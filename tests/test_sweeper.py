@@ -79,7 +79,7 @@ def test_the_launcher_reuses_a_shape_and_its_configs_equal_hydras():
   ctx, loader, master = _loader_and_master(['hydra/launcher=shapes', 'hydra.sweep.dir=/tmp/x'])
   try:
     jobs = [['pipeline=[rrf_cos_bm25]', f'++pipeline.rrf_cos_bm25.k0={k}', f'eval.k={n}', '+extra=1']
-            for k in (20, 40.5) for n in (5, 10)]
+            for k, n in ((20, 5), (20, 10), (40.5, 5), (40.5, 10))]
     jobs += [['pipeline=[cosine]', 'eval.k=5', '+extra=2'], ['pipeline=[rrf_cos_bm25]', '++pipeline.rrf_cos_bm25.k0=7',
              'eval.k=3', '+extra=3'], ['pipeline=[rrf_cos_bm25]', 'eval.metrics=[ndcg@3,recall@3]', 'eval.k=3',
              '++pipeline.rrf_cos_bm25.k0=8', '+extra=4'],
