@@ -209,13 +209,20 @@ def fit(problem: Problem, spec: AdapterSpec, knobs: Knobs, fixed: Mapping[str, f
                     raw={k: np.asarray(v) for k, v in params['raw'].items()})
 
 
-def soft_ndcg(problem: Problem, spec: AdapterSpec, res: AdapterFit, fixed: Mapping[str, float], rows: Rows,
-              inputs: Inputs, idx: np.ndarray, *, scale: float, max_gold: int, batch_size: int = 128) -> float:
-  """Mean approx-NDCG@k of a fitted adapter's soft pipeline on rows ``idx`` (every temperature times ``scale``):
-  the objective the fit maximised, evaluated on any questions (its training questions for the soft-vs-hard gap)."""
+def soft_ndcg_fn(problem: Problem, spec: AdapterSpec, *, max_gold: int) -> Callable:
+  """The jitted batch objective :func:`soft_ndcg` evaluates (build it once, use it for every fold)."""
   soft_legs = query_legs(problem) if spec.soft_query_legs else ()
-  fn = jax.jit(lambda p, f, r, i, w, sc: 1.0 - loss_fn(p, f, r, i, w, sc, problem=problem, max_gold=max_gold,
-                                                        soft_legs=soft_legs))
+  return jax.jit(lambda p, f, r, i, w, sc: 1.0 - loss_fn(p, f, r, i, w, sc, problem=problem, max_gold=max_gold,
+                                                         soft_legs=soft_legs))
+
+
+def soft_ndcg(problem: Problem, spec: AdapterSpec, res: AdapterFit, fixed: Mapping[str, float], rows: Rows,
+              inputs: Inputs, idx: np.ndarray, *, scale: float, max_gold: int, batch_size: int = 128,
+              fn: Callable | None = None) -> float:
+  """Mean approx-NDCG@k of a fitted adapter's soft pipeline on rows ``idx`` (every temperature times ``scale``):
+  the objective the fit maximised, evaluated on any questions (its training questions for the soft-vs-hard gap).
+  ``fn``: :func:`soft_ndcg_fn` of the same problem (one compilation across calls)."""
+  fn = fn or soft_ndcg_fn(problem, spec, max_gold=max_gold)
   params = {'raw': {k: jnp.asarray(v) for k, v in (res.raw or {}).items()},
             'adapter': {k: jnp.asarray(v) for k, v in res.adapter.items()}}
   fixed_j = {p: jnp.asarray(v, jnp.float32) for p, v in fixed.items()}

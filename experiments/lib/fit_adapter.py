@@ -81,12 +81,14 @@ def train_gap(cfg: DictConfig, name: str, pipe, episodes, embeddings, arrays, fo
   k = int(cfg.eval.k)
   row_episodes = np.asarray([e.id for e in episodes for _ in e.questions])
   anneal = tuple(cfg.fit.get('anneal') or (1.0, 1.0))
+  max_gold = fit.max_gold_of(rows)
+  soft_fn = A.soft_ndcg_fn(problem, spec, max_gold=max_gold)  # one compilation for every fold
   out = {}
   for fold, res in zip(folds, fits):
     train_rows = np.flatnonzero(~np.isin(row_episodes, list(fold)))
     sel = [i for i, e in enumerate(episodes) if e.id not in fold]
     soft = A.soft_ndcg(problem, spec, res, every, rows, inputs, train_rows, scale=float(anneal[1]),
-                       max_gold=fit.max_gold_of(rows))
+                       max_gold=max_gold, fn=soft_fn)
     fitted = {name: pipeline.with_values(pipe, res.values)}
     hard = {}
     for label, adapt in (('adapted', True), ('base', False)):

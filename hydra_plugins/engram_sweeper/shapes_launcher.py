@@ -40,7 +40,7 @@ from hydra.core.override_parser.types import Override, OverrideType
 from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from hydra_plugins.engram_sweeper.shapes_sweeper import composition_shape
+from hydra_plugins.engram_sweeper.shapes_sweeper import group_test, shape_of
 
 log = logging.getLogger(__name__)
 
@@ -95,16 +95,14 @@ class ShapeComposingLauncher(BasicLauncher):
     """Yield each job's composed configuration (before ``hydra.job.id/num``), in order."""
     loader = self.hydra_context.config_loader
     repo = getattr(loader, 'repository', None)
-
-    def is_group(key: str) -> bool:
-      return repo is None or ('.' not in key and repo.group_exists(key))
+    is_group = group_test(loader)
     parser = OverridesParser.create()
     templates: dict[tuple, DictConfig] = {}
     for overrides in job_overrides:
       overrides = list(overrides)
       parsed = parser.parse_overrides(overrides)  # the master's hydra overrides are the same for every job
       values = None if repo is None else value_overrides(parsed, is_group)
-      shape = composition_shape(overrides, is_group) if values is not None else None
+      shape = shape_of(parsed, is_group) if values is not None else None
       if shape is not None and shape in templates:
         yield reuse(templates[shape], self.config, parsed, values)
         continue

@@ -29,12 +29,23 @@ log = logging.getLogger(__name__)
 def composition_shape(overrides: Sequence[str], is_group) -> tuple:
   """What decides which config files one job composes: every override's key (with its prefix, ``+``/``++``/``~``)
   and the value of each override whose key is a config group (``is_group(key) -> bool``)."""
-  parsed = OverridesParser.create().parse_overrides(list(overrides))
+  return shape_of(OverridesParser.create().parse_overrides(list(overrides)), is_group)
+
+
+def shape_of(parsed, is_group) -> tuple:
+  """:func:`composition_shape` of overrides already parsed (``Override`` objects)."""
   shape = []
   for o in parsed:
     key = o.get_key_element()
     shape.append((key, repr(o.value()) if is_group(o.key_or_group) else None))  # lists are not hashable
   return tuple(sorted(shape, key=repr))
+
+
+def group_test(loader):
+  """``is_group(key)`` for ``loader``'s repository: does the override key choose a config group? Without a repository
+  every key counts as a group choice (more shapes: validates or composes more, never less)."""
+  repo = getattr(loader, 'repository', None)
+  return lambda key: repo is None or ('.' not in key and repo.group_exists(key))
 
 
 class ShapeValidatingSweeper(BasicSweeper):
@@ -43,12 +54,7 @@ class ShapeValidatingSweeper(BasicSweeper):
 
   def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
     loader = self.hydra_context.config_loader
-    repo = getattr(loader, 'repository', None)
-
-    def is_group(key: str) -> bool:
-      if repo is None:
-        return True  # no way to tell: treat every override as a group choice (validates more, never less)
-      return '.' not in key and repo.group_exists(key)
+    is_group = group_test(loader)
     tic = time.perf_counter()
     seen: set[tuple] = set()
     for overrides in batch:
