@@ -14,6 +14,7 @@ processes of this host that are gone (the folder's name holds the host and pid) 
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import shutil
 import socket
@@ -66,19 +67,29 @@ def _owner_gone(name: str, host: str) -> bool:
   return False
 
 
+def _entries(folder: Path) -> list[str]:
+  """Names of the entry files (:data:`ENTRY_GLOB`) directly in ``folder`` ([] when it does not exist)."""
+  try:
+    with os.scandir(folder) as it:
+      return [e.name for e in it if fnmatch.fnmatchcase(e.name, ENTRY_GLOB)]
+  except FileNotFoundError:
+    return []
+
+
 def publish(private: str | os.PathLike, shared: str | os.PathLike, *, remove: bool = True) -> list[str]:
   """Copy every entry of ``private`` that ``shared`` lacks into it atomically, then (``remove``) delete
   ``private``; returns the names published. ``remove=False`` publishes a job's entries and keeps staging (the
   process goes on)."""
   private, shared = Path(private), Path(shared)
   done = []
-  for entry in sorted(private.glob(ENTRY_GLOB)):
-    target = shared / entry.name
-    if target.exists():
+  present = set(_entries(shared))  # one listing of each folder (a job's call: ~1 ms for hundreds of entries)
+  for name in sorted(set(_entries(private)) - present):
+    target = shared / name
+    if target.exists():  # published by another process since the listing
       continue
-    data = entry.read_bytes()
+    data = (private / name).read_bytes()
     atomic_write(target, lambda f, data=data: f.write(data))
-    done.append(entry.name)
+    done.append(name)
   if remove:
     shutil.rmtree(private, ignore_errors=True)
   return done

@@ -52,26 +52,56 @@ def _scalar(o: Any) -> str | None:
   return None
 
 
+_NL = ['\n' + ' ' * i for i in range(64)]  # newline + indent of each level
+
+
+def _nl(level: int) -> str:
+  return _NL[level] if level < 64 else '\n' + ' ' * level
+
+
+def _dict(o: dict, level: int) -> str:
+  """A non-empty dict; the common value types (finite float, str, int, dict, list) inline, without a call."""
+  inner = _nl(level + 1)
+  parts = []
+  for k, v in o.items():
+    t = type(v)
+    if t is float and v - v == 0:
+      s = float.__repr__(v)
+    elif t is str:
+      s = _escape(v)
+    elif t is dict:
+      s = _dict(v, level + 1) if v else '{}'
+    elif t is list:
+      s = _list(v, level + 1) if v else '[]'
+    elif t is int:
+      s = int.__repr__(v)
+    else:
+      s = _encode(v, level + 1)
+    parts.append((_escape(k) if type(k) is str else _key(k)) + ': ' + s)  # pylint: disable=unidiomatic-typecheck
+  return '{' + inner + (',' + inner).join(parts) + _nl(level) + '}'
+
+
+def _list(o: list | tuple, level: int) -> str:
+  """A non-empty list or tuple; all strings (e.g. a question's retrieved ids) or all dicts (records) in one pass."""
+  inner = _nl(level + 1)
+  types = set(map(type, o))
+  if types == {str}:
+    parts = map(_escape, o)
+  elif types == {dict}:
+    parts = [_dict(v, level + 1) if v else '{}' for v in o]
+  else:
+    parts = [_encode(v, level + 1) for v in o]
+  return '[' + inner + (',' + inner).join(parts) + _nl(level) + ']'
+
+
 def _encode(o: Any, level: int) -> str:
   s = _scalar(o)
   if s is not None:
     return s
-  inner = '\n' + ' ' * (level + 1)
   if isinstance(o, dict):
-    if not o:
-      return '{}'
-    parts = [(_escape(k) if type(k) is str else _key(k)) + ': ' + (  # pylint: disable=unidiomatic-typecheck
-        float.__repr__(v) if type(v) is float and v - v == 0 else _encode(v, level + 1))  # finite float: fast path
-             for k, v in o.items()]
-    return '{' + inner + (',' + inner).join(parts) + '\n' + ' ' * level + '}'
+    return _dict(o, level) if o else '{}'
   if isinstance(o, (list, tuple)):
-    if not o:
-      return '[]'
-    if all(type(v) is str for v in o):  # pylint: disable=unidiomatic-typecheck
-      parts = map(_escape, o)  # e.g. a question's retrieved ids
-    else:
-      parts = [_encode(v, level + 1) for v in o]
-    return '[' + inner + (',' + inner).join(parts) + '\n' + ' ' * level + ']'
+    return _list(o, level) if o else '[]'
   raise TypeError(f'Object of type {o.__class__.__name__} is not JSON serializable')
 
 

@@ -145,14 +145,15 @@ def summarize(result: EvalResult, *, category_names: Mapping[Any, str], seed: in
 
 def per_question(result: EvalResult) -> list[dict[str, Any]]:
   """One record per question: ids, category, gold count, each pipeline's metrics and retrieved ids."""
-  rows = []
-  for i, qid in enumerate(result.question_ids):
-    rows.append({
-        'id': qid, 'episode': result.episode_ids[i], 'category': result.categories[i],
-        'n_gold': result.n_gold[i],
-        'scores': {p: {m: float(v[i]) for m, v in ms.items()} for p, ms in result.scores.items()},
-        'retrieved': {p: ids[i] for p, ids in result.retrieved.items()}})
-  return rows
+  # each score row converted once (``tolist`` gives the Python floats of ``float(v[i])``)
+  scores = [(p, [(m, np.asarray(v, np.float64).tolist()) for m, v in ms.items()])
+            for p, ms in result.scores.items()]
+  retrieved = list(result.retrieved.items())
+  return [{'id': qid, 'episode': result.episode_ids[i], 'category': result.categories[i],
+           'n_gold': result.n_gold[i],
+           'scores': {p: {m: v[i] for m, v in ms} for p, ms in scores},
+           'retrieved': {p: ids[i] for p, ids in retrieved}}
+          for i, qid in enumerate(result.question_ids)]
 
 
 def _fmt(mean: float, ci: Sequence[float]) -> str:

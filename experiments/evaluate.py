@@ -125,6 +125,14 @@ def run_dataset(cfg: DictConfig, ds: DictConfig, episodes, load_report, pipes: d
   return results, table
 
 
+def _load_checked(cfg: DictConfig, ds: DictConfig, name: str):
+  """:func:`common.load_dataset`, refused when it has no question to score or two episodes with equal content."""
+  episodes, load_report = common.load_dataset(cfg, ds)
+  checks.check_scored_questions(episodes, f'dataset {name}')
+  checks.check_distinct_corpora(episodes, f'dataset {name}')
+  return episodes, load_report
+
+
 def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   """Evaluate ``cfg.pipeline`` on ``cfg.dataset`` (or on every entry of ``cfg.datasets``) and write the results."""
   checks.check_evaluate(cfg)
@@ -133,12 +141,9 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   datasets = checks.datasets_of(cfg)
   pipes, expanded = common.build_pipelines(cfg)
   embed_fn = common.make_embedder(cfg)
-  with timer.phase('load'):
+  with timer.phase('load'):  # checked before any embedding or retrieval (once per loaded dataset in a process)
     loaded = {name: common.memo(cfg, 'dataset', {'dataset': ds, 'data_root': cfg.paths.data_root},
-                                functools.partial(common.load_dataset, cfg, ds)) for name, ds in datasets.items()}
-  for name, (episodes, _) in loaded.items():  # before any embedding or retrieval
-    checks.check_scored_questions(episodes, f'dataset {name}')
-    checks.check_distinct_corpora(episodes, f'dataset {name}')
+                                functools.partial(_load_checked, cfg, ds, name)) for name, ds in datasets.items()}
   with timer.phase('fit_on_train'):
     fits = fit_on_train(cfg, pipes, expanded, embed_fn, {n: eps for n, (eps, _) in loaded.items()})
   per_ds, tables = {}, []

@@ -37,3 +37,17 @@ def test_refuses_what_json_refuses(bad):
     json.dumps(bad, indent=1)
   with pytest.raises(TypeError):
     jsonfmt.dumps(bad)
+
+
+def test_records_deep_nesting_and_subclasses():
+  """The inline paths (records of dicts, lists of strings, finite floats) and what they hand on: NaN and numpy
+  floats inside a dict, bools (not ints), dict and str subclasses, empty containers, nesting deeper than 64."""
+  class Sub(str):
+    pass
+  deep: object = 1.5
+  for i in range(70):
+    deep = {f'k{i}': [deep, 'x']} if i % 2 else [deep, {}]
+  tree = {'rows': [{'id': Sub('q'), 'ok': True, 'n': 3, 'v': np.float64(0.1), 'nan': float('nan'), 'e': {}, 'l': [],
+                    'ids': ['a', Sub('b')], 'o': __import__('collections').OrderedDict(x=1)} for _ in range(3)],
+          'deep': deep, 'mixed': [{'a': 1}, [1, 'b'], 'c', None]}
+  assert jsonfmt.dumps(tree) == json.dumps(tree, indent=1)

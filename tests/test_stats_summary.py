@@ -56,3 +56,21 @@ def test_summarize_without_baselines_or_bootstrap_rows():
   iv = stats.wilson_ci(res.scores['p1']['hit@10'])
   assert (out['p1']['hit@10'], *out['p1']['ci95']['hit@10']) == (iv.mean, iv.lo, iv.hi)
   assert all(not e['paired'] for e in out.values())
+
+
+def test_per_question_records_equal_a_plain_loop():
+  """report.per_question (score rows converted once) gives each question's record as a loop of ``float(v[i])``
+  gives it, for float32, float64, int and bool score rows (always Python floats in the file)."""
+  rng = np.random.default_rng(0)
+  q = 7
+  res = EvalResult(question_ids=[f'q{i}' for i in range(q)], episode_ids=['e'] * q, categories=[1, 2, 'x', 1, 2, 1, 3],
+                   n_gold=list(range(q)),
+                   scores={'a': {'m32': rng.random(q).astype(np.float32), 'm64': rng.random(q)},
+                           'b': {'int': rng.integers(0, 2, q), 'bool': rng.random(q) > 0.5}},
+                   retrieved={'a': [[f'd{i}', f'd{i + 1}'] for i in range(q)], 'b': [[] for _ in range(q)]}, k=2)
+  want = [{'id': qid, 'episode': res.episode_ids[i], 'category': res.categories[i], 'n_gold': res.n_gold[i],
+           'scores': {p: {m: float(v[i]) for m, v in ms.items()} for p, ms in res.scores.items()},
+           'retrieved': {p: ids[i] for p, ids in res.retrieved.items()}} for i, qid in enumerate(res.question_ids)]
+  got = report.per_question(res)
+  assert got == want
+  assert all(type(v) is float for r in got for ms in r['scores'].values() for v in ms.values())  # pylint: disable=unidiomatic-typecheck

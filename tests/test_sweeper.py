@@ -108,3 +108,40 @@ def test_the_launcher_reuses_a_shape_and_its_configs_equal_hydras():
     assert list(got[1].hydra.overrides.task) == jobs[1] and got[0].hydra.overrides.task != got[1].hydra.overrides.task
   finally:
     ctx.__exit__(None, None, None)
+
+
+def test_the_launcher_freezes_the_heap_while_its_jobs_run_and_then_unfreezes(tmp_path):
+  """``gc.freeze`` holds during the jobs (after the first, the objects it left behind too), and the launcher leaves
+  the collector as it found it: nothing frozen after the sweep, and no freezing when the collector is off."""
+  import gc  # pylint: disable=import-outside-toplevel
+  from hydra.core.utils import JobStatus  # pylint: disable=import-outside-toplevel
+  from hydra.types import HydraContext  # pylint: disable=import-outside-toplevel
+  from hydra._internal.callbacks import Callbacks  # pylint: disable=import-outside-toplevel
+  from hydra_plugins.engram_sweeper import shapes_launcher  # pylint: disable=import-outside-toplevel
+  ctx, loader, master = _loader_and_master(['hydra/launcher=shapes', f'hydra.sweep.dir={tmp_path}'])
+  try:
+    kept, seen = [], []
+
+    def task(cfg):
+      kept.append(object())  # something the job leaves behind
+      seen.append((gc.get_freeze_count(), gc.isenabled()))
+      return cfg.pipeline.rrf_cos_bm25.k0
+
+    launcher = shapes_launcher.ShapeComposingLauncher()
+    launcher.setup(hydra_context=HydraContext(config_loader=loader, callbacks=Callbacks()), task_function=task,
+                   config=master)
+    jobs = [['pipeline=[rrf_cos_bm25]', f'++pipeline.rrf_cos_bm25.k0={k}'] for k in (20, 40, 60)]
+    assert gc.get_freeze_count() == 0
+    runs = launcher.launch(jobs, initial_job_idx=0)
+    assert [r.status for r in runs] == [JobStatus.COMPLETED] * 3 and [r.return_value for r in runs] == [20, 40, 60]
+    assert seen[0][0] > 0 and seen[1][0] > seen[0][0] and seen[2][0] == seen[1][0]
+    assert gc.get_freeze_count() == 0
+    gc.disable()
+    try:
+      seen.clear()
+      launcher.launch(jobs[:2], initial_job_idx=3)
+      assert [n for n, _ in seen] == [0, 0]
+    finally:
+      gc.enable()
+  finally:
+    ctx.__exit__(None, None, None)
