@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from engram_jax import analysis, evaluation, jsonfmt, report, timing
 from engram_jax.data import splits
-from experiments.lib import answer, checks, common
+from experiments.lib import answer, checks, common, yamlfmt
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     tables.append(report.fits_markdown(fits))
   text = '\n'.join(tables)
   files = {'results.json': jsonfmt.dumps(results), 'results.md': text,
-           'config_resolved.yaml': OmegaConf.to_yaml(cfg, resolve=True)}
+           'config_resolved.yaml': yamlfmt.to_yaml(cfg, resolve=True)}
   report.write_files(out_dir, files)
   timer.add('report', time.perf_counter() - report_t0)
   spent = timer.stop()

@@ -2,6 +2,8 @@
 an added or removed key makes another shape. (The end-to-end check that the shapes sweeper gives every job the
 configuration and results of the stock sweeper is in test_collect.py, slow tier.)"""
 
+import pytest
+
 from hydra_plugins.engram_sweeper import shapes_sweeper as sweeper
 
 GROUPS = {'pipeline', 'dataset', 'hydra/launcher'}
@@ -145,3 +147,70 @@ def test_the_launcher_freezes_the_heap_while_its_jobs_run_and_then_unfreezes(tmp
       gc.enable()
   finally:
     ctx.__exit__(None, None, None)
+
+
+class _Recorder:
+  """Callbacks stand-in: records what each hook saw."""
+
+  def __init__(self):
+    self.calls = []
+
+  def on_job_start(self, config, task_function):
+    self.calls.append(('start', config.hydra.job.num, task_function.__name__))
+
+  def on_job_end(self, config, job_return):
+    self.calls.append(('end', config.hydra.job.num, job_return.status.name))
+
+
+@pytest.mark.parametrize('chdir', [False, True])
+def test_the_lean_job_runner_equals_hydras_run_job(tmp_path, chdir):
+  """lean_job.run_job and hydra.core.utils.run_job on the same job: equal returns (task and hydra configurations as
+  YAML, overrides, working directory, status, value, task name), equal ``.hydra`` files, the same HydraConfig seen by
+  the task (output_dir set), the environment of ``hydra.job.env_set``, the callbacks in order, and the same state
+  after (HydraConfig and working directory restored); a failing task's exception is its return in both."""
+  import copy  # pylint: disable=import-outside-toplevel
+  import os  # pylint: disable=import-outside-toplevel
+  from hydra.core.hydra_config import HydraConfig  # pylint: disable=import-outside-toplevel
+  from hydra.core.utils import JobStatus, run_job as hydra_run_job  # pylint: disable=import-outside-toplevel
+  from hydra.types import HydraContext  # pylint: disable=import-outside-toplevel
+  from omegaconf import OmegaConf, open_dict  # pylint: disable=import-outside-toplevel
+  from hydra_plugins.engram_sweeper import lean_job  # pylint: disable=import-outside-toplevel
+  overrides = ['hydra/launcher=shapes', f'hydra.job.chdir={str(chdir).lower()}', '+hydra.job.env_set.ENGRAM_T=on']
+  results = {}
+  for name, runner in (('hydra', hydra_run_job), ('lean', lean_job.run_job)):
+    ctx, loader, master = _loader_and_master(overrides + [f'hydra.sweep.dir={tmp_path / name}'])
+    try:
+      cwd = os.getcwd()
+      before = HydraConfig.instance().cfg
+      seen = []
+
+      def task(cfg):
+        seen.append((OmegaConf.to_yaml(HydraConfig.get()), os.getcwd(), os.environ.get('ENGRAM_T')))
+        if cfg.pipeline.rrf_cos_bm25.k0 == 40:
+          raise ValueError('a failing job')
+        return cfg.pipeline.rrf_cos_bm25.k0
+
+      rec = _Recorder()
+      rets = []
+      for num, k0 in enumerate((20, 40)):
+        cfg = loader.load_sweep_config(master, ['pipeline=[rrf_cos_bm25]', f'++pipeline.rrf_cos_bm25.k0={k0}'])
+        with open_dict(cfg):
+          cfg.hydra.job.id = cfg.hydra.job.num = num
+        rets.append(runner(task_function=task, config=cfg, job_dir_key='hydra.sweep.dir',
+                           job_subdir_key='hydra.sweep.subdir', hydra_context=HydraContext(config_loader=loader,
+                                                                                           callbacks=rec)))
+      assert os.getcwd() == cwd and HydraConfig.instance().cfg is before
+      assert 'ENGRAM_T' not in os.environ
+      files = {p.relative_to(tmp_path / name).as_posix(): p.read_text() for p in (tmp_path / name).rglob('*.yaml')}
+      summary = [(OmegaConf.to_yaml(r.cfg), OmegaConf.is_struct(r.cfg), OmegaConf.to_yaml(r.hydra_cfg), r.overrides,
+                  r.working_dir, r.status, r.task_name) for r in rets]
+      results[name] = (summary, [s for s in copy.deepcopy(seen)], rec.calls, files, rets)
+    finally:
+      ctx.__exit__(None, None, None)
+  norm = lambda x: str(x).replace(str(tmp_path / 'hydra'), 'DIR').replace(str(tmp_path / 'lean'), 'DIR')  # noqa: E731
+  h, l = results['hydra'], results['lean']
+  assert norm(h[0]) == norm(l[0]) and norm(h[1]) == norm(l[1]) and h[2] == l[2]
+  assert {k: norm(v) for k, v in h[3].items()} == {k: norm(v) for k, v in l[3].items()} and len(h[3]) == 6
+  assert [r.status for r in l[4]] == [JobStatus.COMPLETED, JobStatus.FAILED] and l[4][0].return_value == 20
+  assert isinstance(l[4][1]._return_value, ValueError)  # pylint: disable=protected-access
+  assert h[1][0][2] == 'on' and (h[1][0][1].endswith('/0') if chdir else True)

@@ -42,9 +42,10 @@ from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_d
 from hydra._internal.core_plugins.basic_launcher import BasicLauncher
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType
-from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
+from hydra.core.utils import JobReturn, configure_log, filter_overrides, setup_globals
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from hydra_plugins.engram_sweeper.lean_job import run_job
 from hydra_plugins.engram_sweeper.shapes_sweeper import group_test, shape_of
 
 log = logging.getLogger(__name__)
