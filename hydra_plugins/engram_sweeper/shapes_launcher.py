@@ -19,9 +19,10 @@ basic launcher does. ``tests/test_sweeper.py`` checks, per job of a sweep over b
 equal to ``load_sweep_config``'s: values, interpolations left unresolved, the ``hydra`` node and the struct and
 read-only flags.
 
-Two more savings per job, neither changing a file a job writes: the template is kept pickled (a job's copy is
-``pickle.loads``, a third of ``copy.deepcopy``'s time), and the garbage collector's long-lived objects are frozen
-while the jobs run (:func:`settle_heap`).
+Three more savings per job, none changing a file a job writes: the template is kept pickled (a job's copy is
+``pickle.loads``, a third of ``copy.deepcopy``'s time), the garbage collector's long-lived objects are frozen while
+the jobs run (:func:`settle_heap`), and each job runs through :func:`hydra_plugins.engram_sweeper.lean_job.run_job`
+(Hydra's ``run_job`` with fewer copies of the configuration and YAML emitted by libyaml).
 
 Select it with ``hydra/launcher=shapes`` (``conf/hydra/launcher/shapes.yaml``); with ``hydra/sweeper=shapes`` the
 validation pass composes once per shape as well.
