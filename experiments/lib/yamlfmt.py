@@ -23,13 +23,16 @@ from typing import Any
 
 import yaml
 from omegaconf import OmegaConf
-from omegaconf._utils import get_omega_conf_dumper  # pylint: disable=protected-access
 
 
 @functools.cache
 def c_dumper() -> type | None:
   """A libyaml-emitting dumper with OmegaConf's representers, or None when PyYAML was built without libyaml."""
   if not getattr(yaml, '__with_libyaml__', False):
+    return None
+  try:  # OmegaConf's own dumper class (private; an OmegaConf without it: to_yaml falls back to OmegaConf.to_yaml)
+    from omegaconf._utils import get_omega_conf_dumper  # pylint: disable=import-outside-toplevel,protected-access
+  except ImportError:
     return None
   py = get_omega_conf_dumper()
   return type('OmegaConfCDumper', (yaml.CDumper,), {'yaml_representers': dict(py.yaml_representers),

@@ -23,6 +23,7 @@ sees, the files and the restored state.
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import pickle
 import warnings
@@ -31,12 +32,22 @@ from typing import Any
 
 from hydra import version
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.utils import (JobReturn, JobRuntime, JobStatus, _flush_loggers, configure_log,  # pylint: disable=protected-access
-                              env_override)
+from hydra.core.utils import JobReturn, JobRuntime, JobStatus, configure_log, env_override
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from experiments.lib.yamlfmt import to_yaml
+
+
+def _flush_loggers() -> None:
+  """Flush every handler of every logger (as Hydra does after a job)."""
+  for logger in [logging.getLogger(), *[l for l in logging.Logger.manager.loggerDict.values()
+                                        if isinstance(l, logging.Logger)]]:
+    for handler in logger.handlers:
+      try:
+        handler.flush()
+      except Exception:  # pylint: disable=broad-except  (a handler that cannot flush must not fail the job)
+        pass
 
 
 def _save(cfg: Any, filename: str, folder: Path) -> None:
