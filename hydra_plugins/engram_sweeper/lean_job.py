@@ -39,6 +39,12 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from experiments.lib.yamlfmt import to_yaml
 
 
+def freeze(cfg: DictConfig) -> bytes:
+  """``cfg`` as bytes whose ``pickle.loads`` is a deep copy (flags, node types and interpolations included, in a
+  third of ``copy.deepcopy``'s time): the shape launcher's templates and the task's copy of each job."""
+  return pickle.dumps(cfg, protocol=pickle.HIGHEST_PROTOCOL)
+
+
 def _flush_loggers() -> None:
   """Flush every handler of every logger (as Hydra does after a job)."""
   for logger in [logging.getLogger(), *[l for l in logging.Logger.manager.loggerDict.values()
@@ -73,7 +79,7 @@ def run_job(task_function: TaskFunction, config: DictConfig, job_dir_key: str, j
   chdir = None
   try:
     ret = JobReturn()
-    task_cfg = pickle.loads(pickle.dumps(config, protocol=pickle.HIGHEST_PROTOCOL))
+    task_cfg = pickle.loads(freeze(config))
     with read_write(task_cfg), open_dict(task_cfg):
       del task_cfg['hydra']
     ret.cfg = task_cfg

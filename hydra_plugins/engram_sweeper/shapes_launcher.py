@@ -46,7 +46,7 @@ from hydra.core.override_parser.types import Override, OverrideType
 from hydra.core.utils import JobReturn, configure_log, filter_overrides, setup_globals
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from hydra_plugins.engram_sweeper.lean_job import run_job
+from hydra_plugins.engram_sweeper.lean_job import freeze, run_job
 from hydra_plugins.engram_sweeper.shapes_sweeper import group_test, shape_of
 
 log = logging.getLogger(__name__)
@@ -71,12 +71,6 @@ def value_overrides(parsed: Sequence[Override], is_group: Callable[[str], bool])
       return None
     out.append(o)
   return out
-
-
-def freeze(cfg: DictConfig) -> bytes:
-  """A composition kept as a template: its pickle (``pickle.loads`` of it is a deep copy, flags, node types and
-  interpolations included, in a third of ``copy.deepcopy``'s time)."""
-  return pickle.dumps(cfg, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def reuse(template: bytes, master: DictConfig, parsed: Sequence[Override], values: Sequence[Override]) -> DictConfig:
