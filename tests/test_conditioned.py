@@ -126,3 +126,85 @@ def test_experiment_fits_conditioned_knobs_beside_the_scalar_fit(tmp_path):
         'fit.conditioned={knobs: [legs.bm25.k1], features: [cues], hidden: 0, rank: 2, net_lr_scale: 0.1}'])
   with pytest.raises(ValueError, match='only fusion knobs'):
     fit_exp.run(bad, tmp_path / 'bad')
+
+
+# ---- the learned recency gate of tcfsr_learned is one use of the conditioned knobs --------------------------------
+
+GATE = C.Conditioning(knobs=('legs.prior.gamma',), features=('cues', 'revision', 'top_cos'), hidden=0, rank=1,
+                      net_lr_scale=1.0, form='gate', bias=False, pool=20, theta=0.5, delta=0.3)
+CUE_TEXTS = ('what is my current job now', 'when did we meet', 'how many dogs do I have', 'where is the key')
+
+
+def _revision_episodes():
+  """Episodes with near-duplicate items written far apart (the revision detector opens for some questions) and
+  questions with and without text cues."""
+  from engram_jax.types import Episode, Item, Question  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(11)
+  eps, embs = [], []
+  for e, (n, q) in enumerate([(50, 12), (40, 9)]):
+    docs = rng.normal(size=(n, 16))
+    docs[n // 2:n // 2 + 8] = docs[:8] + 0.3 * rng.normal(size=(8, 16))  # restated facts, later
+    docs /= np.linalg.norm(docs, axis=1, keepdims=True)
+    queries = docs[rng.integers(0, 8, q)] + 0.4 * rng.normal(size=(q, 16))
+    queries[::3] = rng.normal(size=queries[::3].shape)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    items = tuple(Item(id=f'e{e}i{i}', text=f'item {i}', parent='s', position=i) for i in range(n))
+    qs = tuple(Question(id=f'e{e}q{j}', text=CUE_TEXTS[j % 4], gold=(f'e{e}i{int(rng.integers(0, n))}',),
+                        gold_parents=('s',), category=1) for j in range(q))
+    eps.append(Episode(id=f'e{e}', items=items, questions=qs))
+    embs.append((docs, queries))
+  return eps, embs, [batch.episode_arrays(e, *x) for e, x in zip(eps, embs)]
+
+
+def test_tcfsr_learned_gate_is_the_conditioned_recency_weight_of_tcfsr_prior():
+  """tcfsr_learned at gate weights u (gamma, lam, w) equals tcfsr_prior with gamma conditioned through a gate module
+  of kernel u (GATE): the same features, soft loss and gradients (u <-> the module's kernel), and hard rankings."""
+  from engram_jax.fit import train  # pylint: disable=import-outside-toplevel
+  from engram_jax.ops import tcfsr_learned as TL  # pylint: disable=import-outside-toplevel
+  eps, embs, arrays = _revision_episodes()
+  u = np.array([0.8, -0.6, 0.4, -0.3, 2.5, 1.2], np.float32)  # current, when, count, bias, revision, topcos
+  common = {'pool': 20, 'lam': 0.01, 'w': 0.8}
+  learned = P.make_pipeline(legs={'tl': {'op': 'tcfsr_learned', **common, 'gamma': 0.3, 'theta': 0.5, 'delta': 0.3,
+                                         **{n: float(x) for n, x in zip(TL.WEIGHTS, u)}}}, name='learned')
+  prior = P.make_pipeline(legs={'prior': {'op': 'tcfsr_prior', **common, 'gamma': 0.3}}, name='gate')
+  p_a, k_a, e_a = fit.make_problem(learned, [f'legs.tl.{n}' for n in ('lam', 'w', 'gamma', *TL.WEIGHTS)])
+  p_b, k_b, e_b = fit.make_problem(prior, ['legs.prior.lam', 'legs.prior.w', 'legs.prior.gamma'])
+  GATE.check(prior, [p for p, _ in p_b.fitted])
+  rows_a = fit.build_rows(p_a, learned, eps, arrays, seed=DEFAULT_SEED)
+  rows_b = fit.build_rows(p_b, prior, eps, arrays, seed=DEFAULT_SEED)
+  inputs = C.build_inputs(GATE, eps, arrays)
+  # the features are the gate's inputs: cues, and a revision signal that is open for some questions only
+  assert inputs.feats.shape == (21, 6)
+  rev = np.asarray(inputs.feats[:, 4])
+  assert (rev > 0).any() and (rev == 0).any() and len(np.unique(np.asarray(inputs.feats[:, :3]), axis=0)) == 4
+  net = {'params': {'out': {'kernel': jnp.asarray(u)[:, None]}}}
+  weight = jnp.ones(rows_b.where.shape[0])
+  fixed_a = {p: jnp.asarray(v, jnp.float32) for p, v in e_a.items()}
+  fixed_b = {p: jnp.asarray(v, jnp.float32) for p, v in e_b.items()}
+  loss_a, g_a = jax.value_and_grad(lambda r: train.loss_fn(r, fixed_a, rows_a, weight, problem=p_a, max_gold=1))(
+      dict(k_a.raw))
+  loss_b, g_b = jax.value_and_grad(lambda prm: C.loss_fn(prm, fixed_b, rows_b, inputs, weight, problem=p_b, spec=GATE,
+                                                         max_gold=1))({'raw': dict(k_b.raw), 'net': net})
+  np.testing.assert_allclose(loss_b, loss_a, rtol=1e-6)
+  for knob in ('lam', 'w', 'gamma'):
+    np.testing.assert_allclose(g_b['raw'][f'legs.prior.{knob}'], g_a[f'legs.tl.{knob}'], rtol=1e-4, atol=1e-7)
+  np.testing.assert_allclose(np.asarray(g_b['net']['params']['out']['kernel'])[:, 0],
+                             [g_a[f'legs.tl.{n}'] for n in TL.WEIGHTS], rtol=1e-4, atol=1e-7)
+  assert abs(float(g_a['legs.tl.u_revision'])) > 0
+  # hard: the conditioned scorer ranks every question as tcfsr_learned does
+  res = C.CondFit(values={'legs.prior.lam': 0.01, 'legs.prior.w': 0.8, 'legs.prior.gamma': 0.3}, raw=k_b.raw, net=net,
+                  losses=[], train_rows=0, wall_s=0.0)
+  metrics = ['ndcg@10', 'recall@10']
+  got = C.score_episodes(prior, p_b, GATE, res, e_b, eps, arrays, k=10, metrics=metrics, seed=0,
+                         indices=range(len(eps)))
+  want = evaluation.evaluate(eps, embs, {'tl': learned}, k=10, metrics=metrics, seed=0, progress=False, arrays=arrays)
+  for m in metrics:
+    np.testing.assert_array_equal(got[m], want.scores['tl'][m])
+  # and the gate moved the rankings: the same module at u = 0 (gamma / 2 for everyone) ranks differently
+  flat = C.CondFit(values=res.values, raw=k_b.raw, net=jax.tree_util.tree_map(jnp.zeros_like, net), losses=[],
+                   train_rows=0, wall_s=0.0)
+  scores = lambda r: np.asarray(jax.jit(lambda a, f, q: C.hard_topk(prior, p_b, GATE, r, e_b, a, f, q,
+                                                                    jax.random.key(0), k=10))(
+      arrays[0], jnp.asarray(np.pad(inputs.feats[:12], [(0, arrays[0].queries.shape[0] - 12), (0, 0)])),
+      jnp.asarray(arrays[0].queries)))
+  assert not np.array_equal(scores(res), scores(flat))

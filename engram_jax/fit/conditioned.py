@@ -12,18 +12,32 @@ of the scalar unconstrained value plus the module's output,
 
 so with :math:`f_\phi \equiv 0` (its last layer starts at zero) every question gets the scalar fit's value, and the
 scalar knobs and :math:`\phi` are fit jointly on the soft pipeline (approx-NDCG@k, as :mod:`engram_jax.fit.train`).
-Inputs :math:`x_q` (``features``):
+With ``form: gate`` the module is a gate on the knob instead, :math:`v_{q,j} = T_j(\theta_j)\,
+\sigma(f_\phi(x_q)_j)` (half the scalar value at init).
+Inputs :math:`x_q` (``features``, always in this order):
 
 * ``cues``: the question's text cues (:mod:`engram_jax.features`: current, when, count, bias);
 * ``pool``: statistics of its cosine list: the top cosine, the mean of the top 10 and the top-1 minus top-10 gap;
+* ``revision``: the revision detector's statistic (:func:`engram_jax.ops.tcfsr.revision_signal`, hard) on the
+  question's cosine top-``pool`` at ``theta`` / ``delta``;
+* ``top_cos``: the top cosine of that pool;
 * ``query``: its embedding through a learned rank-``rank`` projection (``D x rank`` parameters).
 
-``hidden`` = 0 makes :math:`f_\phi` linear; otherwise one tanh layer of that width.
+None of them depends on a fitted knob (the pool is a cosine top-P), so they are computed once per question.
+``hidden`` = 0 makes :math:`f_\phi` linear; otherwise one tanh layer of that width. ``bias: false`` drops the last
+layer's bias (the ``cues`` carry a constant column).
 
-Conditioned knobs are the fusion knobs (leg weights and ``k0``): hard scoring fuses the legs' hard scores (each
-leg at its fitted scalar knobs) by :func:`engram_jax.ops.rrf.rrf_fuse` with each question's own weights and ``k0``
-(``vmap`` over questions), and the soft twin fuses batched the same way (:func:`engram_jax.ops.rrf.soft_rrf_fuse`
-under ``vmap``). An operator knob cannot be conditioned yet (the hard legs take scalar knobs): it raises.
+Conditioned knobs are the fusion knobs (leg weights and ``k0``) and any operator knob declared ``per_question``
+(:class:`engram_jax.ops.registry.Knob`: its hard leg takes ``[Q]`` values and its twin ``[B]``, e.g. the recency
+weight ``gamma`` of ``tcfsr_prior``). Hard scoring runs each leg at its fitted scalar knobs and its conditioned
+knobs' per-question values, then fuses by :func:`engram_jax.ops.rrf.rrf_fuse` with each question's own weights and
+``k0`` (``vmap`` over questions); the soft twins take the per-question values batched, and the fusion is
+:func:`engram_jax.ops.rrf.soft_rrf_fuse` under ``vmap`` (``fusion: none`` pipelines: the one leg).
+
+The learned recency gate of ``tcfsr_learned`` (:mod:`engram_jax.ops.tcfsr_learned`) is one use:
+``tcfsr_prior`` with ``gamma`` conditioned, ``form: gate``, ``features: [cues, revision, top_cos]``, ``hidden: 0``,
+``bias: false``, ``net_lr_scale: 1`` is the same model with the same parameters (``conf/pipeline/tcfsr_gate.yaml``;
+``tests/test_conditioned.py`` checks that both give the same soft loss, gradients and hard rankings).
 """
 
 from __future__ import annotations
@@ -50,10 +64,12 @@ from engram_jax.fit.problem import Problem, Rows, effective_values, soft_leg
 from engram_jax.fit.splits import check_disjoint
 from engram_jax.fit.train import anneal_scale, max_gold_of, minibatch
 from engram_jax.ops import pools, rrf
+from engram_jax.ops.tcfsr import PoolSolve, revision_signal
 from engram_jax.pipeline import Pipeline, split_path, with_values
 from engram_jax.types import Episode
 
-FEATURE_GROUPS = ('cues', 'pool', 'query')
+FEATURE_GROUPS = ('cues', 'pool', 'revision', 'top_cos', 'query')
+FORMS = ('offset', 'gate')
 POOL_STATS = ('top_cos', 'mean_top10_cos', 'gap_top1_top10')
 
 
@@ -66,8 +82,18 @@ class Conditioning:
   hidden: int
   rank: int
   net_lr_scale: float  # the module's learning rate as a fraction of the scalar knobs' (its updates times this)
+  form: str = 'offset'  # offset: T(theta + f(x)); gate: T(theta) * sigmoid(f(x))
+  bias: bool = True     # the last layer's bias
+  pool: int = 150       # the cosine pool of the revision / top_cos features
+  theta: float = 0.7    # the revision detector's near-duplicate cosine
+  delta: float = 0.1    # and its relevance band
 
   def __post_init__(self) -> None:
+    if self.form not in FORMS:
+      raise ValueError(f'conditioned.form must be one of {list(FORMS)}, got {self.form!r}')
+    if int(self.pool) < 1 or not 0 <= float(self.theta) <= 1 or not float(self.delta) > 0:
+      raise ValueError(f'conditioned.pool must be >= 1, theta in [0, 1] and delta > 0, got {self.pool}, '
+                       f'{self.theta}, {self.delta}')
     if not self.knobs:
       raise ValueError('conditioned.knobs is empty: name the knobs to condition on the question')
     bad = [f for f in self.features if f not in FEATURE_GROUPS]
@@ -80,14 +106,19 @@ class Conditioning:
       raise ValueError(f'conditioned.hidden must be >= 0 and conditioned.rank >= 1, got {self.hidden}, {self.rank}')
 
   def check(self, pipe: Pipeline, fitted: Sequence[str]) -> None:
-    """Every conditioned knob is a fusion knob of ``pipe`` (a leg weight or ``k0``) and is also fitted."""
-    if pipe.fusion != 'rrf':
-      raise ValueError(f'conditioned knobs need an RRF fusion; pipeline {pipe.name!r} has fusion {pipe.fusion}')
+    """Every conditioned knob is a fusion knob of an RRF ``pipe`` (a leg weight or ``k0``) or an operator knob
+    declared ``per_question``, and is also fitted."""
     for path in self.knobs:
-      _, knob = split_path(pipe, path)
-      if knob not in (None, 'weight'):
-        raise ValueError(f'conditioned knob {path!r}: only fusion knobs (legs.<leg>.weight, k0) can be conditioned '
-                         f'(hard legs take scalar knobs)')
+      leg, knob = split_path(pipe, path)
+      if knob in (None, 'weight'):
+        if pipe.fusion != 'rrf':
+          raise ValueError(f'conditioned knob {path!r}: a fusion knob needs an RRF fusion; pipeline {pipe.name!r} '
+                           f'has fusion {pipe.fusion}')
+      elif knob == 'depth' or not pipe.leg(leg).operator.knob(knob).per_question:
+        per_q = [k.name for k in pipe.leg(leg).operator.knobs if k.per_question]
+        raise ValueError(f'conditioned knob {path!r}: only fusion knobs (legs.<leg>.weight, k0) and operator knobs '
+                         f'declared per_question can be conditioned (the hard leg takes one scalar {knob}); '
+                         f'{pipe.leg(leg).op}\'s per-question knobs: {per_q}')
       if path not in fitted:
         raise ValueError(f'conditioned knob {path!r} must also be in fit.params (its scalar value is the base)')
 
@@ -99,6 +130,7 @@ class KnobNet(nn.Module):
   hidden: int
   rank: int
   use_query: bool
+  use_bias: bool = True
 
   @nn.compact
   def __call__(self, feats: Array, query: Array) -> Array:
@@ -108,14 +140,15 @@ class KnobNet(nn.Module):
     h = jnp.concatenate(parts, axis=-1)
     if self.hidden:
       h = jnp.tanh(nn.Dense(self.hidden, name='hidden')(h))
-    return nn.Dense(self.n_out, kernel_init=nn.initializers.zeros, bias_init=nn.initializers.zeros, name='out')(h)
+    return nn.Dense(self.n_out, use_bias=self.use_bias, kernel_init=nn.initializers.zeros,
+                    bias_init=nn.initializers.zeros, name='out')(h)
 
 
 @struct.dataclass
 class Inputs:
   """Per-question inputs of the module, in the order of :func:`engram_jax.fit.build_rows` (Q questions)."""
 
-  feats: Array   # [Q, F] cue indicators and pool statistics (as ``features`` selects; F may be 0)
+  feats: Array   # [Q, F] cue indicators, pool statistics, revision signal, top cosine (as ``features`` selects)
   query: Array   # [Q, D] query embeddings
 
 
@@ -139,8 +172,30 @@ def episode_inputs(spec: Conditioning, ep: EpisodeArrays, n_questions: int) -> t
   if 'pool' in spec.features:
     n = ep.where.shape[0]
     parts.append(pool_stats(pools.question_cosines(ep, n_questions, n)))
+  pooled = [f for f in ('revision', 'top_cos') if f in spec.features]
+  if pooled:
+    stats = revision_stats(ep, n_questions, pool=spec.pool, theta=spec.theta, delta=spec.delta)
+    parts.append(stats[:, [('revision', 'top_cos').index(f) for f in pooled]])
   feats = np.concatenate(parts, -1) if parts else np.zeros((n_questions, 0), np.float32)
   return feats.astype(np.float32), np.asarray(ep.queries, np.float32)[:n_questions]
+
+
+def revision_stats(ep: EpisodeArrays, n_questions: int, *, pool: int, theta: float, delta: float) -> np.ndarray:
+  """``[Q, 2]`` float32: the revision detector's statistic (:func:`engram_jax.ops.tcfsr.revision_signal`, hard)
+  and the top cosine of each real question's cosine top-``pool`` (:func:`engram_jax.ops.pools.cosine_pool_rows`:
+  the pool, Gram and write times the hard ``tcfsr_*`` legs read), 0 for an empty pool."""
+  rows = pools.cosine_pool_rows(ep, n_questions, ep.where.shape[0], pool, times=True)
+
+  def one(b, g, t, v):
+    both = v[:, None] & v[None, :]
+    sol = PoolSolve(jnp.zeros(b.shape, jnp.int32), v, jnp.zeros_like(b), jnp.where(v, b, 0.0),
+                    jnp.where(v, t, 0.0), jnp.where(both, g, 0.0))
+    top = jnp.max(jnp.where(v, sol.cos, -jnp.inf))
+    return jnp.stack([revision_signal(sol, theta=theta, delta=delta), jnp.where(jnp.isfinite(top), top, 0.0)])
+
+  out = jax.vmap(one)(*(jnp.asarray(rows[k], jnp.float32) if k != 'pool_valid' else jnp.asarray(rows[k])
+                        for k in ('pool_cos', 'pool_gram', 'pool_t', 'pool_valid')))
+  return np.asarray(out, np.float32)
 
 
 def build_inputs(spec: Conditioning, episodes: Sequence[Episode], arrays: Sequence[EpisodeArrays]) -> Inputs:
@@ -152,7 +207,7 @@ def build_inputs(spec: Conditioning, episodes: Sequence[Episode], arrays: Sequen
 
 def make_net(spec: Conditioning) -> KnobNet:
   return KnobNet(n_out=len(spec.knobs), hidden=int(spec.hidden), rank=int(spec.rank),
-                 use_query='query' in spec.features)
+                 use_query='query' in spec.features, use_bias=bool(spec.bias))
 
 
 def init_net(spec: Conditioning, inputs: Inputs, seed: int) -> Any:
@@ -162,13 +217,17 @@ def init_net(spec: Conditioning, inputs: Inputs, seed: int) -> Any:
 def question_values(problem: Problem, spec: Conditioning, raw: Mapping[str, Array], fixed: Mapping[str, Array],
                     net_params: Any, feats: Array, query: Array) -> dict[str, Array]:
   """Every knob's value on a batch: scalars as :func:`engram_jax.fit.effective_values` (weights not renormalised
-  here), the conditioned ones ``[B]``: ``transform(raw + net(x)[:, j])``."""
+  here), the conditioned ones ``[B]``: ``transform(raw + net(x)[:, j])`` (form ``offset``) or ``transform(raw) *
+  sigmoid(net(x)[:, j])`` (form ``gate``)."""
   vals = dict(fixed)
   vals.update(Knobs(raw=dict(raw), transforms=problem.fitted).values())
   delta = make_net(spec).apply(net_params, feats, query)
   kinds = dict(problem.fitted)
   for j, path in enumerate(spec.knobs):
-    vals[path] = FORWARD[kinds[path]](raw[path] + delta[:, j])
+    if spec.form == 'gate':
+      vals[path] = FORWARD[kinds[path]](raw[path]) * jax.nn.sigmoid(delta[:, j])
+    else:
+      vals[path] = FORWARD[kinds[path]](raw[path] + delta[:, j])
   return vals
 
 
@@ -185,6 +244,8 @@ def soft_scores(problem: Problem, vals: Mapping[str, Array], rows: Rows, scale: 
   scalar): the legs as :func:`engram_jax.fit.problem.soft_scores`, the fusion vmapped over questions."""
   b = rows.where.shape[0]
   outs = [soft_leg(problem, l, vals, rows, scale) for l in range(len(problem.legs))]
+  if problem.fusion == 'none':
+    return jnp.where(rows.where, outs[0][0], -jnp.inf)
   weights, k0 = _per_question_fusion(problem, vals, b)
   fitted_depths = [leg.depth for leg in problem.legs if leg.fitted and not leg.operator.soft.selection]
   depths = [leg.depth for leg in problem.legs]
@@ -301,9 +362,13 @@ def hard_topk(pipe: Pipeline, problem: Problem, spec: Conditioning, res: CondFit
   ``feats [Q, F]`` / ``query [Q, D]`` cover the padded question axis (padding rows are ignored)."""
   fitted = with_values(pipe, res.values)
   keys = jax.random.split(key, len(fitted.legs))
-  legs = jnp.stack([spec_.score(ep, k_) for spec_, k_ in zip(fitted.legs, keys)])
   fixed_j = {p: jnp.asarray(v, jnp.float32) for p, v in fixed.items()}
   vals = question_values(problem, spec, res.raw, fixed_j, res.net, feats, query)
+  legs = jnp.stack([_hard_leg(spec_, ep, k_, spec, vals) for spec_, k_ in zip(fitted.legs, keys)])
+  if fitted.fusion == 'none':
+    fused = jnp.where(ep.where, legs[0], -jnp.inf)
+    idx, v = ranking.top_k(fused, k=k, where=ep.where)
+    return jnp.where(jnp.isneginf(v), -1, idx)
   weights, k0 = _per_question_fusion(problem, vals, legs.shape[1])
   depths = [s.depth for s in fitted.legs]
   fused = jax.vmap(lambda s, w, k_: rrf.rrf_fuse(s, weights=w, depths=depths, where=ep.where, k0=k_),
@@ -312,15 +377,26 @@ def hard_topk(pipe: Pipeline, problem: Problem, spec: Conditioning, res: CondFit
   return jnp.where(jnp.isneginf(v), -1, idx)
 
 
+def _hard_leg(leg, ep: EpisodeArrays, key: Array, spec: Conditioning, vals: Mapping[str, Array]) -> Array:
+  """Leg ``leg``'s hard scores ``[Q, N]`` at its scalar knobs, each conditioned operator knob at its per-question
+  values ``vals[path]`` ``[Q]``."""
+  prefix = f'legs.{leg.name}.'
+  mine = {p[len(prefix):]: vals[p] for p in spec.knobs if p.startswith(prefix) and p[len(prefix):] != 'weight'}
+  return leg.operator.leg(ep, key, **{**dict(leg.options), **mine}) if mine else leg.score(ep, key)
+
+
 def per_question_knobs(problem: Problem, spec: Conditioning, res: CondFit, fixed: Mapping[str, float], feats: Array,
                        query: Array) -> dict[str, np.ndarray]:
   """The conditioned knobs' per-question values ``{path: [Q]}`` as the hard scorer uses them (weights
   renormalised)."""
   fixed_j = {p: jnp.asarray(v, jnp.float32) for p, v in fixed.items()}
   vals = question_values(problem, spec, res.raw, fixed_j, res.net, feats, query)
-  weights, k0 = _per_question_fusion(problem, vals, feats.shape[0])
-  out = {f'legs.{leg.name}.weight': np.asarray(weights[:, l]) for l, leg in enumerate(problem.legs)}
-  out['k0'] = np.asarray(k0)
+  b = feats.shape[0]
+  out = {p: np.broadcast_to(np.asarray(vals[p]), (b,)) for p in spec.knobs}
+  if problem.fusion == 'rrf':
+    weights, k0 = _per_question_fusion(problem, vals, b)
+    out.update({f'legs.{leg.name}.weight': np.asarray(weights[:, l]) for l, leg in enumerate(problem.legs)})
+    out['k0'] = np.asarray(k0)
   return {p: out[p] for p in spec.knobs}
 
 

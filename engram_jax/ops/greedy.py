@@ -15,7 +15,7 @@ The soft machinery (:func:`soft_greedy`) relaxes each argmax to a softmax for fi
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import jax
@@ -58,13 +58,15 @@ class SoftSelection(NamedTuple):
 
 
 def map_queries(fn: Callable[..., object], query: Array, docs: Array, where: Array | None,
-                 gram: Array | None, *, batch_size: int | None = None):
-  """Applies ``fn(q [D], docs [N, D], where [N], gram [N, N] | None)`` over broadcast batch axes.
+                 gram: Array | None, *, batch_size: int | None = None, per_query: Sequence[Array] = ()):
+  """Applies ``fn(q [D], docs [N, D], where [N], gram [N, N] | None, *per_query values)`` over broadcast batch
+  axes.
 
   Arguments without batch axes are shared (``in_axes=None``) rather than broadcast, so a shared
   ``docs [N, D]`` is never copied per query. With ``batch_size`` the flattened batch is processed
-  that many entries at a time (``lax.map``), otherwise all at once (``vmap``). Returns ``fn``'s
-  outputs with the batch shape prepended.
+  that many entries at a time (``lax.map``), otherwise all at once (``vmap``). ``per_query``: arrays of the
+  query's batch shape ``[...]`` (one value per query, e.g. a question-conditioned knob), mapped with the queries
+  and passed to ``fn`` as scalars after ``gram``. Returns ``fn``'s outputs with the batch shape prepended.
   """
   query = jnp.asarray(query)
   docs = jnp.asarray(docs)
@@ -99,6 +101,12 @@ def map_queries(fn: Callable[..., object], query: Array, docs: Array, where: Arr
   if gram is None:
     args.append(None)
     axes.append(None)
+  for x in per_query:
+    x = jnp.asarray(x)
+    if x.shape != query.shape[:-1]:
+      raise ValueError(f'Shape mismatch: a per-query value {x.shape} vs the queries\' batch {query.shape[:-1]}')
+    args.append(jnp.broadcast_to(x, batch).reshape((size,)))
+    axes.append(0)
   if batch_size is None or size <= 1:
     out = jax.vmap(fn, in_axes=tuple(axes))(*args)
   else:

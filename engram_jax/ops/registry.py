@@ -45,6 +45,10 @@ class Knob:
     check: allowed range: ``'>0'``, ``'>=0'``, ``'[0,1]'``, ``'int>=1'``, ``'int>=0'``, a tuple of allowed values,
       or None (unchecked).
     doc: one line for error messages and docs.
+    per_question: True when the leg and its soft twin also take one value per question: ``[Q]`` (the episode's
+      padded question axis) in the hard leg, ``[B]`` (one per row) in the twin, each question scored exactly as
+      with that value as a scalar. Such a knob can be conditioned on the question
+      (:mod:`engram_jax.fit.conditioned`); ``engram_jax.testing.check_operator`` checks both claims.
   """
 
   name: str
@@ -53,6 +57,7 @@ class Knob:
   static: bool = False
   check: str | tuple[Any, ...] | None = None
   doc: str = ''
+  per_question: bool = False
 
   def __post_init__(self) -> None:
     if self.name in LEG_KEYS:
@@ -61,6 +66,8 @@ class Knob:
       raise ValueError(f'knob {self.name}: unknown transform {self.transform!r}; allowed {TRANSFORMS}')
     if self.transform is not None and self.static:
       raise ValueError(f'knob {self.name}: a static knob cannot be fitted')
+    if self.per_question and self.transform is None:
+      raise ValueError(f'knob {self.name}: a per-question knob must be fittable (declare its transform)')
 
   def canonical(self, value: Any) -> Any:
     """``value`` in the knob's declared type, so that a number's spelling never changes a compiled program: an

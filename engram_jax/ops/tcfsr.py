@@ -61,7 +61,8 @@ def cfsr_knobs() -> tuple[Knob, ...]:
 
 # The declarations of the variants' knobs: the one place their defaults are written (signatures below read them).
 _BATCH = cfsr.KNOBS[4]
-PRIOR_KNOBS = cfsr_knobs() + (Knob('gamma', 0.1, transform='identity', doc='recency weight'), _BATCH)
+PRIOR_KNOBS = cfsr_knobs() + (Knob('gamma', 0.1, transform='identity', doc='recency weight', per_question=True),
+                              _BATCH)
 BASIS_KNOBS = cfsr_knobs() + (Knob('alpha', 0.2, transform='softplus', check='>=0', doc='time-feature scale'),
                               Knob('anchor', 1.0, transform='identity', doc='target time'), _BATCH)
 GATED_KNOBS = cfsr_knobs() + (Knob('gamma', 0.2, transform='identity', doc='recency weight'),
@@ -116,11 +117,12 @@ def check_corpus(docs: Array, positions: Array, pool: int, iterations: int) -> N
     raise ValueError(f'pool must be >= 1 and iterations >= 0, got {pool}, {iterations}')
 
 
-def _run(one, query, docs, positions, where, gram, batch_size):
+def _run(one, query, docs, positions, where, gram, batch_size, per_query=()):
   n = docs.shape[0]
   where = jnp.ones((n,), bool) if where is None else jnp.asarray(where, bool)
   t_all = write_time(positions, where)
-  return map_queries(lambda q, d, wh, g: one(q, d, wh, g, t_all), query, docs, where, gram, batch_size=batch_size)
+  return map_queries(lambda q, d, wh, g, *x: one(q, d, wh, g, t_all, *x), query, docs, where, gram,
+                     batch_size=batch_size, per_query=per_query)
 
 
 def tcfsr_prior_scores(query: Array, docs: Array, positions: Array, *, where: Array | None = None,
@@ -135,7 +137,9 @@ def tcfsr_prior_scores(query: Array, docs: Array, positions: Array, *, where: Ar
       s_i = w\, \mathrm{mm}(a^\star)_i + (1 - w)\, \mathrm{mm}(\cos(q, \cdot))_i + \gamma\, t_i
       \;\; (i \in \mathcal P), \qquad s_i = -\infty \;\; (i \notin \mathcal P)
 
-  ``gamma = 0`` is CFS-R exactly. Differentiable in ``lam``, ``w``, ``gamma`` (its own soft twin).
+  ``gamma = 0`` is CFS-R exactly. Differentiable in ``lam``, ``w``, ``gamma`` (its own soft twin). ``gamma`` may
+  be one value per query (``[...]``, the queries' batch shape): a question-conditioned recency weight
+  (:mod:`engram_jax.fit.conditioned`; a learned gate :math:`\gamma_q = \gamma\, \sigma(u^\top x_q)` is one).
 
   Args:
     query: ``[..., D]`` unit-norm queries.
@@ -145,19 +149,21 @@ def tcfsr_prior_scores(query: Array, docs: Array, positions: Array, *, where: Ar
     gram: optional ``[N, N]`` ``docs @ docs.T``.
     pool, iterations, power_iterations, batch_size: static, as CFS-R.
     lam, w: CFS-R's ridge weight and blend; traced.
-    gamma: recency weight on the [0, 1] blend scale; traced.
+    gamma: recency weight on the [0, 1] blend scale, a scalar or ``[...]`` (one per query); traced.
 
   Returns:
     ``[..., N]`` scores, ``-inf`` outside the pool or masked.
   """
   check_corpus(docs, positions, pool, iterations)
+  per_query = jnp.ndim(gamma) > 0
 
-  def one(q, d, wh, g, t_all):
+  def one(q, d, wh, g, t_all, *gamma_q):
     sol = solve_pool(q, d, wh, g, t_all, pool=pool, iterations=iterations, lam=lam,
                      power_iterations=power_iterations)
-    return scatter_pool(d.shape[0], sol, blend_pool(sol, w) + jnp.asarray(gamma, sol.cos.dtype) * sol.t)
+    gam = gamma_q[0] if per_query else gamma
+    return scatter_pool(d.shape[0], sol, blend_pool(sol, w) + jnp.asarray(gam, sol.cos.dtype) * sol.t)
 
-  return _run(one, query, docs, positions, where, gram, batch_size)
+  return _run(one, query, docs, positions, where, gram, batch_size, per_query=(gamma,) if per_query else ())
 
 
 def tcfsr_basis_scores(query: Array, docs: Array, positions: Array, *, where: Array | None = None,
@@ -279,7 +285,7 @@ def _leg_args(ep: EpisodeArrays) -> dict:
 
 
 def tcfsr_prior_leg(ep: EpisodeArrays, key: Array, *, pool: int = _P['pool'], iterations: int = _P['iterations'],
-                    lam: float = _P['lam'], w: float = _P['w'], gamma: float = _P['gamma'],
+                    lam: float = _P['lam'], w: float = _P['w'], gamma: float | Array = _P['gamma'],
                     batch_size: int | None = _P['batch_size']) -> Array:
   """:func:`tcfsr_prior_scores` as a leg ``[Q, N]``."""
   del key
@@ -329,8 +335,11 @@ def pool_scores(b: Array, g: Array, t: Array, valid: Array, *, variant: str, lam
                 temperature: ArrayLike | None = None) -> Array:
   """One variant's scores on gathered pools: ``b [B, P]`` pool cosines, ``g [B, P, P]`` pool Gram, ``t [B, P]``
   write-time fractions, ``valid [B, P]`` -> ``[B, P]`` (``-inf`` for invalid slots). The same computation as the
-  hard operators after their pool step; ``temperature`` relaxes the gated variant's two steps (None = hard)."""
-  def one(bi, gi, ti, vi):
+  hard operators after their pool step; ``temperature`` relaxes the gated variant's two steps (None = hard).
+  The prior's ``gamma`` may be one value per row (``[B]``)."""
+  per_row = variant == 'prior' and jnp.ndim(gamma) > 0
+
+  def one(bi, gi, ti, vi, *gamma_b):
     both = vi[:, None] & vi[None, :]
     gp = jnp.where(both, gi, 0.0)
     bb, tp = jnp.where(vi, bi, 0.0), jnp.where(vi, ti, 0.0)
@@ -340,7 +349,7 @@ def pool_scores(b: Array, g: Array, t: Array, valid: Array, *, variant: str, lam
     sol = PoolSolve(jnp.zeros(bb.shape, jnp.int32), vi, a, bb, tp, gp)
     s = blend_pool(sol, w)
     if variant == 'prior':
-      s = s + jnp.asarray(gamma, s.dtype) * sol.t
+      s = s + jnp.asarray(gamma_b[0] if per_row else gamma, s.dtype) * sol.t
     elif variant == 'gated':
       r = revision_signal(sol, theta=theta, delta=delta, temperature=temperature)
       x = r - jnp.asarray(rho0, r.dtype)
@@ -348,7 +357,7 @@ def pool_scores(b: Array, g: Array, t: Array, valid: Array, *, variant: str, lam
       s = s + jnp.asarray(gamma, s.dtype) * gate * sol.t
     return jnp.where(vi, s, -jnp.inf)
 
-  return jax.vmap(one)(b, g, t, valid)
+  return jax.vmap(one)(b, g, t, valid, *((jnp.broadcast_to(gamma, b.shape[:1]),) if per_row else ()))
 
 
 def _rows(ep: EpisodeArrays, n_questions: int, n_pad: int, options, settings) -> dict:

@@ -22,6 +22,9 @@ are ragged, and B >= 2 questions per episode):
    hard leg) changes ``F`` of the hard leg and of the cold twin with the same sign; a knob that moves the twin but
    never the hard leg fails; and where the twin does not depend on the temperatures (it is the hard formula), the
    gradient predicts the sign of the hard leg's change over a step of 0.01.
+4. **Per-question knobs** (declared ``per_question``). The hard leg given one value per question (``[Q]``, three
+   values spread over the questions) scores each question as the leg given that question's value as a scalar (the
+   same items ranked, scores within float rounding, :data:`PER_QUESTION_RTOL`), and the twin given one value per row (``[B]``) reproduces it cold, as in 2.
 
 A failure raises AssertionError naming the operator, the check, the knob (and its values) and the largest
 difference.
@@ -40,12 +43,14 @@ import numpy as np
 from engram_jax import fit, pipeline
 from engram_jax.fit import twins
 from engram_jax.fit.knobs import inverse
-from engram_jax.ops import registry
+from engram_jax.ops import pools, registry
 from engram_jax.ops.greedy import SoftSelection
 from engram_jax.testing.episodes import random_padded_episodes
 
 STEPS = (0.05, 0.5, 1.5)  # knob steps in the unconstrained parametrisation, smallest first
 GRAD_STEP = 0.01         # the step over which a temperature-free twin's gradient must predict the hard change
+PER_QUESTION_RTOL = 1e-6  # per-question vs scalar value in the hard leg: float rounding only (XLA may fuse a
+# broadcast column and a scalar into different instructions, e.g. a fused multiply-add in one of them)
 
 
 def _fail(name: str, what: str) -> None:
@@ -121,6 +126,46 @@ def check_stages(op: registry.Operator, arrays, options: Mapping[str, Any], *, s
       diff = np.abs(a[both] - b[both]).max(initial=0.0)
       _fail(op.name, f'its stages (finish after prepare) differ from the leg on episode {i}: '
                      f'{int((a != b).sum())} entries, max |difference| {diff:.3g}')
+
+
+def check_per_question(op: registry.Operator, problem, arrays, n_questions, rows, every: Mapping[str, float],
+                       knob: str, *, n_pad: int, seed: int) -> None:
+  """Part 4 for one ``per_question`` knob (module docstring), at the other knobs' declared defaults."""
+  name, path = op.name, f'legs.{op.name}.{knob}'
+  transform = op.knob(knob).transform
+  raw0 = inverse(transform, float(op.defaults[knob]))
+  choices = np.asarray([_forward(transform, raw0 + d) for d in (-0.5, 0.0, 0.5)], np.float32)
+  static, traced = twins.traced_options(op, twins.leg_options(problem, 0, every))
+  fn = twins.hard_fn(op, static)
+  rng = np.random.default_rng(seed + 4)
+  base_key = jax.random.key(seed)
+  hard, per_row = [], []
+  for e, (arr, nq) in enumerate(zip(arrays, n_questions)):
+    key = jax.random.split(jax.random.fold_in(base_key, e), len(problem.legs))[0]
+    pick = rng.integers(0, len(choices), size=arr.queries.shape[0])
+    got = np.asarray(fn(arr, key, {**traced, knob: jnp.asarray(choices[pick])}))
+    for j, v in enumerate(choices):
+      want = np.asarray(fn(arr, key, {**traced, knob: jnp.float32(v)}))
+      rows_j = (pick == j) & (np.arange(len(pick)) < nq)
+      a, b = got[rows_j], want[rows_j]
+      same_mask = np.array_equal(np.isfinite(a), np.isfinite(b)) and np.array_equal(a[~np.isfinite(a)],
+                                                                                  b[~np.isfinite(b)])
+      if not (same_mask and np.allclose(a[np.isfinite(a)], b[np.isfinite(b)], rtol=PER_QUESTION_RTOL, atol=0.0)):
+        diff = np.abs(a[np.isfinite(a) & np.isfinite(b)] - b[np.isfinite(a) & np.isfinite(b)]).max(initial=0.0)
+        _fail(name, f'knob {knob} (per_question): the leg given one value per question differs from the leg given '
+                    f'{knob}={v:.4g} on episode {e}\'s questions {np.flatnonzero(rows_j).tolist()} (max |difference| '
+                    f'{diff:.3g})')
+    hard.append(pools.pad_items(got[:nq], n_pad, -np.inf))
+    per_row.append(choices[pick[:nq]])
+  vals = {p: jnp.asarray(v, jnp.float32) for p, v in every.items()}
+  vals[path] = jnp.asarray(np.concatenate(per_row))
+  soft = twins.soft_fn(problem, 0)(vals, rows, jnp.float32(twins.COLD))
+  soft = jax.tree_util.tree_map(np.asarray, soft)
+  gap = twins.compare(soft, np.concatenate(hard), np.asarray(rows.where), k=10, leg=name, op=name,
+                      at=f'{knob} per question in {choices.tolist()}')
+  if not gap.ok:
+    _fail(name, f'knob {knob} (per_question): the twin given one value per row does not reproduce the leg: '
+                f'{gap.message()}')
 
 
 def random_values(op: registry.Operator, rng: np.random.Generator) -> dict[str, float]:
@@ -242,6 +287,11 @@ def check_operator(name: str, *, seed: int = 0) -> None:
       if abs(d_hard) > scale_f and abs(predicted) > scale_f and np.sign(d_hard) != np.sign(predicted):
         _fail(name, f'knob {knob}: the twin\'s gradient predicts F {predicted:+.4g} for {base[knob]:.4g} -> '
                     f'{value:.4g}, the hard leg moves {d_hard:+.4g} (opposite ways)')
+
+  # 4. per-question knobs
+  for k in op.knobs:
+    if k.per_question:
+      check_per_question(op, problem, arrays, n_questions, rows, every, k.name, n_pad=n_pad, seed=seed)
 
 
 def _forward(transform: str, raw: float) -> float:

@@ -28,8 +28,13 @@ def spec_of(cfg: DictConfig) -> C.Conditioning | None:
   if not node:
     return None
   node = OmegaConf.to_container(node)
+  known = {'knobs', 'features', 'hidden', 'rank', 'net_lr_scale', 'form', 'bias', 'pool', 'theta', 'delta'}
+  unknown = sorted(set(node) - known)
+  if unknown:
+    raise ValueError(f'fit.conditioned: unknown keys {unknown}; allowed {sorted(known)}')
+  optional = {k: node[k] for k in ('form', 'bias', 'pool', 'theta', 'delta') if k in node}
   return C.Conditioning(knobs=tuple(node['knobs']), features=tuple(node['features']), hidden=int(node['hidden']),
-                        rank=int(node['rank']), net_lr_scale=float(node['net_lr_scale']))
+                        rank=int(node['rank']), net_lr_scale=float(node['net_lr_scale']), **optional)
 
 
 def run_folds(cfg: DictConfig, name: str, pipe, episodes, arrays, folds, problem: fit.Problem,

@@ -160,3 +160,50 @@ def test_stages_that_drift_from_the_leg_are_rejected():
                              stages=registry.Stages(prepare=good.stages.prepare, finish=good.stages.finish, by=('lam',)))
   with pytest.raises(AssertionError, match='static knobs only'):
     check_stages(traced, arrays[:1], traced.defaults, seed=0)
+
+
+def _per_question_leg(mean_of_rows: bool):
+  def leg(ep, key, *, c=0.3):
+    """``cos + c t`` with ``c`` a scalar or one value per question ``[Q]``."""
+    del key
+    c = jnp.asarray(c)
+    c = jnp.mean(c) if mean_of_rows else (c[:, None] if c.ndim else c)  # the bug: one value for every question
+    s = jnp.einsum('qd,nd->qn', ep.queries, ep.docs)
+    return jnp.where(ep.where, s + c * pools.write_time(ep.positions, ep.where), -jnp.inf)
+  return leg
+
+
+def _per_question_twin(mean_of_rows: bool):
+  def scores(rows, values, ctx):
+    del rows
+    c = jnp.asarray(values['c'])
+    c = jnp.mean(c) if mean_of_rows else (c[:, None] if c.ndim else c)  # the bug: one value for the whole batch
+    return jnp.where(ctx.where, ctx.cos + c * pools.write_time(ctx.positions, ctx.where), -jnp.inf)
+  return scores
+
+
+@pytest.mark.parametrize('bug', ['none', 'twin', 'leg'])
+def test_a_per_question_knob_is_checked_in_the_leg_and_the_twin(bug):
+  """A knob declared per_question passes when leg and twin take per-question values; a twin or a leg that averages
+  them (each still right at a scalar value) is rejected by name."""
+  op = registry.Operator(name='perq_test', leg=_per_question_leg(bug == 'leg'),
+                         knobs=(registry.Knob('c', 0.3, transform='identity', per_question=True),),
+                         soft=registry.SoftTwin(rows=lambda *a: {}, scores=_per_question_twin(bug == 'twin')))
+  message = {'twin': r"'perq_test'\): knob c \(per_question\): the twin given one value per row does not reproduce",
+             'leg': r"'perq_test'\): knob c \(per_question\): the leg given one value per question differs"}
+  before = dict(registry.OPERATORS)
+  try:
+    registry.register(op)
+    if bug == 'none':
+      check_operator('perq_test')
+    else:
+      with pytest.raises(AssertionError, match=message[bug]):
+        check_operator('perq_test')
+  finally:
+    registry.OPERATORS.clear()
+    registry.OPERATORS.update(before)
+
+
+def test_a_per_question_knob_must_be_fittable():
+  with pytest.raises(ValueError, match='a per-question knob must be fittable'):
+    registry.Knob('c', 0.3, per_question=True)
