@@ -96,6 +96,28 @@ def test_config_errors():
     C.Conditioning(knobs=('legs.bm25.k1',), features=('cues',), hidden=0, rank=2, net_lr_scale=1.0).check(pipe, ['legs.bm25.k1'])
   with pytest.raises(ValueError, match='must also be in fit.params'):
     C.Conditioning(knobs=('k0',), features=('cues',), hidden=0, rank=2, net_lr_scale=1.0).check(pipe, ['legs.cos.weight'])
+  with pytest.raises(ValueError, match="conditioned.form must be one of \\['offset', 'gate'\\], got 'sigmoid'"):
+    C.Conditioning(knobs=('k0',), features=('cues',), hidden=0, rank=2, net_lr_scale=1.0, form='sigmoid')
+  with pytest.raises(ValueError, match='conditioned.pool must be >= 1, theta in'):
+    C.Conditioning(knobs=('k0',), features=('revision',), hidden=0, rank=2, net_lr_scale=1.0, theta=1.5)
+  prior = P.make_pipeline(legs={'prior': {'op': 'tcfsr_prior'}}, name='gate')
+  with pytest.raises(ValueError, match=r"'legs.prior.lam'.*tcfsr_prior's per-question knobs: \['gamma'\]"):
+    C.Conditioning(knobs=('legs.prior.lam',), features=('cues',), hidden=0, rank=1,
+                   net_lr_scale=1.0).check(prior, ['legs.prior.lam'])
+  with pytest.raises(ValueError, match="a fusion knob needs an RRF fusion; pipeline 'gate' has fusion none"):
+    C.Conditioning(knobs=('legs.prior.weight',), features=('cues',), hidden=0, rank=1,
+                   net_lr_scale=1.0).check(prior, ['legs.prior.weight'])
+  C.Conditioning(knobs=('legs.prior.gamma',), features=('cues',), hidden=0, rank=1,
+                 net_lr_scale=1.0).check(prior, ['legs.prior.gamma'])
+  from omegaconf import OmegaConf  # pylint: disable=import-outside-toplevel
+  from experiments.lib import fit_conditioned  # pylint: disable=import-outside-toplevel
+  cfg = OmegaConf.create({'fit': {'conditioned': {'knobs': ['k0'], 'features': ['cues'], 'hidden': 0, 'rank': 1,
+                                                  'net_lr_scale': 1.0, 'gate': True}}})
+  with pytest.raises(ValueError, match=r"fit.conditioned: unknown keys \['gate'\]"):
+    fit_conditioned.spec_of(cfg)
+  cfg.fit.conditioned.pop('gate')
+  cfg.fit.conditioned.form = 'gate'
+  assert fit_conditioned.spec_of(cfg).form == 'gate'
 
 
 @pytest.mark.slow

@@ -64,12 +64,14 @@ from engram_jax.fit.problem import Problem, Rows, effective_values, soft_leg
 from engram_jax.fit.splits import check_disjoint
 from engram_jax.fit.train import anneal_scale, max_gold_of, minibatch
 from engram_jax.ops import pools, rrf
-from engram_jax.ops.tcfsr import PoolSolve, revision_signal
+from engram_jax.ops.registry import knob_defaults
+from engram_jax.ops.tcfsr import GATED_KNOBS, PoolSolve, revision_signal
 from engram_jax.pipeline import Pipeline, split_path, with_values
 from engram_jax.types import Episode
 
 FEATURE_GROUPS = ('cues', 'pool', 'revision', 'top_cos', 'query')
 FORMS = ('offset', 'gate')
+_REVISION = knob_defaults(GATED_KNOBS)
 POOL_STATS = ('top_cos', 'mean_top10_cos', 'gap_top1_top10')
 
 
@@ -84,9 +86,9 @@ class Conditioning:
   net_lr_scale: float  # the module's learning rate as a fraction of the scalar knobs' (its updates times this)
   form: str = 'offset'  # offset: T(theta + f(x)); gate: T(theta) * sigmoid(f(x))
   bias: bool = True     # the last layer's bias
-  pool: int = 150       # the cosine pool of the revision / top_cos features
-  theta: float = 0.7    # the revision detector's near-duplicate cosine
-  delta: float = 0.1    # and its relevance band
+  pool: int = _REVISION['pool']       # the cosine pool of the revision / top_cos features
+  theta: float = _REVISION['theta']   # the revision detector's near-duplicate cosine
+  delta: float = _REVISION['delta']   # and its relevance band (defaults: tcfsr_gated's declared knobs)
 
   def __post_init__(self) -> None:
     if self.form not in FORMS:

@@ -19,6 +19,13 @@ weight gamma / 2).
 
 The gate is smooth, so the hard operator is its own soft twin (on cosine pools gathered once,
 :func:`learned_pool_scores`; tested equal). ``gamma = 0`` is CFS-R exactly.
+
+The same model is one use of the question-conditioned knobs (:mod:`engram_jax.fit.conditioned`): ``tcfsr_prior``,
+whose ``gamma`` is declared per question, with ``gamma`` conditioned through a gate (``form: gate``, ``features:
+[cues, revision, top_cos]``, no bias; ``conf/pipeline/tcfsr_gate.yaml``). Its inputs read only the cosine pool, not
+the solve, so they are fixed per question. ``tests/test_conditioned.py`` checks equal losses, gradients and hard
+metrics, and the protocol ``tgate_cond_locomo`` reproduced ``tgate_locomo`` in every ledger digit. This operator is
+kept so that the committed ``tgate_*`` protocols run as they were scored; new work conditions ``gamma`` instead.
 """
 
 from __future__ import annotations
