@@ -193,3 +193,4 @@ def main(cfg: DictConfig) -> float:
 
 if __name__ == '__main__':
   main()  # pylint: disable=no-value-for-parameter
+  common.skip_exit_collections()

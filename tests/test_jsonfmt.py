@@ -51,3 +51,46 @@ def test_records_deep_nesting_and_subclasses():
                     'ids': ['a', Sub('b')], 'o': __import__('collections').OrderedDict(x=1)} for _ in range(3)],
           'deep': deep, 'mixed': [{'a': 1}, [1, 'b'], 'c', None]}
   assert jsonfmt.dumps(tree) == json.dumps(tree, indent=1)
+
+
+@st.composite
+def _records(draw, n=None, depth=0):
+  """A list of records (dicts with the same keys in the same order; the keys may hold '%'), each column one kind:
+  floats (NaN, inf), ints, bools, strings, lists of strings, records again, or anything; sometimes one record's keys
+  reordered or renamed (no longer records)."""
+  n = draw(st.integers(1, 5)) if n is None else n
+  keys = draw(st.lists(st.text(alphabet='ab%s\u00e9"\\', max_size=3), min_size=1, max_size=4, unique=True))
+  kinds = ['float', 'int', 'bool', 'str', 'strs', 'any'] + (['records'] if depth < 2 else [])
+  columns = []
+  for _ in keys:
+    kind = draw(st.sampled_from(kinds))
+    if kind == 'records':
+      columns.append(draw(_records(n=n, depth=depth + 1)))
+    else:
+      one = {'float': st.floats(allow_nan=True), 'int': st.integers(-10**20, 10**20), 'bool': st.booleans(),
+             'str': st.text(max_size=5), 'strs': st.lists(st.text(max_size=3), max_size=3), 'any': TREES}[kind]
+      columns.append(draw(st.lists(one, min_size=n, max_size=n)))
+  rows = [dict(zip(keys, values)) for values in zip(*columns)]
+  change = draw(st.sampled_from(['none', 'none', 'reorder', 'rename']))
+  if change == 'reorder' and len(keys) > 1:
+    rows[-1] = dict(reversed(list(rows[-1].items())))
+  elif change == 'rename':
+    rows[-1] = {k + 'x': v for k, v in rows[-1].items()}
+  return rows
+
+
+@given(_records())
+def test_records_equal_json_dumps_indent_1(rows):
+  """Lists of records (written through one template per list) and of near-records (written dict by dict)."""
+  tree = {'per_question': rows, 'nested': [{'rows': rows}]}
+  assert jsonfmt.dumps(tree) == json.dumps(tree, indent=1)
+
+
+def test_records_whose_keys_json_tells_apart():
+  """``1 == True == 1.0`` as keys, but json writes them "1", "true", "1.0": not records; a str subclass key and
+  empty dicts either."""
+  class Sub(str):
+    pass
+  for rows in ([{1: 'a'}, {True: 'b'}, {1.0: 'c'}], [{'a': 1}, {Sub('a'): 2}], [{}, {}], [{'a': 1}, {}],
+               [{'a': [1, 'x']}, {'a': ['y', Sub('z')]}, {'a': []}]):
+    assert jsonfmt.dumps(rows) == json.dumps(rows, indent=1)

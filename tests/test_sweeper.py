@@ -113,7 +113,7 @@ def test_the_launcher_reuses_a_shape_and_its_configs_equal_hydras():
 
 
 def test_the_launcher_freezes_the_heap_while_its_jobs_run_and_then_unfreezes(tmp_path):
-  """``gc.freeze`` holds during the jobs (after the first, the objects it left behind too), and the launcher leaves
+  """``gc.freeze`` holds during the jobs (after each job, the objects it left behind too), and the launcher leaves
   the collector as it found it: nothing frozen after the sweep, and no freezing when the collector is off."""
   import gc  # pylint: disable=import-outside-toplevel
   from hydra.core.utils import JobStatus  # pylint: disable=import-outside-toplevel
@@ -136,7 +136,7 @@ def test_the_launcher_freezes_the_heap_while_its_jobs_run_and_then_unfreezes(tmp
     assert gc.get_freeze_count() == 0
     runs = launcher.launch(jobs, initial_job_idx=0)
     assert [r.status for r in runs] == [JobStatus.COMPLETED] * 3 and [r.return_value for r in runs] == [20, 40, 60]
-    assert seen[0] > 0 and seen[1] > seen[0] and seen[2] == seen[1]
+    assert seen[0] > 0 and seen[1] > seen[0] and seen[2] > seen[1]
     assert gc.get_freeze_count() == 0
     gc.disable()
     try:
@@ -145,6 +145,36 @@ def test_the_launcher_freezes_the_heap_while_its_jobs_run_and_then_unfreezes(tmp
       assert seen == [0, 0]
     finally:
       gc.enable()
+  finally:
+    ctx.__exit__(None, None, None)
+
+
+def test_a_jobs_configuration_is_collected_before_the_heap_is_frozen(tmp_path):
+  """What the launcher freezes after a job is what outlives it (its return, the caches it filled), not the job's
+  composed configuration: that is cyclic garbage (children point to their parent) which, once frozen, could never be
+  collected until the sweep ends. Each job sees the previous job's configuration gone."""
+  import weakref  # pylint: disable=import-outside-toplevel
+  from hydra.core.hydra_config import HydraConfig  # pylint: disable=import-outside-toplevel
+  from hydra.types import HydraContext  # pylint: disable=import-outside-toplevel
+  from hydra._internal.callbacks import Callbacks  # pylint: disable=import-outside-toplevel
+  from hydra_plugins.engram_sweeper import shapes_launcher  # pylint: disable=import-outside-toplevel
+  ctx, loader, master = _loader_and_master(['hydra/launcher=shapes', f'hydra.sweep.dir={tmp_path}'])
+  try:
+    configs, alive = [], []
+
+    def task(cfg):
+      alive.append([ref() is not None for ref in configs])
+      configs.append(weakref.ref(HydraConfig.instance().cfg.hydra._get_parent()))  # pylint: disable=protected-access
+      assert configs[-1]().pipeline.rrf_cos_bm25.k0 == cfg.pipeline.rrf_cos_bm25.k0  # the job's composed config
+      return cfg.pipeline.rrf_cos_bm25.k0
+
+    launcher = shapes_launcher.ShapeComposingLauncher()
+    launcher.setup(hydra_context=HydraContext(config_loader=loader, callbacks=Callbacks()), task_function=task,
+                   config=master)
+    jobs = [['pipeline=[rrf_cos_bm25]', f'++pipeline.rrf_cos_bm25.k0={k}'] for k in (20, 40, 60, 80)]
+    runs = launcher.launch(jobs, initial_job_idx=0)
+    assert [r.return_value for r in runs] == [20, 40, 60, 80]
+    assert alive == [[], [False], [False, False], [False, False, False]]
   finally:
     ctx.__exit__(None, None, None)
 
