@@ -6,19 +6,19 @@ for the real entries: item and question embeddings, write positions, BM25 term c
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
-from flax import struct
 from jax import Array
 
-from engram_jax import features
+from engram_jax import features, pytree
 from engram_jax.lexicon import Lexicon, build_lexicon, get_tokenizer
 from engram_jax.shapes import bucket
 from engram_jax.types import Episode
 
 
-@struct.dataclass
+@pytree.dataclass
 class EpisodeArrays:
   """One episode, padded. Shapes: N items, Q questions, D dims, V vocabulary (all bucketed).
 
@@ -35,7 +35,7 @@ class EpisodeArrays:
   query_where: Array  # [Q] True for real questions
   query_len: Array    # [Q] number of query tokens (in or out of the vocabulary)
   labels: Array       # [Q, N] True for gold items
-  lexicons: dict[str, Lexicon] = struct.field(default_factory=dict)  # tokenizer -> its term statistics
+  lexicons: dict[str, Lexicon] = dataclasses.field(default_factory=dict)  # tokenizer -> its term statistics
   query_features: Array | None = None  # [Q, F] question text features (engram_jax.features; 0 for padding)
 
 

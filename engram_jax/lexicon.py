@@ -18,9 +18,9 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from flax import struct
 from jax import Array
 
+from engram_jax import pytree
 from engram_jax.shapes import bucket
 
 
@@ -79,7 +79,7 @@ def term_counts(tokens: Sequence[Sequence[str]], vocab: dict[str, int], *, n_row
   return out
 
 
-@struct.dataclass
+@pytree.dataclass
 class Lexicon:
   """One tokenizer's sparse term statistics of an episode (padded; ``L``, ``T``, ``V`` bucketed).
 

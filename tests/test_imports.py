@@ -139,3 +139,18 @@ def test_the_cycle_check_can_fail(tmp_path):
   del graph['pkg.sub.b']
   graph['pkg.sub.b'] = set()
   assert import_cycle(graph) is None
+
+
+HEAVY = ('statsmodels', 'scipy.stats', 'flax', 'optax', 'sentence_transformers', 'torch', 'transformers',
+         'matplotlib')
+
+
+def test_the_entry_point_imports_no_heavy_module_it_may_not_use():
+  """``import experiments.evaluate`` (every run's start) leaves the heavy libraries to the code that uses them:
+  statsmodels for McNemar, scipy.stats, flax and optax for fitting and the learned gate, sentence-transformers and
+  torch for embedding, matplotlib for plots (issue 20: start-up time)."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  code = (f'import sys, experiments.evaluate; print(sorted(m for m in {HEAVY!r} if m in sys.modules))')
+  out = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == '[]', f'imported at start-up: {out.stdout.strip()}'

@@ -1,8 +1,8 @@
 r"""Time-aware CFS-R with a learned, question-aware recency gate.
 
 The gated variant (:func:`engram_jax.ops.tcfsr.tcfsr_gated_scores`) opens its recency prior from the pool alone:
-it never sees the question. Here the gate is a small flax module (:class:`RecencyGate`, a logistic unit) over
-features of the question and of its pool:
+it never sees the question. Here the gate is a small flax module (``RecencyGate``, :func:`recency_gate`: a
+logistic unit) over features of the question and of its pool:
 
 .. math::
   s_i = w\,\mathrm{mm}(a^\star)_i + (1-w)\,\mathrm{mm}(\cos)_i + \gamma\, g_q\, t_i, \qquad
@@ -30,8 +30,8 @@ kept so that the committed ``tgate_*`` protocols run as they were scored; new wo
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -65,17 +65,24 @@ KNOBS = cfsr_knobs() + (
 _L = knob_defaults(KNOBS)
 
 
-class RecencyGate(nn.Module):
-  """A logistic unit ``sigmoid(u . x)`` over the gate inputs ``x [..., F]`` (:data:`GATE_INPUTS`; the text
-  features include a constant column, so there is no separate bias)."""
+@functools.cache
+def recency_gate() -> type:
+  """The gate's flax module class, ``RecencyGate``: a logistic unit ``sigmoid(u . x)`` over the gate inputs
+  ``x [..., F]`` (:data:`GATE_INPUTS`; the text features include a constant column, so there is no separate bias).
+  Defined on first use: importing ``flax.linen`` costs ~0.2 s, and every process imports this module (the registry)
+  while few run the operator."""
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
 
-  @nn.compact
-  def __call__(self, x: Array) -> Array:
-    return jax.nn.sigmoid(nn.Dense(1, use_bias=False, name='gate')(x))[..., 0]
+  class RecencyGate(nn.Module):
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+      return jax.nn.sigmoid(nn.Dense(1, use_bias=False, name='gate')(x))[..., 0]
+
+  return RecencyGate
 
 
 def gate_params(weights: ArrayLike) -> dict:
-  """The :class:`RecencyGate` parameters for weights ``u [F]`` (in :data:`GATE_INPUTS` order)."""
+  """The ``RecencyGate`` (:func:`recency_gate`) parameters for weights ``u [F]`` (in :data:`GATE_INPUTS` order)."""
   u = jnp.asarray(weights)
   return {'params': {'gate': {'kernel': u[:, None]}}}
 
@@ -89,7 +96,7 @@ def gate_inputs(text_features: Array, sol: PoolSolve, *, theta: ArrayLike, delta
 
 
 def _gated_blend(sol: PoolSolve, x: Array, *, w: ArrayLike, gamma: ArrayLike, weights: ArrayLike) -> Array:
-  g = RecencyGate().apply(gate_params(weights), x)
+  g = recency_gate()().apply(gate_params(weights), x)
   return blend_pool(sol, w) + jnp.asarray(gamma, sol.cos.dtype) * g * sol.t
 
 
