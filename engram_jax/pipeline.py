@@ -225,6 +225,18 @@ def structure_key(pipeline: Pipeline) -> tuple:
                                  for leg in pipeline.legs))
 
 
+def legs_scores(pipeline: Pipeline, ep: EpisodeArrays, key: Array, values: Mapping[str, Any]) -> list[Array]:
+  """Each leg's hard scores ``[Q, N]`` on one padded episode (leg ``i`` with the ``i``-th split of ``key``), its
+  knobs replaced by ``values`` (by path; traced scalars, or ``[Q]`` arrays for a knob declared ``per_question``)."""
+  keys = jax.random.split(key, len(pipeline.legs))
+  out = []
+  for spec, k_ in zip(pipeline.legs, keys):
+    prefix = f'legs.{spec.name}.'
+    mine = {p[len(prefix):]: v for p, v in values.items() if p.startswith(prefix) and p[len(prefix):] != 'weight'}
+    out.append(spec.operator.leg(ep, k_, **{**dict(spec.options), **mine}) if mine else spec.score(ep, k_))
+  return out
+
+
 def pipeline_scores(pipeline: Pipeline, ep: EpisodeArrays, key: Array,
                     values: Mapping[str, Any] | None = None) -> Array:
   """Final scores ``[Q, N]`` of a pipeline on one padded episode (before the top-k cut).
@@ -234,12 +246,7 @@ def pipeline_scores(pipeline: Pipeline, ep: EpisodeArrays, key: Array,
   :func:`structure_key`).
   """
   values = dict(values or {})
-  keys = jax.random.split(key, len(pipeline.legs))
-  leg_scores = []
-  for spec, k_ in zip(pipeline.legs, keys):
-    prefix = f'legs.{spec.name}.'
-    mine = {p[len(prefix):]: v for p, v in values.items() if p.startswith(prefix) and p[len(prefix):] != 'weight'}
-    leg_scores.append(spec.operator.leg(ep, k_, **{**dict(spec.options), **mine}) if mine else spec.score(ep, k_))
+  leg_scores = legs_scores(pipeline, ep, key, values)
   if pipeline.fusion == 'none':
     return jnp.where(ep.where, leg_scores[0], -jnp.inf)
   weights = [values.get(f'legs.{s.name}.weight', s.weight) for s in pipeline.legs]
@@ -269,5 +276,5 @@ def check_equal_k(topk: np.ndarray, n_questions: int, *, k: int, name: str, epis
 
 
 __all__ = ['LEG_KEYS', 'LegSpec', 'Pipeline', 'build_options', 'check_equal_k', 'knob_value', 'make_leg',
-           'make_pipeline', 'pipeline_scores', 'pipeline_topk', 'split_path', 'structure_key', 'traced_values',
+           'legs_scores', 'make_pipeline', 'pipeline_scores', 'pipeline_topk', 'split_path', 'structure_key', 'traced_values',
            'with_values']

@@ -65,8 +65,8 @@ from engram_jax.fit.splits import check_disjoint
 from engram_jax.fit.train import anneal_scale, max_gold_of, minibatch
 from engram_jax.ops import pools, rrf
 from engram_jax.ops.registry import knob_defaults
-from engram_jax.ops.tcfsr import GATED_KNOBS, PoolSolve, revision_signal
-from engram_jax.pipeline import Pipeline, split_path, with_values
+from engram_jax.ops.tcfsr import GATED_KNOBS, PoolSolve, masked_pool, revision_features
+from engram_jax.pipeline import Pipeline, legs_scores, split_path, with_values
 from engram_jax.types import Episode
 
 FEATURE_GROUPS = ('cues', 'pool', 'revision', 'top_cos', 'query')
@@ -189,11 +189,9 @@ def revision_stats(ep: EpisodeArrays, n_questions: int, *, pool: int, theta: flo
   rows = pools.cosine_pool_rows(ep, n_questions, ep.where.shape[0], pool, times=True)
 
   def one(b, g, t, v):
-    both = v[:, None] & v[None, :]
-    sol = PoolSolve(jnp.zeros(b.shape, jnp.int32), v, jnp.zeros_like(b), jnp.where(v, b, 0.0),
-                    jnp.where(v, t, 0.0), jnp.where(both, g, 0.0))
-    top = jnp.max(jnp.where(v, sol.cos, -jnp.inf))
-    return jnp.stack([revision_signal(sol, theta=theta, delta=delta), jnp.where(jnp.isfinite(top), top, 0.0)])
+    gp, bb, tp = masked_pool(b, g, t, v)
+    sol = PoolSolve(jnp.zeros(b.shape, jnp.int32), v, jnp.zeros_like(b), bb, tp, gp)
+    return revision_features(sol, theta=theta, delta=delta)
 
   out = jax.vmap(one)(*(jnp.asarray(rows[k], jnp.float32) if k != 'pool_valid' else jnp.asarray(rows[k])
                         for k in ('pool_cos', 'pool_gram', 'pool_t', 'pool_valid')))
@@ -363,28 +361,19 @@ def hard_topk(pipe: Pipeline, problem: Problem, spec: Conditioning, res: CondFit
   scores at the fit's scalar knob values, fused by :func:`engram_jax.ops.rrf.rrf_fuse` question by question.
   ``feats [Q, F]`` / ``query [Q, D]`` cover the padded question axis (padding rows are ignored)."""
   fitted = with_values(pipe, res.values)
-  keys = jax.random.split(key, len(fitted.legs))
   fixed_j = {p: jnp.asarray(v, jnp.float32) for p, v in fixed.items()}
   vals = question_values(problem, spec, res.raw, fixed_j, res.net, feats, query)
-  legs = jnp.stack([_hard_leg(spec_, ep, k_, spec, vals) for spec_, k_ in zip(fitted.legs, keys)])
+  operator_knobs = {p: vals[p] for p in spec.knobs if split_path(pipe, p)[1] not in (None, 'weight')}
+  legs = jnp.stack(legs_scores(fitted, ep, key, operator_knobs))
   if fitted.fusion == 'none':
     fused = jnp.where(ep.where, legs[0], -jnp.inf)
-    idx, v = ranking.top_k(fused, k=k, where=ep.where)
-    return jnp.where(jnp.isneginf(v), -1, idx)
-  weights, k0 = _per_question_fusion(problem, vals, legs.shape[1])
-  depths = [s.depth for s in fitted.legs]
-  fused = jax.vmap(lambda s, w, k_: rrf.rrf_fuse(s, weights=w, depths=depths, where=ep.where, k0=k_),
-                   in_axes=(1, 0, 0))(legs, weights, k0)
+  else:
+    weights, k0 = _per_question_fusion(problem, vals, legs.shape[1])
+    depths = [s.depth for s in fitted.legs]
+    fused = jax.vmap(lambda s, w, k_: rrf.rrf_fuse(s, weights=w, depths=depths, where=ep.where, k0=k_),
+                     in_axes=(1, 0, 0))(legs, weights, k0)
   idx, v = ranking.top_k(fused, k=k, where=ep.where)
   return jnp.where(jnp.isneginf(v), -1, idx)
-
-
-def _hard_leg(leg, ep: EpisodeArrays, key: Array, spec: Conditioning, vals: Mapping[str, Array]) -> Array:
-  """Leg ``leg``'s hard scores ``[Q, N]`` at its scalar knobs, each conditioned operator knob at its per-question
-  values ``vals[path]`` ``[Q]``."""
-  prefix = f'legs.{leg.name}.'
-  mine = {p[len(prefix):]: vals[p] for p in spec.knobs if p.startswith(prefix) and p[len(prefix):] != 'weight'}
-  return leg.operator.leg(ep, key, **{**dict(leg.options), **mine}) if mine else leg.score(ep, key)
 
 
 def per_question_knobs(problem: Problem, spec: Conditioning, res: CondFit, fixed: Mapping[str, float], feats: Array,

@@ -221,6 +221,23 @@ def revision_signal(sol: PoolSolve, *, theta: ArrayLike, delta: ArrayLike = _G['
   return jnp.max(jnp.where(pair, v, 0.0), initial=0.0)
 
 
+def revision_features(sol: PoolSolve, *, theta: ArrayLike, delta: ArrayLike) -> Array:
+  """``[2]``: the revision signal (:func:`revision_signal`, hard) and the top pool cosine (0 for an empty pool) of
+  one query's pool: the gate inputs of ``tcfsr_learned`` and the ``revision`` / ``top_cos`` features of the
+  question-conditioned knobs. Neither reads the solution ``sol.a``."""
+  r = revision_signal(sol, theta=theta, delta=delta)
+  top = jnp.max(jnp.where(sol.valid, sol.cos, -jnp.inf))
+  top = jnp.where(jnp.isfinite(top), top, 0.0)
+  return jnp.stack([r, top])
+
+
+def masked_pool(b: Array, g: Array, t: Array, valid: Array) -> tuple[Array, Array, Array]:
+  """One gathered pool's ``(gram [P, P], cos [P], t [P])`` (from the fitter's rows) with its padded slots zeroed:
+  they may hold junk, and must stay out of every product."""
+  both = valid[:, None] & valid[None, :]
+  return jnp.where(both, g, 0.0), jnp.where(valid, b, 0.0), jnp.where(valid, t, 0.0)
+
+
 def _gated(query, docs, positions, *, where, gram, pool, iterations, lam, w, gamma, theta, delta, rho0,
            power_iterations, batch_size, temperature):
   check_corpus(docs, positions, pool, iterations)
@@ -340,9 +357,7 @@ def pool_scores(b: Array, g: Array, t: Array, valid: Array, *, variant: str, lam
   per_row = variant == 'prior' and jnp.ndim(gamma) > 0
 
   def one(bi, gi, ti, vi, *gamma_b):
-    both = vi[:, None] & vi[None, :]
-    gp = jnp.where(both, gi, 0.0)
-    bb, tp = jnp.where(vi, bi, 0.0), jnp.where(vi, ti, 0.0)
+    gp, bb, tp = masked_pool(bi, gi, ti, vi)
     a2 = jnp.square(jnp.asarray(alpha if variant == 'basis' else 0.0, bb.dtype))
     a = nnls_ridge_pg(gp + a2 * tp[:, None] * tp[None, :], bb + a2 * jnp.asarray(anchor, bb.dtype) * tp, lam=lam,
                       iterations=iterations, valid=vi, power_iterations=power_iterations)

@@ -44,8 +44,8 @@ from engram_jax.ops import pools
 from engram_jax.ops.cfsr import nnls_ridge_pg
 from engram_jax.ops.greedy import episode_gram, map_queries
 from engram_jax.ops.registry import Knob, Operator, SoftTwin, knob_defaults, register
-from engram_jax.ops.tcfsr import (PoolSolve, blend_pool, cfsr_knobs, check_corpus, revision_signal, scatter_pool,
-                                  solve_pool)
+from engram_jax.ops.tcfsr import (PoolSolve, blend_pool, cfsr_knobs, check_corpus, masked_pool, revision_features,
+                                  scatter_pool, solve_pool)
 from engram_jax.ops.pools import write_time
 
 
@@ -89,10 +89,8 @@ def gate_params(weights: ArrayLike) -> dict:
 
 def gate_inputs(text_features: Array, sol: PoolSolve, *, theta: ArrayLike, delta: ArrayLike) -> Array:
   """One question's gate inputs ``[F]``: its text features, the revision signal and the top pool cosine."""
-  r = revision_signal(sol, theta=theta, delta=delta)
-  top = jnp.max(jnp.where(sol.valid, sol.cos, -jnp.inf))
-  top = jnp.where(jnp.isfinite(top), top, 0.0)
-  return jnp.concatenate([text_features.astype(sol.cos.dtype), jnp.stack([r, top]).astype(sol.cos.dtype)])
+  return jnp.concatenate([text_features.astype(sol.cos.dtype),
+                          revision_features(sol, theta=theta, delta=delta).astype(sol.cos.dtype)])
 
 
 def _gated_blend(sol: PoolSolve, x: Array, *, w: ArrayLike, gamma: ArrayLike, weights: ArrayLike) -> Array:
@@ -177,9 +175,7 @@ def learned_pool_scores(b: Array, g: Array, t: Array, valid: Array, text_feature
   """The operator on gathered pools: ``b [B, P]``, ``g [B, P, P]``, ``t [B, P]``, ``valid [B, P]``,
   ``text_features [B, F_text]`` -> ``[B, P]`` (``-inf`` for invalid slots); equal to the hard operator."""
   def one(bi, gi, ti, vi, fi):
-    both = vi[:, None] & vi[None, :]
-    gp = jnp.where(both, gi, 0.0)
-    bb, tp = jnp.where(vi, bi, 0.0), jnp.where(vi, ti, 0.0)
+    gp, bb, tp = masked_pool(bi, gi, ti, vi)
     a = nnls_ridge_pg(gp, bb, lam=lam, iterations=iterations, valid=vi, power_iterations=power_iterations)
     sol = PoolSolve(jnp.zeros(bb.shape, jnp.int32), vi, a, bb, tp, gp)
     x = gate_inputs(fi, sol, theta=theta, delta=delta)

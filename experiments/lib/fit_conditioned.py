@@ -6,6 +6,7 @@ same run (same knobs, folds and seeds) and with every hand-set row.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from typing import Any
@@ -28,11 +29,12 @@ def spec_of(cfg: DictConfig) -> C.Conditioning | None:
   if not node:
     return None
   node = OmegaConf.to_container(node)
-  known = {'knobs', 'features', 'hidden', 'rank', 'net_lr_scale', 'form', 'bias', 'pool', 'theta', 'delta'}
+  known = {f.name for f in dataclasses.fields(C.Conditioning)}
   unknown = sorted(set(node) - known)
   if unknown:
     raise ValueError(f'fit.conditioned: unknown keys {unknown}; allowed {sorted(known)}')
-  optional = {k: node[k] for k in ('form', 'bias', 'pool', 'theta', 'delta') if k in node}
+  optional = {f.name: node[f.name] for f in dataclasses.fields(C.Conditioning)
+              if f.default is not dataclasses.MISSING and f.name in node}
   return C.Conditioning(knobs=tuple(node['knobs']), features=tuple(node['features']), hidden=int(node['hidden']),
                         rank=int(node['rank']), net_lr_scale=float(node['net_lr_scale']), **optional)
 
