@@ -6,7 +6,7 @@
 Reads each job folder's ``.hydra/overrides.yaml`` and ``results.json`` (``experiments.evaluate``); a job is labelled
 by the overrides that differ between the jobs. Means and intervals are the job's own (its ``results.json``);
 paired tests (bootstrap CI of the mean difference, sign-flip p, McNemar p for 0/1 metrics; one batched
-``engram_jax.stats.paired_tests`` pass per question set) compare every row with the reference row on the
+``engram_jax.metrics.stats.paired_tests`` pass per question set) compare every row with the reference row on the
 questions they share (the count is reported; the header says whether all jobs scored the same questions).
 ``--metric`` is a full name (``ndcg@10``) or a base name (``ndcg``: each job's own cutoff, so a sweep over
 ``eval.k`` lines up). Writes ``collect.md`` and ``collect.json`` into the multirun folder (the jobs' wall times,
@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import yaml
 
-from engram_jax import report, stats
+from engram_jax.metrics import report, stats
 from experiments import compare
 
 
@@ -154,7 +154,7 @@ def find_reference(rows: Sequence[Row], jobs: Sequence[Job], against: str | None
 
 def paired_against(rows: Sequence[Row], ref: int, *, seed: int, n_resamples: int) -> list[dict[str, Any] | None]:
   """Each row minus the reference row on their shared questions, in the reference job's question order (None for
-  the reference itself): one batched :func:`engram_jax.stats.paired_tests` pass per distinct shared-question set
+  the reference itself): one batched :func:`engram_jax.metrics.stats.paired_tests` pass per distinct shared-question set
   (a row's numbers do not depend on the batch), McNemar p for 0/1 metrics. With the run's seed, a pair of one job
   gets the numbers of that job's own ``results.json``."""
   base = rows[ref]

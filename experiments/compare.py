@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engram_jax import report
+from engram_jax.metrics import report
 
 
 def per_question_scores(paths: list[Path], dataset: str | None = None) -> dict[str, dict[str, dict[str, float]]]:

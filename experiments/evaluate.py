@@ -1,6 +1,6 @@
 """Evaluate retrieval pipelines on a dataset and write results.json + results.md to the Hydra run folder.
 
-Kept short on purpose: the logic lives in the library (engram_jax.evaluation / report).
+Kept short on purpose: the logic lives in the library (engram_jax.eval.evaluation / report).
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from engram_jax import analysis, evaluation, jsonfmt, report, timing
+from experiments.lib import pileup as analysis, jsonfmt
+from engram_jax.eval import evaluation, timing
+from engram_jax.metrics import report
 from engram_jax.data import splits
 from experiments.lib import answer, checks, common, yamlfmt
 

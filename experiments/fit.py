@@ -1,7 +1,7 @@
 """Fit a pipeline's knobs by gradient (engram_jax.fit) and score the fitted pipeline out of fold, hard.
 
 Kept short on purpose: the logic lives in engram_jax.fit; loading, embedding and scoring are
-experiments.evaluate's and engram_jax.evaluation's.
+experiments.evaluate's and engram_jax.eval.evaluation's.
 
 Writes to the Hydra run folder: fitted.json (``{"pipeline", "folds": {episode: {config path: value}}}``, the
 format ``experiments.evaluate fitted=...`` reads), loss_curve.json, split.json, results.json, results.md and
@@ -23,7 +23,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from engram_jax import batch, evaluation, fit, pipeline, report, stats
+from engram_jax.core import batch
+from engram_jax.eval import evaluation, pipeline
+from engram_jax import fit
+from engram_jax.metrics import report, stats
 from engram_jax.data import splits
 from engram_jax.fit import twins
 from experiments.lib import checks, common, fit_adapter, fit_conditioned, protocol
@@ -37,7 +40,7 @@ def _interval(values: np.ndarray, seed: int, n_resamples: int) -> dict[str, floa
 
 def prepare(cfg: DictConfig, options: dict | None = None, dataset: DictConfig | None = None):
   """Load, embed and pad a dataset once (``cfg.dataset`` unless ``dataset``): ``(episodes, embeddings, arrays)``
-  (``options``: what the pipelines' legs need built, :func:`engram_jax.pipeline.build_options`)."""
+  (``options``: what the pipelines' legs need built, :func:`engram_jax.eval.pipeline.build_options`)."""
   options = options or {}
   episodes, _ = common.load_dataset(cfg, cfg.dataset if dataset is None else dataset)
   embeddings = evaluation.embed_episodes(episodes, common.make_embedder(cfg))
@@ -156,7 +159,7 @@ def score_folds(cfg: DictConfig, name: str, pipe: pipeline.Pipeline, episodes, e
 def paired_tests(after: dict[str, np.ndarray], before, rows: list[str], metrics: list[str], *, seed: int,
                  n_resamples: int, sel: np.ndarray | slice = slice(None)) -> dict[str, dict[str, dict]]:
   """Fitted minus each hand-set row in ``rows`` on the questions ``sel``, every (row, metric) pair in one batched
-  pass (:func:`engram_jax.stats.paired_tests`; a pair's result is the same alone or in the batch):
+  pass (:func:`engram_jax.metrics.stats.paired_tests`; a pair's result is the same alone or in the batch):
   ``{row: {metric: PairedResult dict}}``."""
   pairs = [(r, m) for r in rows for m in metrics]
   res = stats.paired_tests(np.stack([after[m][sel] for _, m in pairs]),

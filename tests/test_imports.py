@@ -121,7 +121,7 @@ def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_library_has_no_import_cycle():
   graph = import_graph(LIBRARY)
-  assert 'engram_jax.lexicon' in graph['engram_jax.batch'] and 'engram_jax.batch' in graph['engram_jax.ops.bm25']
+  assert 'engram_jax.core.lexicon' in graph['engram_jax.core.batch'] and 'engram_jax.core.batch' in graph['engram_jax.ops.bm25']
   cycle = import_cycle(graph)
   assert cycle is None, f'import cycle in engram_jax: {" -> ".join(cycle)}'
 

@@ -7,7 +7,7 @@ loaded as separate episodes (episode id = the row's ``source``).
 Items: the numbered facts of the context ``"Here is a list of facts:\\n0. <fact>\\n1. <fact>..."``; ``id`` = the
 serial as a string, ``text`` = the fact sentence without its serial, ``position`` = rank of the serial (a larger
 serial is the newer fact; the official prompt says the newer fact wins), ``parent`` = the item's own id (a fact is
-its own record), ``time``/``speaker`` None. Parsing reports, in the :class:`~engram_jax.types.LoadReport`:
+its own record), ``time``/``speaker`` None. Parsing reports, in the :class:`~engram_jax.core.types.LoadReport`:
 ``header_missing``, ``unparsed_line`` (non-blank lines that are not ``<int>. <text>``), ``duplicate_serial_dropped``
 (later copy dropped), ``serial_out_of_order`` (then sorted), ``serial_gap``, ``facts``.
 
@@ -48,7 +48,7 @@ blank question, a context with no numbered fact.
 
 :func:`asked_fact_versions` gives, per question, the asked fact (the gold fact carrying the answer: SH its gold fact,
 MH the last hop) and the other versions of its slot, for
-:func:`engram_jax.official.newest_outranks_superseded`.
+:func:`engram_jax.metrics.official.newest_outranks_superseded`.
 """
 
 from __future__ import annotations
@@ -61,9 +61,9 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from engram_jax import boundary, official
+from engram_jax.metrics import boundary, official
 from engram_jax.data.io import dataset_file, duplicates, read_json, reject_duplicates, type_name
-from engram_jax.types import Episode, Item, LoadReport, Question
+from engram_jax.core.types import Episode, Item, LoadReport, Question
 
 FILES = {'6k': 'factconsolidation_official_6k.json', '32k': 'factconsolidation_official_32k.json'}
 HOPS = {'sh': 'single-hop', 'mh': 'multi-hop'}

@@ -1,7 +1,7 @@
 """LoCoMo (locomo10.json) loader: one episode per conversation, items = turns in write order.
 
 Evidence ids are normalised as ``shared/data/locomo/SOURCE.md`` describes and every change is
-counted in the :class:`~engram_jax.types.LoadReport`:
+counted in the :class:`~engram_jax.core.types.LoadReport`:
 
 * an entry holding several ids (``"D8:6; D9:17"``, ``"D9:1 D4:4 D4:6"``) is split on ``;``/whitespace
   (``split_multi_id``); an empty or blank entry is dropped (``empty_evidence_id``);
@@ -41,9 +41,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engram_jax import boundary
+from engram_jax.metrics import boundary
 from engram_jax.data.io import dataset_file, read_json, reject_duplicates, type_name
-from engram_jax.types import Episode, Item, LoadReport, Question
+from engram_jax.core.types import Episode, Item, LoadReport, Question
 
 TEMPLATES = {
     'text': '{text}',

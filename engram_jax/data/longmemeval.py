@@ -5,7 +5,7 @@ Files: ``<root>/longmemeval/longmemeval_s_cleaned_498of500.json.gz`` (``split='s
 
 Item ids are the official retriever's corpus ids (xiaowu0162/LongMemEval ``src/retrieval/run_retrieval.py``,
 ``process_item_flat_index``, commit ``b60a5b7d05fb2cf6e4d0d63948f17e294ee827c4``), so that the official metrics in
-:mod:`engram_jax.official` run on item ids unchanged:
+:mod:`engram_jax.metrics.official` run on item ids unchanged:
 
 * ``level='turn'``: one item per turn of the selected roles (official: user turns only), id
   ``<session_id>_<t+1>`` where ``t`` is the turn's 0-based index among *all* turns of the session (assistant turns
@@ -19,7 +19,7 @@ Item ids are the official retriever's corpus ids (xiaowu0162/LongMemEval ``src/r
 fields ``role`` and ``content``; the default ``'{content}'`` is exactly what the official retriever embeds.
 
 Gold, at both levels, is exactly upstream's ``correct_docs = list(set(doc_id for doc_id in corpus_ids if "answer" in
-doc_id))`` (:func:`engram_jax.official.longmemeval_correct_docs`): the items whose official id contains ``answer``.
+doc_id))`` (:func:`engram_jax.metrics.official.longmemeval_correct_docs`): the items whose official id contains ``answer``.
 
 * turn level: the selected turns with ``has_answer: true`` in sessions whose id contains ``answer`` (a
   ``has_answer`` turn elsewhere is not gold upstream either; counted as ``has_answer_turn_not_gold``);
@@ -39,7 +39,7 @@ Corpus (``corpus=``):
 * ``'official'`` (the default, and the corpus the official metrics are defined on): upstream's corpus. Blank turns
   and sessions without (non-blank) user text stay as empty documents (an empty text still embeds, and scores 0
   under BM25); a session id repeated inside one haystack is kept, each later copy (in write order) with the id
-  ``<official id>#dup<n>`` (``n = 1, 2, ...``; :class:`~engram_jax.types.Episode` needs unique item ids). Upstream
+  ``<official id>#dup<n>`` (``n = 1, 2, ...``; :class:`~engram_jax.core.types.Episode` needs unique item ids). Upstream
   keeps such copies under the same id; the copies are never gold, so the official metrics are unchanged
   (``evaluate_retrieval_turn2session`` maps ``<sid>_<t>#dup1`` to ``<sid>`` as upstream). A repeated session that
   would be gold raises ``ValueError`` (upstream would count every copy as relevant); S has none (its 13 repeats are
@@ -50,10 +50,10 @@ Corpus (``corpus=``):
 Write order: sessions are sorted by their parsed ``haystack_dates`` (stable, so same-minute sessions keep file
 order); turns keep their order inside a session. Upstream ranks the sessions in file order; the order only matters
 for write positions (recency) and for breaking exact score ties. Abstention questions (``_abs``) are kept: the
-official skip rules are applied at the metric step (:func:`engram_jax.official.official_skip_reason`; raw-entry
+official skip rules are applied at the metric step (:func:`engram_jax.metrics.official.official_skip_reason`; raw-entry
 twin :func:`entry_skip_reason`).
 
-Every normalisation is counted in the :class:`~engram_jax.types.LoadReport`:
+Every normalisation is counted in the :class:`~engram_jax.core.types.LoadReport`:
 
 * ``haystack_out_of_order``: haystacks whose dates were not non-decreasing (then sorted);
 * ``duplicate_session_kept`` (``'official'``) / ``duplicate_session_dropped`` (``'clean'``): a later copy of a
@@ -96,9 +96,9 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engram_jax import boundary, official
+from engram_jax.metrics import boundary, official
 from engram_jax.data.io import dataset_file, read_json, type_name
-from engram_jax.types import Episode, Item, LoadReport, Question
+from engram_jax.core.types import Episode, Item, LoadReport, Question
 
 FILES = {'s': 'longmemeval_s_cleaned_498of500.json.gz', 'oracle': 'longmemeval_oracle.json'}
 TEMPLATES = {'content': '{content}', 'role': '{role}: {content}'}
@@ -146,7 +146,7 @@ def entry_skip_reason(entry: Mapping[str, Any]) -> str | None:
   ``'no_user_evidence'`` if no user turn of the haystack has ``has_answer: true``, else None.
 
   Mirrors the averaging loop of upstream ``run_retrieval.py`` (commit ``b60a5b7d``); the id-based twin used at the
-  metric step is :func:`engram_jax.official.official_skip_reason`. A malformed entry raises ``ValueError`` as in
+  metric step is :func:`engram_jax.metrics.official.official_skip_reason`. A malformed entry raises ``ValueError`` as in
   :func:`episode_from_entry`.
   """
   qid = _check_entry(entry, 0)

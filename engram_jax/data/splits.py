@@ -12,7 +12,7 @@ question id per line, sorted):
   60 per category (1-5): ``random.Random(seed).sample(sorted(ids of the category), 60)`` per category in order 1..5
   with one generator (:func:`draw_stratified`).
 
-Regenerate with ``python -m engram_jax.data.splits`` (needs the data root); ``tests/test_splits.py`` checks that
+Regenerate with ``python -m engram_jax.data.splits`` (needs the data root); ``tests/data/test_splits.py`` checks that
 regenerating gives the committed lists.
 """
 
@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from engram_jax.data.io import dataset_file, read_json
-from engram_jax.types import Episode, LoadReport, Question
+from engram_jax.core.types import Episode, LoadReport, Question
 
 PILOT_SEED = 20261008
 PILOT_DIR = Path(__file__).resolve().parent / 'pilot'
@@ -249,7 +249,7 @@ def load_part(root: str | os.PathLike | None = None, *, load: Callable[..., tupl
   # the ids in the data: those the loader read (before its own exclusions, which it counts), else those it returned
   loaded_ids = set(report.read_ids) if report.read_ids is not None else {q.id for e in episodes for q in e.questions}
   if official_skips:
-    from engram_jax import official  # pylint: disable=import-outside-toplevel
+    from engram_jax.metrics import official  # pylint: disable=import-outside-toplevel
     episodes = select_questions(
         episodes, lambda ep, q: official.official_skip_reason(q.id, [it.id for it in ep.items]), report)
   banned_ids: set[str] = set()

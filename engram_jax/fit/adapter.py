@@ -42,13 +42,13 @@ from flax import struct
 from jax import Array
 from jax.typing import ArrayLike
 
-from engram_jax import relax
-from engram_jax.batch import EpisodeArrays
+from engram_jax.core import relax
+from engram_jax.core.batch import EpisodeArrays
 from engram_jax.fit.knobs import Knobs
 from engram_jax.fit.problem import Problem, Rows, effective_values, soft_scores
-from engram_jax.fit.splits import check_disjoint
+from engram_jax.fit.folds import check_disjoint
 from engram_jax.fit.train import anneal_scale, max_gold_of, minibatch
-from engram_jax.types import Episode
+from engram_jax.core.types import Episode
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ With ``form: gate`` the module is a gate on the knob instead, :math:`v_{q,j} = T
 \sigma(f_\phi(x_q)_j)` (half the scalar value at init).
 Inputs :math:`x_q` (``features``, always in this order):
 
-* ``cues``: the question's text cues (:mod:`engram_jax.features`: current, when, count, bias);
+* ``cues``: the question's text cues (:mod:`engram_jax.core.features`: current, when, count, bias);
 * ``pool``: statistics of its cosine list: the top cosine, the mean of the top 10 and the top-1 minus top-10 gap;
 * ``revision``: the revision detector's statistic (:func:`engram_jax.ops.tcfsr.revision_signal`, hard) on the
   question's cosine top-``pool`` at ``theta`` / ``delta``;
@@ -37,7 +37,7 @@ knobs' per-question values, then fuses by :func:`engram_jax.ops.rrf.rrf_fuse` wi
 The learned recency gate of ``tcfsr_learned`` (:mod:`engram_jax.ops.tcfsr_learned`) is one use:
 ``tcfsr_prior`` with ``gamma`` conditioned, ``form: gate``, ``features: [cues, revision, top_cos]``, ``hidden: 0``,
 ``bias: false``, ``net_lr_scale: 1`` is the same model with the same parameters (``conf/pipeline/tcfsr_gate.yaml``;
-``tests/test_conditioned.py`` checks that both give the same soft loss, gradients and hard rankings).
+``tests/fit/test_conditioned.py`` checks that both give the same soft loss, gradients and hard rankings).
 """
 
 from __future__ import annotations
@@ -56,18 +56,18 @@ from flax import struct
 from jax import Array
 from jax.typing import ArrayLike
 
-from engram_jax import metrics as metrics_lib
-from engram_jax import ranking, relax
-from engram_jax.batch import EpisodeArrays
+from engram_jax.metrics import labels as metrics_lib
+from engram_jax.core import ranking, relax
+from engram_jax.core.batch import EpisodeArrays
 from engram_jax.fit.knobs import FORWARD, Knobs
 from engram_jax.fit.problem import Problem, Rows, effective_values, soft_leg
-from engram_jax.fit.splits import check_disjoint
+from engram_jax.fit.folds import check_disjoint
 from engram_jax.fit.train import anneal_scale, max_gold_of, minibatch
 from engram_jax.ops import pools, rrf
 from engram_jax.ops.registry import knob_defaults
 from engram_jax.ops.tcfsr import GATED_KNOBS, PoolSolve, masked_pool, revision_features
-from engram_jax.pipeline import Pipeline, legs_scores, split_path, with_values
-from engram_jax.types import Episode
+from engram_jax.eval.pipeline import Pipeline, legs_scores, split_path, with_values
+from engram_jax.core.types import Episode
 
 FEATURE_GROUPS = ('cues', 'pool', 'revision', 'top_cos', 'query')
 FORMS = ('offset', 'gate')
@@ -396,8 +396,8 @@ def score_episodes(pipe: Pipeline, problem: Problem, spec: Conditioning, res: Co
                    seed: int, indices: Sequence[int],
                    episode_metrics: Mapping[str, Callable] | None = None) -> dict[str, np.ndarray]:
   """Per-question metrics (NumPy float64) of the conditioned hard pipeline on ``episodes`` (episode ``i`` of the
-  run gets key ``fold_in(key(seed), indices[i])``, as :func:`engram_jax.evaluation.evaluate`): label metrics
-  (:mod:`engram_jax.metrics`) and the dataset's own ``episode_metrics`` (name -> ``fn(episode, question, ranked
+  run gets key ``fold_in(key(seed), indices[i])``, as :func:`engram_jax.eval.evaluation.evaluate`): label metrics
+  (:mod:`engram_jax.metrics.labels`) and the dataset's own ``episode_metrics`` (name -> ``fn(episode, question, ranked
   indices, k)``, as ``evaluate`` takes them, e.g. FactConsolidation's ``answer@k``)."""
   episode_metrics = dict(episode_metrics or {})
   parsed = {m: metrics_lib.parse_metric(m, tuple(episode_metrics)) for m in metrics}  # unknown names: before work

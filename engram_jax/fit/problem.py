@@ -7,7 +7,7 @@ hard inside :func:`engram_jax.ops.rrf.soft_rrf_fuse`); a leg with a fitted knob 
 its Gram, BM25 term statistics, ...). All episodes are padded to one N, so a training step is a minibatch of
 questions drawn from any episodes, and the jitted step compiles once per problem.
 
-Temperatures are unit-free: each is a factor times a per-list scale (:func:`engram_jax.relax.gap_scale`, the mean
+Temperatures are unit-free: each is a factor times a per-list scale (:func:`engram_jax.core.relax.gap_scale`, the mean
 score gap in the list's top part, gradient stopped), so one setting serves cosine, BM25, CFS-R and fused RRF scores
 alike. Depth and NDCG cutoffs are soft in rank units.
 
@@ -29,19 +29,19 @@ from flax import struct
 from jax import Array
 from jax.typing import ArrayLike
 
-from engram_jax import relax, validation
-from engram_jax.batch import EpisodeArrays
+from engram_jax.core import relax, validation
+from engram_jax.core.batch import EpisodeArrays
 from engram_jax.fit.knobs import Knobs, inverse
 from engram_jax.ops import pools, registry
 from engram_jax.ops.greedy import SoftSelection
 from engram_jax.ops.rrf import soft_rrf_fuse
-from engram_jax.pipeline import Pipeline, knob_value, split_path
-from engram_jax.types import Episode
+from engram_jax.eval.pipeline import Pipeline, knob_value, split_path
+from engram_jax.core.types import Episode
 
 
 @dataclasses.dataclass(frozen=True)
 class Temperatures:
-  """Unit-free temperatures (factors of :func:`engram_jax.relax.gap_scale`) and cutoffs in rank units."""
+  """Unit-free temperatures (factors of :func:`engram_jax.core.relax.gap_scale`) and cutoffs in rank units."""
 
   rank: float = 0.5     # soft ranks inside a fitted leg
   depth: float = 0.5    # soft depth cutoff of a fitted leg (rank units)
@@ -214,7 +214,7 @@ def build_rows(problem: Problem, pipe: Pipeline, episodes: Sequence[Episode], ar
   """Precompute the per-question rows of ``problem`` for every question of ``episodes`` (in order).
 
   Constant legs are computed by the hard leg functions of ``pipe`` (keys as in
-  :func:`engram_jax.evaluation.evaluate` over this episode list).
+  :func:`engram_jax.eval.evaluation.evaluate` over this episode list).
   """
   n_pad = max(a.docs.shape[0] for a in arrays)
   base_key = jax.random.key(seed)

@@ -18,10 +18,10 @@ from flax import struct
 from jax import Array
 from jax.typing import ArrayLike
 
-from engram_jax import relax
+from engram_jax.core import relax
 from engram_jax.fit.knobs import Knobs
 from engram_jax.fit.problem import Problem, Rows, effective_values, soft_scores
-from engram_jax.fit.splits import DEFAULT_SEED, check_disjoint
+from engram_jax.fit.folds import DEFAULT_SEED, check_disjoint
 
 
 @struct.dataclass

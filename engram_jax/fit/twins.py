@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from engram_jax.batch import EpisodeArrays
+from engram_jax.core.batch import EpisodeArrays
 from engram_jax.fit.problem import Problem, Rows, soft_leg
 from engram_jax.ops import pools
 from engram_jax.ops.greedy import SoftSelection
@@ -156,7 +156,7 @@ def soft_rows(problem: Problem, l: int, vals: Mapping[str, Any], rows: Rows, *, 
 
 
 def top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-  """NumPy :func:`engram_jax.ranking.top_k` of ``[Q, N]`` scores (``-inf`` = unranked): ``(indices [Q, k], values
+  """NumPy :func:`engram_jax.core.ranking.top_k` of ``[Q, N]`` scores (``-inf`` = unranked): ``(indices [Q, k], values
   [Q, k])`` by score, ties to the later item."""
   n = scores.shape[-1]
   later = np.broadcast_to(-np.arange(n), scores.shape)

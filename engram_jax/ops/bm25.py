@@ -33,10 +33,10 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from engram_jax.batch import EpisodeArrays
-# The tokenizers and the Lexicon live in engram_jax.lexicon (built by engram_jax.batch, which imports no operator);
+from engram_jax.core.batch import EpisodeArrays
+# The tokenizers and the Lexicon live in engram_jax.core.lexicon (built by engram_jax.core.batch, which imports no operator);
 # re-exported here, where BM25's users look for them.
-from engram_jax.lexicon import (TOKENIZERS, Lexicon, build_lexicon, build_vocab, flat_tokenize,  # noqa: F401
+from engram_jax.core.lexicon import (TOKENIZERS, Lexicon, build_lexicon, build_vocab, flat_tokenize,  # noqa: F401
                                 get_tokenizer, term_counts, tokenize)
 from engram_jax.ops import pools
 from engram_jax.ops.registry import Knob, Operator, SoftTwin, knob_defaults, register

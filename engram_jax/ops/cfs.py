@@ -13,8 +13,8 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from engram_jax import relax
-from engram_jax.batch import EpisodeArrays
+from engram_jax.core import relax
+from engram_jax.core.batch import EpisodeArrays
 from engram_jax.ops import pools
 from engram_jax.ops.greedy import (Selection, SoftSelection, episode_gram, greedy, map_pool_batch, map_queries,
                                    pool_inputs, scatter_pool_selection, scatter_probs, selection_scores,

@@ -25,8 +25,8 @@ import jax.numpy as jnp
 from jax import Array
 from jax.typing import ArrayLike
 
-from engram_jax import ranking
-from engram_jax.batch import EpisodeArrays
+from engram_jax.core import ranking
+from engram_jax.core.batch import EpisodeArrays
 from engram_jax.ops import nnls_implicit, pools
 from engram_jax.ops.nnls import nnls_ridge_pg  # noqa: F401  (re-exported: the CFS-R solve)
 from engram_jax.ops.greedy import episode_gram, map_queries

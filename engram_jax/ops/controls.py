@@ -16,8 +16,8 @@ import jax.numpy as jnp
 from jax import Array
 from jax.typing import ArrayLike
 
-from engram_jax import ranking
-from engram_jax.batch import EpisodeArrays
+from engram_jax.core import ranking
+from engram_jax.core.batch import EpisodeArrays
 from engram_jax.ops.bm25 import bm25_leg
 from engram_jax.ops.cosine import cosine_scores
 from engram_jax.ops.registry import Knob, Operator, knob_defaults, register

@@ -8,7 +8,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import Array
 
-from engram_jax.batch import EpisodeArrays
+from engram_jax.core.batch import EpisodeArrays
 from engram_jax.ops.registry import Operator, register
 
 

@@ -2,7 +2,7 @@
 per-query operators (:mod:`engram_jax.ops.cfsr`, :mod:`engram_jax.ops.tcfsr`).
 
 Greedy operators run K steps of ``lax.scan``, each picking the argmax of an objective over the not-yet-picked
-real candidates. Ties inside the argmax follow the shared rule of :mod:`engram_jax.ranking`: among equal objective
+real candidates. Ties inside the argmax follow the shared rule of :mod:`engram_jax.core.ranking`: among equal objective
 values the later item (larger index along the list axis, i.e. the more recently written one) wins. The first pick
 is the most relevant candidate (cosine to the query). Embeddings are unit-norm, so cosine is the inner product.
 
@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from engram_jax import ranking
+from engram_jax.core import ranking
 
 # The largest episode (padded N) whose N x N Gram ``docs @ docs.T`` the legs compute once and gather pool blocks
 # from (:func:`episode_gram`); above it each query computes its own blocks from its pooled rows, so that memory

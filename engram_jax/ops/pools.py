@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from engram_jax import ranking
-from engram_jax.batch import EpisodeArrays
+from engram_jax.core import ranking
+from engram_jax.core.batch import EpisodeArrays
 from engram_jax.ops.cosine import cosine_scores
 
 

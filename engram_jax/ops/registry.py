@@ -13,7 +13,7 @@ its knobs first and derives every keyword default of its leg and helpers from th
 :func:`engram_jax.testing.check_operator` asserts that the leg's keywords are the knobs, in order, with those
 defaults, and that the soft twin equals the hard leg when cold.
 
-The pipeline builder (:mod:`engram_jax.pipeline`), the fitter (:mod:`engram_jax.fit`) and the bench iterate this
+The pipeline builder (:mod:`engram_jax.eval.pipeline`), the fitter (:mod:`engram_jax.fit`) and the bench iterate this
 registry; none of them branches on operator kind. Adding an operator is one module that calls :func:`register`
 (imported by ``engram_jax.ops`` for the built-in ones, or named in a run's ``ops_modules`` config option).
 """
@@ -138,7 +138,7 @@ class Stages:
   """A hard leg in two parts, so that a sweep shares the first across knob values that do not change it.
 
   ``finish(ep, prepare(ep, key, **{k: knobs[k] for k in by}), key, **knobs)`` must equal ``leg(ep, key, **knobs)``
-  bit for bit (``engram_jax.testing.check_operator`` checks it). :func:`engram_jax.evaluation.evaluate` with a leg
+  bit for bit (``engram_jax.testing.check_operator`` checks it). :func:`engram_jax.eval.evaluation.evaluate` with a leg
   cache stores ``prepare``'s output per episode group and ``by`` values, and runs only ``finish`` for each job.
 
   Attributes:
@@ -162,7 +162,7 @@ class Operator:
     knobs: its knobs, in signature order.
     soft: its soft twin, or None when it cannot be fitted.
     doc: one line (for listings and docs).
-    needs: optional ``options -> {build option: value}`` for :func:`engram_jax.batch.episode_arrays` (e.g. the
+    needs: optional ``options -> {build option: value}`` for :func:`engram_jax.core.batch.episode_arrays` (e.g. the
       term counts of a BM25 tokenizer).
     stages: optional :class:`Stages`: the leg split where a sweep can share its first part.
   """

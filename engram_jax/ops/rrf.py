@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jax import Array
 from jax.typing import ArrayLike
 
-from engram_jax import ranking, relax
+from engram_jax.core import ranking, relax
 from engram_jax.ops.greedy import SoftSelection
 
 
@@ -20,7 +20,7 @@ def rrf_fuse(leg_scores: Array, *, weights: ArrayLike, depths: Sequence[int], wh
     .. math:: s_i = \sum_l w_l \, \frac{[r_{l,i} \le D_l]}{k_0 + r_{l,i}}
 
   where :math:`r_{l,i}` is item i's 1-based rank in leg l under the shared tie rule
-  (:mod:`engram_jax.ranking`). Items a leg does not rank (score ``-inf``, e.g. a greedy leg's
+  (:mod:`engram_jax.core.ranking`). Items a leg does not rank (score ``-inf``, e.g. a greedy leg's
   unpicked items) contribute nothing from that leg.
 
   Args:
@@ -70,7 +70,7 @@ def soft_rrf_fuse(leg_scores: Sequence[Array | SoftSelection] | Array, *, weight
   r"""Relaxed twin of :func:`rrf_fuse`: soft ranks and a soft depth cutoff; differentiable in the
   weights, ``k0`` and (for soft legs) the leg scores.
 
-  Definition (:math:`\tilde r` = :func:`engram_jax.relax.soft_ranks`, :math:`c` = :func:`engram_jax.relax.soft_cutoff`):
+  Definition (:math:`\tilde r` = :func:`engram_jax.core.relax.soft_ranks`, :math:`c` = :func:`engram_jax.core.relax.soft_cutoff`):
     .. math:: s_i = \sum_l w_l \, \frac{c_{D_l}(\tilde r_{l,i})}{k_0 + \tilde r_{l,i}}
 
   A leg given as a :class:`engram_jax.ops.greedy.SoftSelection` (relaxed greedy picks ``probs [..., K, N]``)

@@ -34,7 +34,7 @@ hard operator as ``temperature -> 0``.
 
 All functions score a shared corpus (``docs [N, D]``, ``positions [N]``, ``where [N]``) for queries ``[..., D]``
 and return ``[..., N]`` scores, ``-inf`` outside the pool. No jit inside; legs (``*_leg``) adapt them to
-:class:`~engram_jax.batch.EpisodeArrays`.
+:class:`~engram_jax.core.batch.EpisodeArrays`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import jax.numpy as jnp
 from jax import Array
 from jax.typing import ArrayLike
 
-from engram_jax.batch import EpisodeArrays
+from engram_jax.core.batch import EpisodeArrays
 from engram_jax.ops import cfsr, pools
 from engram_jax.ops.pools import write_time
 from engram_jax.ops.cfsr import cosine_pool, minmax, nnls_ridge_pg

@@ -9,7 +9,7 @@ logistic unit) over features of the question and of its pool:
   g_q = \sigma\!\left(u^\top x_q\right), \quad
   x_q = [\,f_q,\; r_q,\; \max_{\mathcal P}\cos\,]
 
-where :math:`f_q` are the question's text features (:data:`engram_jax.features.FEATURES`: cue indicators
+where :math:`f_q` are the question's text features (:data:`engram_jax.core.features.FEATURES`: cue indicators
 ``current``, ``when``, ``count`` and a constant 1, carried by ``EpisodeArrays.query_features``), :math:`r_q` the
 revision detector's statistic (:func:`engram_jax.ops.tcfsr.revision_signal` at ``theta``/``delta``, hard) and the
 top pool cosine; :math:`t_i` the write-order fraction. The gate's weights :math:`u` are knobs (``u_current``,
@@ -23,7 +23,7 @@ The gate is smooth, so the hard operator is its own soft twin (on cosine pools g
 The same model is one use of the question-conditioned knobs (:mod:`engram_jax.fit.conditioned`): ``tcfsr_prior``,
 whose ``gamma`` is declared per question, with ``gamma`` conditioned through a gate (``form: gate``, ``features:
 [cues, revision, top_cos]``, no bias; ``conf/pipeline/tcfsr_gate.yaml``). Its inputs read only the cosine pool, not
-the solve, so they are fixed per question. ``tests/test_conditioned.py`` checks equal losses, gradients and hard
+the solve, so they are fixed per question. ``tests/fit/test_conditioned.py`` checks equal losses, gradients and hard
 metrics, and the protocol ``tgate_cond_locomo`` reproduced ``tgate_locomo`` in every ledger digit. This operator is
 kept so that the committed ``tgate_*`` protocols run as they were scored; new work conditions ``gamma`` instead.
 """
@@ -38,8 +38,8 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from engram_jax import features
-from engram_jax.batch import EpisodeArrays
+from engram_jax.core import features
+from engram_jax.core.batch import EpisodeArrays
 from engram_jax.ops import pools
 from engram_jax.ops.cfsr import nnls_ridge_pg
 from engram_jax.ops.greedy import episode_gram, map_queries
@@ -110,7 +110,7 @@ def tcfsr_learned_scores(query: Array, docs: Array, positions: Array, query_feat
     query: ``[Q, D]`` unit-norm queries.
     docs: ``[N, D]`` unit-norm items (one shared corpus).
     positions: ``[N]`` write order.
-    query_features: ``[Q, F_text]`` text features of each query (:func:`engram_jax.features.question_features`).
+    query_features: ``[Q, F_text]`` text features of each query (:func:`engram_jax.core.features.question_features`).
     weights: ``[F]`` gate weights :math:`u` in :data:`GATE_INPUTS` order; traced.
     where, gram, pool, iterations, lam, w, power_iterations, batch_size: as CFS-R.
     gamma: recency weight; traced.
@@ -159,7 +159,7 @@ def tcfsr_learned_leg(ep: EpisodeArrays, key: Array, *, pool: int = _L['pool'], 
   """:func:`tcfsr_learned_scores` as a leg ``[Q, N]`` (gate weights ``u_*`` in :data:`GATE_INPUTS` order)."""
   del key
   if ep.query_features is None:
-    raise ValueError('tcfsr_learned needs EpisodeArrays.query_features (built by engram_jax.batch.episode_arrays)')
+    raise ValueError('tcfsr_learned needs EpisodeArrays.query_features (built by engram_jax.core.batch.episode_arrays)')
   weights = _weights({'u_current': u_current, 'u_when': u_when, 'u_count': u_count, 'u_bias': u_bias,
                       'u_revision': u_revision, 'u_topcos': u_topcos})
   return tcfsr_learned_scores(ep.queries, ep.docs, ep.positions, ep.query_features, weights=weights,

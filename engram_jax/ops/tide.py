@@ -17,8 +17,8 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from engram_jax import ranking
-from engram_jax.batch import EpisodeArrays
+from engram_jax.core import ranking
+from engram_jax.core.batch import EpisodeArrays
 from engram_jax.ops import bm25 as bm25_ops
 from engram_jax.ops import pools
 from engram_jax.ops.cosine import cosine_scores

@@ -3,7 +3,7 @@
 Each episode has its own item count (so the rows of a fit, padded to the largest, carry ragged masks), a few
 questions (a batch of B >= 2 rows per episode), unit embeddings with a shared mean direction, near-duplicate items
 written far apart (so a revision detector has something to find), texts over a small vocabulary that questions
-share with their gold item (BM25 scores are not all 0) and the question cues of :mod:`engram_jax.features`.
+share with their gold item (BM25 scores are not all 0) and the question cues of :mod:`engram_jax.core.features`.
 Reproducible from a seed.
 """
 
@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from engram_jax import batch
-from engram_jax.batch import EpisodeArrays
-from engram_jax.types import Episode, Item, Question
+from engram_jax.core import batch
+from engram_jax.core.batch import EpisodeArrays
+from engram_jax.core.types import Episode, Item, Question
 
 WORDS = tuple(f'w{i}' for i in range(40))
 CUE_WORDS = ('now', 'when', 'how many', 'currently', 'before', 'total')
@@ -55,7 +55,7 @@ def random_episode(rng: np.random.Generator, n_items: int, n_questions: int, *, 
 def random_padded_episodes(seed: int = 0, *, sizes: Sequence[int] = (35, 47, 60),
                            n_questions: Sequence[int] = (3, 4, 3), dim: int = 16,
                            tokenizers: Sequence[str] = ('words',)) -> tuple[list[Episode], list[EpisodeArrays]]:
-  """Episodes of ``sizes`` items and ``n_questions`` questions each, padded as :func:`engram_jax.batch.episode_arrays`
+  """Episodes of ``sizes`` items and ``n_questions`` questions each, padded as :func:`engram_jax.core.batch.episode_arrays`
   pads, into one shape (N to 64, Q to 4, V to 64: one compilation per operator setting), so every episode has
   padded items and (with fewer than 4 questions) padded questions."""
   if not (32 < min(sizes) and max(sizes) <= 64 and 2 < min(n_questions) and max(n_questions) <= 4):

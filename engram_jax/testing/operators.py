@@ -40,7 +40,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from engram_jax import fit, pipeline
+from engram_jax import fit
+from engram_jax.eval import pipeline
 from engram_jax.fit import twins
 from engram_jax.fit.knobs import inverse
 from engram_jax.ops import pools, registry

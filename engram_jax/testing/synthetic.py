@@ -1,7 +1,7 @@
 """Synthetic embedded episodes for tests and benchmarks: random unit-vector embeddings and Zipf texts, seeded.
 
-An :class:`EmbeddedEpisode` is ``(episode, docs [N, D], queries [Q, D])``: an :class:`engram_jax.types.Episode` with
-its unit-norm item and question embeddings, ready for :func:`engram_jax.batch.episode_arrays`.
+An :class:`EmbeddedEpisode` is ``(episode, docs [N, D], queries [Q, D])``: an :class:`engram_jax.core.types.Episode` with
+its unit-norm item and question embeddings, ready for :func:`engram_jax.core.batch.episode_arrays`.
 
 * :func:`synthetic_episodes`: LoCoMo-sized episodes (N 370..690, 200 questions by default);
 * :func:`scale_episode`: one episode of any size (up to 1e5 items and more), built in O(N) array code.
@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from engram_jax.types import Episode, Item, Question
+from engram_jax.core.types import Episode, Item, Question
 
 
 class EmbeddedEpisode(NamedTuple):

@@ -18,7 +18,7 @@ from engram_jax.testing.synthetic import EmbeddedEpisode
 def locomo_episodes(root: str | None = None, *, cache_dir: str = '.cache',
                     model_id: str | None = None) -> list[EmbeddedEpisode]:
   """The real LoCoMo episodes, item / question texts embedded through the cache (MiniLM by default)."""
-  from engram_jax import embed
+  from engram_jax.data import embed
   from engram_jax.data.locomo import load_locomo
 
   episodes, _ = load_locomo(root)

@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from engram_jax import batch
+from engram_jax.core import batch
 from engram_jax.testing.synthetic import EmbeddedEpisode
 from experiments.bench.common import time_jax
 

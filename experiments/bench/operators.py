@@ -5,7 +5,7 @@ The operators come from the registry (:data:`engram_jax.ops.OPERATORS`): every r
 with its declaration's knob defaults, except where :data:`OVERRIDES` pins the locked setups of the published
 pages (greedy pool 50, Tide pool 50 / recency 0.1). A benchmark episode is an
 :class:`engram_jax.testing.synthetic.EmbeddedEpisode` ``(episode, docs [N, D], queries [Q, D])`` (synthetic, or
-LoCoMo's with ``--data locomo``), padded by :func:`engram_jax.batch.episode_arrays` with its default buckets, as
+LoCoMo's with ``--data locomo``), padded by :func:`engram_jax.core.batch.episode_arrays` with its default buckets, as
 ``experiments.evaluate`` pads each episode before stacking episodes of similar size into one group (the bench
 times one episode per call), so any loader's episodes can be benched.
 
@@ -51,7 +51,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from engram_jax import batch, pipeline
+from engram_jax.core import batch
+from engram_jax.eval import pipeline
 from engram_jax.ops import OPERATORS
 from engram_jax.ops import bm25 as bm25_ops
 from engram_jax.ops import rrf as rrf_ops

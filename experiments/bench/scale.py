@@ -4,7 +4,7 @@ Per size N (``--scale-n``, default 1e3, 3e3, 1e4, 3e4, 1e5 items) one synthetic 
 (:func:`engram_jax.testing.synthetic.scale_episode`: D = 384; ``--scale-queries`` questions, 64; texts from a Zipf
 vocabulary) and, per operator of ``--scale-ops`` (cosine, bm25, rrf = RRF of cosine and BM25, cfs, cfsr, tide, with
 the knob values of :func:`experiments.bench.operators.operator_options`), the jitted top-10 of
-:func:`engram_jax.pipeline.pipeline_topk` -- the evaluation's path -- timed after compile and warm-up in ``--rounds``
+:func:`engram_jax.eval.pipeline.pipeline_topk` -- the evaluation's path -- timed after compile and warm-up in ``--rounds``
 rounds (at least 3) by :func:`time_scale`. Each line: N, ms per query (median (min-max) over rounds), XLA's static
 peak memory of the compiled call (arguments + temps + outputs) and its temps; then per operator the growth exponent
 (least-squares slope of log time against log N) and the check at N = ``--check-n`` (1e3): identical top-10 ids from
@@ -25,12 +25,13 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from engram_jax import batch, pipeline
+from engram_jax.core import batch
+from engram_jax.eval import pipeline
 from engram_jax.ops import OPERATORS
 from engram_jax.ops import bm25 as bm25_ops
 from engram_jax.ops import greedy as greedy_ops
 from engram_jax.testing.synthetic import EmbeddedEpisode, scale_episode
-from engram_jax.types import Episode, Item, Question
+from engram_jax.core.types import Episode, Item, Question
 from experiments.bench.common import cell, spread, thread_settings, time_jax
 from experiments.bench.operators import FUSION, operator_options
 
@@ -70,7 +71,7 @@ def reads_text(pipe: pipeline.Pipeline) -> bool:
 
 
 class TermLayout(NamedTuple):
-  """How :func:`engram_jax.batch.episode_arrays` stores BM25 term counts, read off a one-item probe."""
+  """How :func:`engram_jax.core.batch.episode_arrays` stores BM25 term counts, read off a one-item probe."""
 
   dense: bool    # a dense ``doc_tf [N, V]`` array (else a sparse layout, whose size does not grow with N x V)
   itemsize: int  # bytes per dense entry (0 when not dense)
@@ -87,7 +88,7 @@ def term_layout() -> TermLayout:
 
 
 def dense_term_bytes(b: EmbeddedEpisode, layout: TermLayout) -> int:
-  """Bytes of the dense ``[N, V]`` term counts :func:`engram_jax.batch.episode_arrays` would build for ``b``, before
+  """Bytes of the dense ``[N, V]`` term counts :func:`engram_jax.core.batch.episode_arrays` would build for ``b``, before
   padding (a lower bound): real items x distinct ``words`` tokens of the items; 0 for a sparse layout."""
   if not layout.dense:
     return 0
@@ -145,7 +146,7 @@ def check_scale_path(pipes: Mapping[str, pipeline.Pipeline], *, n_items: int = C
                      dim: int = 384, seed: int = 0) -> dict[str, tuple[int, int]]:
   """Top-10 ids of the scale path against the ordinary one, per pipeline, on one episode of ``n_items`` items.
 
-  Ordinary: :func:`engram_jax.pipeline.pipeline_topk` on :func:`engram_jax.batch.episode_arrays` with its default
+  Ordinary: :func:`engram_jax.eval.pipeline.pipeline_topk` on :func:`engram_jax.core.batch.episode_arrays` with its default
   padding, as ``experiments.evaluate`` runs it (at ``n_items <= GRAM_ITEMS`` the pool operators gather their blocks
   from the episode Gram). Scale path: the same episode padded past :data:`engram_jax.ops.greedy.GRAM_ITEMS`
   (masked items), so that CFS / CFS-R / MMR take their large-N branch (per-query blocks from the pooled rows, no
@@ -172,10 +173,10 @@ def time_scale(ns: Sequence[int] = SCALE_NS, names: Sequence[str] = SCALE_OPS, *
                overrides: Mapping[str, Mapping[str, Any]] | None = None, check_n: int | None = CHECK_N,
                seed: int = 0, log: Callable[[str], None] | None = None) -> dict[str, Any]:
   """Operator cost versus episode size: for each N in ``ns`` one :func:`scale_episode`, and for each pipeline of
-  :func:`scale_pipelines` the jitted top-10 of all its questions (:func:`engram_jax.pipeline.pipeline_topk`, the
+  :func:`scale_pipelines` the jitted top-10 of all its questions (:func:`engram_jax.eval.pipeline.pipeline_topk`, the
   evaluation's path: legs, fusion, cut).
 
-  Per N: the episode is padded (:func:`engram_jax.batch.episode_arrays`, default buckets) and put on the device;
+  Per N: the episode is padded (:func:`engram_jax.core.batch.episode_arrays`, default buckets) and put on the device;
   every pipeline is compiled (its XLA buffer analysis read) and warmed up; then in each of ``rounds`` rounds every
   pipeline is timed (``repeats`` calls, median; the order reversed in odd rounds). Time per query = the call's time
   / ``n_queries``; per-episode work (the CFS / CFS-R Gram at N <= GRAM_ITEMS, BM25's statistics) is shared by the
@@ -256,7 +257,7 @@ def format_scale(result: Mapping[str, Any], *, threads: str | None = None) -> st
   """Markdown: one line per operator and N (time per query, median (min-max) over rounds; XLA peak memory), then
   one line per operator (growth exponent, the check at ``check_n``), with the thread settings under them."""
   lines = [f'Scale: one synthetic episode per N (D={result["dim"]}, {result["n_queries"]} questions, top-{TOP_K} '
-           f'by engram_jax.pipeline.pipeline_topk, jitted); ms per query = one call over all questions / questions, '
+           f'by engram_jax.eval.pipeline.pipeline_topk, jitted); ms per query = one call over all questions / questions, '
            f'median (min-max) over {result["rounds"]} rounds of the median of {result["repeats"]} calls, after '
            'compile and warm-up. Memory: XLA peak = static buffer analysis of the compiled call '
            '(arguments + temps + outputs, MB; arguments include the [N, D] embeddings); host RSS is not shown.',

@@ -1,5 +1,5 @@
 """Tier 1 inside ``experiments.evaluate``: the ``reader`` config group (none | smollm2 | hf) answers from each
-pipeline's top-k on the same questions as Tier 0 (engram_jax.tier1 does the work).
+pipeline's top-k on the same questions as Tier 0 (engram_jax.answer.tier1 does the work).
 
     python -m experiments.evaluate dataset=fc_sh_6k reader=smollm2 pipeline=[cosine,bm25]
 
@@ -16,8 +16,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from engram_jax import answer_cache, tier1
-from engram_jax.evaluation import EvalResult
+from engram_jax.answer import cache as answer_cache, tier1
+from engram_jax.eval.evaluation import EvalResult
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class Tier1:
 
   def load(self):
     if self.reader is None or isinstance(self.reader, LazySmolLM2):
-      from engram_jax import reader as reader_lib  # pylint: disable=import-outside-toplevel
+      from engram_jax.answer import reader as reader_lib  # pylint: disable=import-outside-toplevel
       r = self.cfg.reader
       self.reader, load = reader_lib.load_reader(
           str(r.name), model=r.get('model'), device=str(r.get('device', 'cpu')), dtype=str(r.get('dtype', 'float32')),
@@ -108,7 +108,7 @@ class LazySmolLM2:
   """SmolLM2's spec from the GGUF's sha256 (no model load); the model is loaded on the first ``generate``."""
 
   def __init__(self, owner: Tier1):
-    from engram_jax import reader as reader_lib  # pylint: disable=import-outside-toplevel
+    from engram_jax.answer import reader as reader_lib  # pylint: disable=import-outside-toplevel
     r = owner.cfg.reader
     self.owner = owner
     self.batch_size = int(r.get('batch_size', 16))

@@ -1,7 +1,7 @@
 """Config validation for the entry points, run before any data is loaded or embedded.
 
 Each check raises ``ValueError`` with one line that names the option and the allowed values. Operator knob ranges
-are checked by the library when a pipeline is built (:mod:`engram_jax.validation`); this module checks what only
+are checked by the library when a pipeline is built (:mod:`engram_jax.core.validation`); this module checks what only
 the config knows: metrics per dataset, baselines, training sets, splits and fitting settings.
 """
 
@@ -11,8 +11,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from engram_jax import metrics as metrics_lib
-from engram_jax import validation
+from engram_jax.metrics import labels as metrics_lib
+from engram_jax.core import validation
 from experiments.lib.common import dataset_metrics
 
 AUTO = 'auto'

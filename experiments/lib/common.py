@@ -18,8 +18,9 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from engram_jax import compile_cache, embed, legcache, pipeline
-from engram_jax.types import Episode, LoadReport
+from engram_jax.eval import compile_cache, legcache, pipeline
+from engram_jax.data import embed
+from engram_jax.core.types import Episode, LoadReport
 
 log = logging.getLogger(__name__)
 CONF = Path(__file__).resolve().parents[2] / 'conf'
@@ -44,7 +45,7 @@ def skip_exit_collections() -> None:
 @functools.cache
 def _staged_compile_cache(folder: str) -> str:
   """This process's staging folder of the shared compilation cache ``folder`` (one per process and folder: the
-  jobs of an in-process multirun share it), published into ``folder`` at exit (engram_jax.compile_cache)."""
+  jobs of an in-process multirun share it), published into ``folder`` at exit (engram_jax.eval.compile_cache)."""
   private = compile_cache.stage(folder)
   atexit.register(compile_cache.publish, private, folder)
   return str(private)
@@ -53,7 +54,7 @@ def _staged_compile_cache(folder: str) -> str:
 def enable_compile_cache(cfg: DictConfig) -> str | None:
   """Turn on JAX's persistent compilation cache in ``cfg.paths.compile_cache_dir`` (null: off), so that a warm
   rerun of the same configuration compiles nothing; returns the folder used. Concurrent jobs share it safely: each
-  process works in a staging copy and publishes whole entries at exit (:mod:`engram_jax.compile_cache`)."""
+  process works in a staging copy and publishes whole entries at exit (:mod:`engram_jax.eval.compile_cache`)."""
   folder = cfg.paths.get('compile_cache_dir')
   if not folder:
     return None
@@ -73,7 +74,7 @@ def _process_leg_cache(max_bytes: int) -> legcache.LegCache:
 
 
 def leg_cache(cfg: DictConfig) -> legcache.LegCache | None:
-  """This process's cache of legs' hard outputs, padded arrays and programs (:mod:`engram_jax.legcache`), shared by
+  """This process's cache of legs' hard outputs, padded arrays and programs (:mod:`engram_jax.eval.legcache`), shared by
   the jobs of an in-process multirun (Hydra's basic launcher); ``eval.leg_cache_mb`` bounds it (0: off)."""
   mb = cfg.eval.get('leg_cache_mb', 2048)
   if isinstance(mb, bool) or not isinstance(mb, int) or mb < 0:
@@ -114,7 +115,7 @@ def publish_compile_cache(cfg: DictConfig) -> list[str]:
 
 def eval_devices(cfg: DictConfig) -> int | None:
   """``eval.devices`` as the library takes it: ``None`` (all available devices; also when the key is absent) or an
-  int >= 1 (:func:`engram_jax.evaluation.evaluate` ``devices``)."""
+  int >= 1 (:func:`engram_jax.eval.evaluation.evaluate` ``devices``)."""
   value = cfg.eval.get('devices')
   if value is None:
     return None
@@ -162,7 +163,7 @@ def build_pipelines(cfg: DictConfig) -> tuple[dict[str, pipeline.Pipeline], dict
   evaluation: ``tune: {param, grid, metric}`` is cross-fitted by episode (``evaluation.merge_tuned``);
   ``replicate: {param, values}`` (seeds of a stochastic leg) is averaged (``evaluation.merge_replicates``);
   ``cfg.fitted`` (a fitted.json of ``experiments.fit``) gives one variant per episode. Knob paths are
-  ``legs.<leg>.<knob>`` / ``k0`` (:func:`engram_jax.pipeline.split_path`).
+  ``legs.<leg>.<knob>`` / ``k0`` (:func:`engram_jax.eval.pipeline.split_path`).
 
   Returns:
     ``(pipelines, expanded)`` with ``expanded[name] = (kind, variant names, tuning metric or variant_of)``.

@@ -16,7 +16,8 @@ import numpy as np
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from engram_jax import evaluation, fit, pipeline
+from engram_jax.eval import evaluation, pipeline
+from engram_jax import fit
 from engram_jax.fit import adapter as A
 from engram_jax.fit.knobs import inverse
 from experiments.lib import common

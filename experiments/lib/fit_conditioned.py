@@ -16,7 +16,8 @@ import numpy as np
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from engram_jax import fit, stats
+from engram_jax import fit
+from engram_jax.metrics import stats
 from engram_jax.fit import conditioned as C
 from engram_jax.fit.knobs import inverse
 from experiments.lib import common

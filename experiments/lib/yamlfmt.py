@@ -10,7 +10,7 @@ The two emitters differ on a few inputs (found by the tests): libyaml escapes ch
 Multilingual Plane and ``\x85`` that PyYAML writes as they are (``allow_unicode``), writes an empty key as a simple
 key where PyYAML writes ``? ''``, and their limits on a simple key's length differ (PyYAML: 122 characters, as it
 counts the implicit ``!!str`` tag; libyaml: 128 bytes). A
-container with such a string (:func:`_same_in_both`) is dumped by ``OmegaConf.to_yaml`` itself. ``tests/test_yamlfmt.py`` checks the text equal on
+container with such a string (:func:`_same_in_both`) is dumped by ``OmegaConf.to_yaml`` itself. ``tests/experiments/test_yamlfmt.py`` checks the text equal on
 random trees (unicode, long and multi-line strings, strings that look like numbers, bools or null, special floats,
 empty containers) and on every composed configuration of a sweep.
 """

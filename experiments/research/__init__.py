@@ -3,7 +3,7 @@
 
 * ``python -m experiments.research.plateau``: a multirun's results as a plateau table and plot; per-category
   paired tests of one run;
-* ``python -m experiments.research.boundary``: the evidence boundary of a run (parent recall, exact recall,
+* ``python -m experiments.research.boundary_table``: the evidence boundary of a run (parent recall, exact recall,
   bounded parent expansion);
 * ``python -m experiments.research.cfsr_diagnosis``: per question, why standalone CFS-R trails cosine (pool,
   solver against an exact NNLS, ranking);

@@ -3,7 +3,7 @@
 Each run (a protocol's output folder) holds its scalar fit (``fitted``) and, when it fit one, its adapter row, per
 question. This reads them, checks that every run scored the same questions in the same order, and writes one row per
 (run, kind) with its mean and its paired difference from the reference row of the same kind (bootstrap 95% CI and
-sign-flip p, :func:`engram_jax.stats.paired_tests`), plus every row minus the best hand-set row of the reference run.
+sign-flip p, :func:`engram_jax.metrics.stats.paired_tests`), plus every row minus the best hand-set row of the reference run.
 
   python -m experiments.research.ablation --metric ndcg@10 \\
       --run full=outputs/repro/locomo_adapter --run no_fusion=outputs/protocols/locomo_ablate_fusion \\
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from engram_jax import stats
+from engram_jax.metrics import stats
 
 
 def load(run_dir: Path, metric: str) -> dict[str, Any]:

@@ -34,7 +34,9 @@ import scipy.optimize
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from engram_jax import batch, evaluation, metrics
+from engram_jax.core import batch
+from engram_jax.eval import evaluation
+from engram_jax.metrics import labels as metrics
 from engram_jax.ops import cfsr as cfsr_ops
 from experiments.lib import common
 

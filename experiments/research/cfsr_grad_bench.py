@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from hydra import compose, initialize_config_dir
 
-from engram_jax import pipeline
+from engram_jax.eval import pipeline
 from engram_jax.ops import cfsr, pools, registry
 from experiments import fit as fit_exp
 

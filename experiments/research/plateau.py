@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from engram_jax import stats
+from engram_jax.metrics import stats
 
 
 def load_run(run_dir: Path) -> dict[str, Any]:

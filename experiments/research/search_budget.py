@@ -28,7 +28,9 @@ import numpy as np
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from engram_jax import fit, pipeline, stats
+from engram_jax import fit
+from engram_jax.eval import pipeline
+from engram_jax.metrics import stats
 from experiments.lib import common
 from experiments import fit as fit_exp
 from experiments.research.search_compare import ROOT, score, split_episodes

@@ -26,7 +26,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from engram_jax import evaluation, fit, pipeline
+from engram_jax.eval import evaluation, pipeline
+from engram_jax import fit
 from engram_jax.data import splits
 from experiments.lib import common
 from experiments import fit as fit_exp
@@ -141,7 +142,7 @@ def compare(out: Path, overrides: list[str]) -> dict:
                        'evaluations': f'{len(jobs)} hard training-set passes'}
 
   seed = int(cfg.seed)
-  from engram_jax import stats  # pylint: disable=import-outside-toplevel
+  from engram_jax.metrics import stats  # pylint: disable=import-outside-toplevel
   table = ['| method | knobs found | train NDCG@10 | held-out NDCG@10 [95% CI] | vs hand-set (paired) | wall s | '
            'evaluations |', '|---|---|---|---|---|---|---|']
   summary = {}

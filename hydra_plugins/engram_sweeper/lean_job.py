@@ -12,10 +12,10 @@ callbacks, logging, working directory, environment and return, and differs in th
 * the task's configuration is a pickle round trip of the job's (equal to ``copy.deepcopy``, flags and node types
   included, in a third of the time), then its ``hydra`` node deleted, as Hydra does;
 * the three files are written by :func:`experiments.lib.yamlfmt.to_yaml`: ``OmegaConf.to_yaml``'s text, emitted by
-  libyaml (``tests/test_yamlfmt.py``; ``tests/test_collect.py`` compares the files of whole sweeps with the stock
+  libyaml (``tests/experiments/test_yamlfmt.py``; ``tests/experiments/test_collect.py`` compares the files of whole sweeps with the stock
   launcher's).
 
-``tests/test_sweeper.py`` runs jobs through both this and Hydra's ``run_job`` and compares the returns (task
+``tests/experiments/test_sweeper.py`` runs jobs through both this and Hydra's ``run_job`` and compares the returns (task
 configuration, ``hydra`` configuration, overrides, working directory, status, value), the ``HydraConfig`` the task
 sees, the files and the restored state.
 """

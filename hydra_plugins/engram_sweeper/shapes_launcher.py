@@ -15,7 +15,7 @@ A job takes this path only when each of its value overrides sets a scalar or a l
 ``+key=v``): re-applying those to another job's composition writes the same value as applying them to a fresh
 one (OmegaConf replaces scalars and lists on merge; a dict value would be merged into the first job's dict). Any
 other job (a dict value, a deletion ``~key``, an override of the ``hydra`` node) is composed from the files, as the
-basic launcher does. ``tests/test_sweeper.py`` checks, per job of a sweep over both kinds, that the configuration is
+basic launcher does. ``tests/experiments/test_sweeper.py`` checks, per job of a sweep over both kinds, that the configuration is
 equal to ``load_sweep_config``'s: values, interpolations left unresolved, the ``hydra`` node and the struct and
 read-only flags.
 

@@ -9,7 +9,7 @@ keys and the values of those overrides that choose a config group (``dataset=...
 same files in the same order, so one of them stands for all; this project's configs are plain YAML (no structured
 configs), where a value cannot fail composition by its type. The launcher still composes and runs every job (it
 is untouched: ``hydra/launcher=basic`` or any other), so each job's configuration and results are exactly those of
-the stock sweeper (tested in ``tests/test_sweeper.py``).
+the stock sweeper (tested in ``tests/experiments/test_sweeper.py``).
 
 Select it with ``hydra/sweeper=shapes`` (``conf/hydra/sweeper/shapes.yaml``).
 """

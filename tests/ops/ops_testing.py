@@ -12,10 +12,12 @@ import numpy as np
 from jax.test_util import check_grads
 
 import strategies
-from engram_jax import batch, fit, ops, pipeline
+from engram_jax.core import batch
+from engram_jax import fit, ops
+from engram_jax.eval import pipeline
 from engram_jax.ops import cfs, greedy, mmr, pools
 from engram_jax.testing import reference as ref
-from engram_jax.types import Episode, Item, Question
+from engram_jax.core.types import Episode, Item, Question
 
 COLD = 1e-7  # a temperature at which every soft op must equal its hard twin (inputs without ties)
 
@@ -67,7 +69,7 @@ def small_episode(seed=0, d=8):
   """A 12-item, 2-question episode with embeddings, padded to small buckets: question 0 sits between two
   near-duplicate items written apart (items 2 and 5, cosine 0.75), so the revision detector of the gated
   time-aware CFS-R is neither open nor shut, and the texts share words with the questions (BM25);
-  the questions carry every text cue of engram_jax.features (a learned gate's inputs)."""
+  the questions carry every text cue of engram_jax.core.features (a learned gate's inputs)."""
   rng = np.random.default_rng(seed)
   items = tuple(Item(id=f'i{k}', text=f'memory number {k} about cats' if k % 3 else f'note {k} on budgets',
                      parent=f's{k // 4}', position=k) for k in range(N_ITEMS))

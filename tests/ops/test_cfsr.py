@@ -13,7 +13,8 @@ from hypothesis import given
 
 import ops_testing
 import strategies
-from engram_jax import batch, ops, ranking
+from engram_jax.core import batch, ranking
+from engram_jax import ops
 from engram_jax.ops import cfsr, greedy
 from engram_jax.testing import reference as ref
 

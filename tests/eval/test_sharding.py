@@ -1,0 +1,101 @@
+"""Episode-axis sharding: padding and placement helpers, and a 4-device evaluation equal to the 1-device one.
+
+JAX fixes its device count at import, so the multi-device case runs in a fresh process with
+``XLA_FLAGS=--xla_force_host_platform_device_count=4`` (4 CPU devices).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from omegaconf import OmegaConf
+
+from engram_jax.eval import sharding
+from experiments.lib import common
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Five episodes (odd, so every group is padded to 4 or 8), of mixed sizes (a few size groups, one of a single
+# episode); deterministic pipelines and a random one (cos2 = perturbed cosine, which draws from the episode keys).
+SCRIPT = textwrap.dedent('''
+  import json, sys
+  import jax, numpy as np
+  sys.path.insert(0, 'tests')
+  from test_evaluation import _emb, _episode
+  from engram_jax.eval import evaluation, pipeline, sharding
+
+  assert jax.device_count() == 4, jax.devices()
+  eps = [_episode(12, 3, 'a'), _episode(140, 30, 'b'), _episode(30, 5, 'c'), _episode(300, 9, 'd'),
+         _episode(40, 4, 'e')]
+  cos, bm = {'op': 'cosine'}, {'op': 'bm25'}
+  pipes = {'cosine': pipeline.make_pipeline(legs={'cos': cos}),
+           'rrf': pipeline.make_pipeline(fusion='rrf', legs={'cos': cos, 'bm25': bm}),
+           'cos2': pipeline.make_pipeline(fusion='rrf', legs={'cos': cos, 'cos2': {'op': 'cos2', 'eps': 0.5}}),
+           'mmr': pipeline.make_pipeline(fusion='rrf', legs={'cos': cos, 'mmr': {'op': 'mmr', 'k': 6, 'lam': 0.6}})}
+  embs = [_emb(e, seed=i) for i, e in enumerate(eps)]
+
+  mesh = sharding.episode_mesh(None)  # each device maps over its own block of episodes
+  x = sharding.place_episodes(sharding.pad_episodes(np.arange(5.0), 4), mesh)
+  y = sharding.shard_episodes(lambda a: jax.lax.map(lambda v: v * 2, a), mesh, episode_args=(True,))(x)
+  assert [s.data.shape for s in y.addressable_shards] == [(2,)] * 4, y.sharding
+  assert len({s.device for s in y.addressable_shards}) == 4 and y.tolist()[:5] == [0, 2, 4, 6, 8]
+  out = {}
+  for devices in (1, 4):
+    r = evaluation.evaluate(eps, embs, pipes, k=5, metrics=['ndcg@5', 'recall@5'], seed=3, progress=False,
+                            devices=devices)
+    out[devices] = {'ids': r.question_ids, 'retrieved': r.retrieved,
+                    'scores': {n: {m: v.tolist() for m, v in s.items()} for n, s in r.scores.items()}}
+  print('RESULT ' + json.dumps(out))
+''')
+
+
+def test_pad_episodes_repeats_the_last_episode():
+  tree = {'x': np.arange(10).reshape(5, 2), 'i': np.arange(5, dtype=np.int32)}
+  padded = sharding.pad_episodes(tree, 4)
+  assert padded['x'].shape == (8, 2) and padded['i'].tolist() == [0, 1, 2, 3, 4, 4, 4, 4]
+  assert np.array_equal(padded['x'][:5], tree['x']) and (padded['x'][5:] == tree['x'][-1]).all()
+  assert sharding.pad_episodes(tree, 5)['x'].shape == (5, 2)
+  assert [sharding.padded_size(n, 4) for n in (1, 4, 5, 8)] == [4, 4, 8, 8]
+
+
+def test_device_count_is_checked():
+  assert sharding.n_devices(None) == jax.device_count()
+  assert sharding.n_devices(1) == 1
+  for bad in (0, -1, 1.5):
+    with pytest.raises(ValueError, match='integer >= 1'):
+      sharding.n_devices(bad)
+  with pytest.raises(ValueError, match='device_count'):
+    sharding.n_devices(jax.device_count() + 1)
+  assert sharding.episode_mesh(1).shape == {'episodes': 1}
+
+
+def test_eval_devices_config():
+  assert common.eval_devices(OmegaConf.create({'eval': {'devices': None}})) is None
+  assert common.eval_devices(OmegaConf.create({'eval': {}})) is None
+  assert common.eval_devices(OmegaConf.create({'eval': {'devices': 2}})) == 2
+  for bad in (0, 'all', True):
+    with pytest.raises(ValueError, match='eval.devices'):
+      common.eval_devices(OmegaConf.create({'eval': {'devices': bad}}))
+
+
+@pytest.mark.slow
+def test_four_devices_give_the_one_device_results():
+  env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=4', 'JAX_PLATFORMS': 'cpu'}
+  proc = subprocess.run([sys.executable, '-c', SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
+                        timeout=300, check=False)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  line = next(l for l in proc.stdout.splitlines() if l.startswith('RESULT '))
+  out = json.loads(line[len('RESULT '):])
+  one, four = out['1'], out['4']
+  assert len(one['ids']) == 3 + 30 + 5 + 9 + 4
+  assert four['ids'] == one['ids']
+  for name in one['retrieved']:
+    assert four['retrieved'][name] == one['retrieved'][name], name  # question by question, cos2 included
+    assert four['scores'][name] == one['scores'][name], name

@@ -1,0 +1,184 @@
+"""The bench iterates the operator registry: every operator gets a row, references agree, the CLI runs; the harness
+and the scale table."""
+
+import numpy as np
+import pytest
+
+from engram_jax.core import batch
+from engram_jax.data import io
+from engram_jax.ops import OPERATORS
+from engram_jax.testing.synthetic import synthetic_episodes
+from experiments.bench import cli, floor, harness, operators, scale
+
+
+@pytest.fixture(scope='module')
+def episodes():
+  return synthetic_episodes(n_episodes=2, n_queries=6, dim=16, n_items=(40, 70))
+
+
+@pytest.mark.slow
+def test_every_registered_operator_and_the_fusion_get_a_row(episodes):
+  rows = operators.time_operators(episodes, repeats=1, rounds=2, ref_queries=3, peers=False)
+  assert [r['op'] for r in rows] == [*OPERATORS, operators.FUSION]
+  for r in rows:
+    assert r['jax_s'] > 0 and r['episodes'] == 2 and r['queries'] == 12
+    if r['op'] in operators.REFERENCES or r['op'] == operators.FUSION:
+      assert r['ref_s'] > 0 and r['ratio'] > 0 and r['checked'] == 6
+      assert r['agree'] == r['checked'], r['op']
+    else:
+      assert r['ref_s'] is None and r['ratio'] is None
+  by_op = {r['op']: r for r in rows}
+  assert by_op['tide']['options']['pool'] == 50 and by_op['mmr']['options']['pool'] == 50  # locked setups
+
+
+def test_episodes_are_padded_with_the_evaluations_buckets():
+  eps = synthetic_episodes(n_episodes=1, n_queries=70, dim=16, n_items=(40, 40))
+  lines = []
+  operators.time_operators(eps, ['cosine'], repeats=1, rounds=1, ref_queries=1, log=lines.append)
+  arr = batch.episode_arrays(eps[0].episode, eps[0].docs, eps[0].queries)  # default buckets, as evaluate's
+  assert arr.queries.shape[0] == 128 and 'N=40 (padded 64), Q=70 (padded 128)' in lines[0]
+
+
+def test_overrides_are_validated_by_the_declaration(episodes):
+  (row,) = operators.time_operators(episodes[:1], ['tide'], repeats=1, overrides={'tide': {'pool': 5}})
+  assert row['options']['pool'] == 5 and row['agree'] == row['checked']
+  with pytest.raises(ValueError, match='pool must be an integer >= 1'):
+    operators.time_operators(episodes[:1], ['tide'], repeats=1, overrides={'tide': {'pool': 0}})
+  with pytest.raises(ValueError, match='unknown operators'):
+    operators.time_operators(episodes[:1], ['nope'], repeats=1)
+
+
+@pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
+def test_cli_prints_the_environment_and_the_table(capsys):
+  rows = cli.main(['--episodes', '1', '--queries', '4', '--repeats', '1', '--rounds', '1', '--ref-queries', '2',
+                     '--ops', 'cosine,cos2,rrf', '--set', 'cos2.eps=0.1', '--cfsr-batch', '0'])
+  out = capsys.readouterr().out
+  assert [r['op'] for r in rows] == ['cosine', 'cos2', 'rrf'] and rows[1]['options']['eps'] == 0.1
+  assert 'device' in out and 'threads:' in out
+  assert '| op | JAX ms | reference / peer ms | ratio | agree |' in out and '| cos2 |' in out and 'n/a' in out
+  assert out.count('threads:') == 2  # the environment header, and the thread settings under the table
+  with pytest.raises(SystemExit):
+    cli.main(['--ops', 'nope'])
+
+
+def test_interleaved_rounds_give_one_sample_per_round_and_the_bm25_peers(episodes):
+  rows = operators.time_operators(episodes, ['bm25', 'cosine'], repeats=1, rounds=3, ref_queries=2)
+  by_op = {r['op']: r for r in rows}
+  assert [r['op'] for r in rows][:2] == ['bm25', 'cosine'] and 'bm25 (rank_bm25)' in by_op and 'bm25 (bm25s)' in by_op
+  for name in ('bm25', 'cosine'):
+    r = by_op[name]
+    assert len(r['jax_rounds']) == len(r['ref_rounds']) == len(r['ratio_rounds']) == 3
+    assert all(t > 0 for t in r['jax_rounds'] + r['ref_rounds']) and r['checked'] == 4
+    assert r['jax_s'] == pytest.approx(sorted(r['jax_rounds'])[1]) and r['ratio'] == pytest.approx(
+        sorted(r['ratio_rounds'])[1])
+  peer = by_op['bm25 (rank_bm25)']
+  assert peer['peer_of'] == 'bm25' and peer['jax_rounds'] == by_op['bm25']['jax_rounds']
+  assert len(peer['ref_rounds']) == 3 and all(t > 0 for t in peer['ref_rounds']) and peer['ratio'] > 0
+  assert peer['checked'] == 12 and peer['agree'] == 12  # rank_bm25 is the semantics the JAX leg reproduces
+  assert 0 <= peer['high_df_queries'] <= 12
+  assert peer['options'] == {k: by_op['bm25']['options'][k] for k in ('k1', 'b', 'epsilon')}
+  table = operators.format_table(rows, n_episodes=2, n_queries=12, threads='threads: test')
+  assert '| bm25 (rank_bm25) |' in table and '| bm25 (bm25s) |' in table and 'threads: test' in table
+  assert '3 interleaved rounds' in table
+  s = by_op['bm25 (bm25s)']
+  try:
+    import bm25s  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  except ImportError:
+    assert s['unavailable'] and s['ref_s'] is None and 'unavailable' in table
+  else:
+    assert s['unavailable'] is None and len(s['ref_rounds']) == 3 and s['ratio'] > 0 and s['checked'] == 12
+
+
+def test_an_unavailable_peer_is_reported_not_fatal(episodes, monkeypatch):
+  monkeypatch.setitem(operators.PEERS, 'bm25s', lambda: operators.Peer('bm25 (bm25s)', None, 'bm25s not installed'))
+  rows = operators.time_operators(episodes[:1], ['bm25'], repeats=1, rounds=1, ref_queries=1)
+  assert [r['op'] for r in rows] == ['bm25', 'bm25 (rank_bm25)', 'bm25 (bm25s)']
+  assert rows[2]['unavailable'] == 'bm25s not installed' and rows[2]['ratio'] is None
+  assert '| bm25 (bm25s) |' in operators.format_table(rows, n_episodes=1, n_queries=6) and 'unavailable' in (
+      operators.format_table(rows, n_episodes=1, n_queries=6))
+  assert operators.time_operators(episodes[:1], ['cosine'], repeats=1, rounds=1)[0]['op'] == 'cosine'  # no bm25: no peers
+
+
+def _have_locomo() -> bool:
+  try:
+    return (io.resolve_data_root() / 'locomo' / 'locomo10.json').is_file()
+  except FileNotFoundError:
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _have_locomo(), reason='LoCoMo not found under the data root')
+def test_harness_times_the_whole_evaluation_path(tmp_path):
+  rows = harness.harness(['embedder=hashing', 'dataset.loader.conversations=[conv-30]', 'eval.n_resamples=100',
+                        f'paths.cache_dir={tmp_path}/cache'], rounds=2, out_dir=str(tmp_path / 'out'))
+  assert [r['round'] for r in rows] == [0, 1]
+  assert rows[1]['xla_compilations'] == 0  # the persistent compilation cache serves the second round
+  for r in rows:
+    assert r['retrieve_s'] > 0 and r['wall_s'] >= sum(r['phases_s'].values()) - 1e-6
+    assert r['overhead_ratio'] == pytest.approx(r['wall_s'] / r['retrieve_s'])
+  assert 'overhead ratio' in harness.format_harness(rows)
+
+
+# ---- scale: operator cost versus episode size N ----------------------------------------------------------------
+
+
+def test_growth_exponent_is_the_log_log_slope():
+  assert scale.growth_exponent([1e3, 1e4, 1e5], [2e-6, 2e-5, 2e-4]) == pytest.approx(1.0)
+  assert scale.growth_exponent([1e3, 1e4], [1e-6, 1e-4]) == pytest.approx(2.0)
+  assert scale.growth_exponent([1e3], [1e-6]) is None
+
+
+@pytest.mark.slow
+def test_scale_table_rows_memory_and_the_check_at_small_n():
+  ops = list(scale.SCALE_OPS)
+  result = scale.time_scale([60, 130], ops, n_queries=4, dim=16, rounds=1, repeats=1, check_n=520)
+  rows = result['rows']
+  assert [(r['op'], r['n']) for r in rows] == [(o, n) for n in (60, 130) for o in ops]
+  for r in rows:
+    assert r['skipped'] is None and len(r['per_query_rounds']) == 1 and r['per_query'] > 0
+    assert r['memory'] is None or (r['memory']['peak'] >= r['memory']['args'] > 0)
+  assert all(r['n_pad'] >= r['n'] for r in rows)
+  for name in ops:
+    assert result['ops'][name]['fit_ns'] == [60, 130] and result['ops'][name]['exponent'] is not None
+    assert result['check'][name] == (4, 4), name  # the large-N branch equals the ordinary path at N = 520
+  table = scale.format_scale(result, threads='threads: test')
+  assert '| op | N | N padded | ms / query | XLA peak MB | temps MB |' in table and 'threads: test' in table
+  assert '| cfsr | 130 |' in table and 'growth exponent' in table and '| 4/4 |' in table
+
+
+def test_scale_skips_text_operators_over_the_dense_budget(monkeypatch):
+  monkeypatch.setattr(scale, 'term_layout', lambda: scale.TermLayout(True, 4))
+  result = scale.time_scale([60], ['cosine', 'rrf', 'tide'], n_queries=4, dim=16, rounds=1, repeats=1,
+                            dense_budget_gb=1e-6, check_n=None)
+  by_op = {r['op']: r for r in result['rows']}
+  assert 'dense [N, V] term counts would need' in by_op['rrf']['skipped'] and by_op['rrf']['per_query'] is None
+  assert by_op['cosine']['skipped'] is None and by_op['tide']['per_query'] > 0  # run on the text-free copy
+  assert result['ops']['rrf']['exponent'] is None and result['check'] is None
+  assert 'skipped: dense [N, V]' in scale.format_scale(result, threads='')
+
+
+@pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
+def test_scale_cli_writes_the_table(tmp_path, capsys):
+  out = tmp_path / 'scale.md'
+  result = cli.main(['--scale', '--scale-n', '50,70', '--scale-queries', '2', '--scale-ops', 'cosine,cfsr',
+                       '--rounds', '1', '--repeats', '1', '--check-n', '0', '--out', str(out)])
+  printed = capsys.readouterr().out
+  assert [r['op'] for r in result['rows']] == ['cosine', 'cfsr', 'cosine', 'cfsr'] and len(result['rows'][0][
+      'per_query_rounds']) == 3  # at least 3 rounds
+  assert 'threads:' in printed and '| cfsr | 70 |' in printed
+  assert '| cfsr | 70 |' in out.read_text() and out.with_suffix('.json').is_file()
+  with pytest.raises(SystemExit):
+    cli.main(['--scale', '--scale-ops', 'nope'])
+
+
+# ---- the CFS-R floor --------------------------------------------------------------------------------------------
+
+
+def test_cfsr_floor_times_the_leg_its_parts_and_a_matmul_of_the_same_flops():
+  eps = synthetic_episodes(n_episodes=1, n_queries=4, dim=16, n_items=(40, 40))
+  r = floor.cfsr_floor(eps, repeats=1, batch_size=2, pool=10, iterations=5, power_iterations=3)
+  assert r['n_queries'] == 4 and r['pool'] == 10 and set(r['seconds']) == {'leg', 'pool', 'solve', 'gemm'}
+  assert all(t > 0 for t in r['seconds'].values())
+  assert r['gflop'] == pytest.approx(2 * 10 ** 2 * (5 + 3) * 4 / 1e9)
+  table = floor.format_cfsr_floor(r)
+  assert '| solve |' in table and "floor at this machine's dense-matmul rate" in table

@@ -1,0 +1,119 @@
+"""Protocols fixed in advance: committed before the run, scored once (refused again unless forced), recorded."""
+
+import json
+
+import pytest
+from omegaconf import OmegaConf
+
+from engram_jax.data import splits
+from engram_jax.core.types import Episode, Item, LoadReport, Question
+from experiments.lib import protocol
+
+
+def _cfg(**kw):
+  return OmegaConf.create({'protocol_name': None, 'protocol_force': False, **kw})
+
+
+_FIXED = {'protocol_name': 'p'}  # the protocol's own configuration in these unit tests
+
+
+def test_no_protocol_and_unknown_protocol(tmp_path):
+  assert protocol.check(_cfg()) is None
+  with pytest.raises(ValueError, match="Unknown protocol 'nope'"):
+    protocol.check(_cfg(protocol_name='nope'), protocol_dir=tmp_path, fixed={})
+
+
+def test_uncommitted_protocol_is_refused_unless_forced(tmp_path):
+  (tmp_path / 'p.yaml').write_text('protocol_name: p\n')
+  with pytest.raises(ValueError, match='not committed'):
+    protocol.check(_cfg(protocol_name='p'), ledger=tmp_path / 'scored.jsonl', protocol_dir=tmp_path, fixed=_FIXED)
+  info = protocol.check(_cfg(protocol_name='p', protocol_force=True), ledger=tmp_path / 'scored.jsonl',
+                        protocol_dir=tmp_path, fixed=_FIXED)
+  assert info['forced'] and info['committed'] is False and len(info['sha256']) == 64
+
+
+def test_a_scored_protocol_is_refused_then_forced_and_marked(tmp_path, monkeypatch):
+  (tmp_path / 'p.yaml').write_text('protocol_name: p\n')
+  monkeypatch.setattr(protocol, 'committed_unmodified', lambda path: True)
+  ledger = tmp_path / 'scored.jsonl'
+  info = protocol.check(_cfg(protocol_name='p'), ledger=ledger, protocol_dir=tmp_path, fixed=_FIXED)
+  assert not info['forced'] and info['earlier_scorings'] == 0
+  protocol.record(info, tmp_path / 'run', summary={'x': {'m': 0.5}}, paired={}, n_questions=3, ledger=ledger)
+  with pytest.raises(ValueError, match='already scored'):
+    protocol.check(_cfg(protocol_name='p'), ledger=ledger, protocol_dir=tmp_path, fixed=_FIXED)
+  forced = protocol.check(_cfg(protocol_name='p', protocol_force=True), ledger=ledger, protocol_dir=tmp_path, fixed=_FIXED)
+  assert forced['forced'] and forced['earlier_scorings'] == 1
+  protocol.record(forced, tmp_path / 'run2', summary={}, paired={}, n_questions=3, ledger=ledger)
+  rows = [json.loads(l) for l in ledger.read_text().splitlines()]
+  assert [r['forced'] for r in rows] == [False, True]
+  # a comment-only edit is the same protocol: still refused unforced (keyed on the name, not the file's hash)
+  (tmp_path / 'p.yaml').write_text('protocol_name: p\n# edited\n')
+  with pytest.raises(ValueError, match='protocol p was already scored.*also after an edit of its file'):
+    protocol.check(_cfg(protocol_name='p'), ledger=ledger, protocol_dir=tmp_path, fixed=_FIXED)
+  assert rows[0]['config_sha256'] == protocol.config_sha256(_cfg(protocol_name='p'))
+
+
+def test_committed_protocols_parse_and_name_themselves():
+  for path in protocol.PROTOCOL_DIR.glob('*.yaml'):
+    node = OmegaConf.load(path)
+    assert node.protocol_name == path.stem and node.fit.params and node.primary_metric
+
+
+def _episodes(n):
+  return [Episode(id=f'e{i}', items=(Item(f'i{i}', f'text {i}', 'p', 0),),
+                  questions=(Question(f'q{i}', f'question {i}', (f'i{i}',), ('p',), 'c'),)) for i in range(n)]
+
+
+def test_confirm_part_is_everything_outside_train_and_disjoint():
+  load = lambda root: (_episodes(30), LoadReport('toy'))
+  train, _ = splits.load_part(load=load, part='train', n_train=10, seed=3)
+  confirm, report = splits.load_part(load=load, part='confirm', n_train=10, seed=3)
+  t = {q.id for e in train for q in e.questions}
+  c = {q.id for e in confirm for q in e.questions}
+  assert len(t) == 10 and len(c) == 20 and not t & c
+  assert report.to_dict()['counts']['questions_in_confirm'] == 20
+  with pytest.raises(ValueError, match='Unknown part'):
+    splits.load_part(load=load, part='nope')
+
+
+def test_protocols_compose_with_the_fit_config_and_pass_its_checks():
+  from hydra import compose, initialize_config_dir  # pylint: disable=import-outside-toplevel
+  from experiments.lib import checks  # pylint: disable=import-outside-toplevel
+  with initialize_config_dir(config_dir=str(protocol.ROOT / 'conf'), version_base='1.3'):
+    lme = compose('fit', overrides=['+protocol=lme_session'])
+    loc = compose('fit', overrides=['+protocol=locomo_full'])
+  assert lme.protocol_name == 'lme_session' and lme.fit.split == 'parts'
+  assert lme.dataset.loader.part == 'confirm' and lme.fit.train.loader.part == 'train'
+  assert lme.dataset.loader.n_train == lme.fit.train.loader.n_train  # confirm = outside that very training split
+  assert loc.protocol_name == 'locomo_full' and loc.fit.split == 'crossfit' and len(loc.fit.params) == 8
+  for cfg in (lme, loc):
+    checks.check_fit(cfg)
+
+
+def test_overrides_that_change_fixed_settings_are_refused_then_forced_and_marked(tmp_path, monkeypatch):
+  """A committed protocol run with `embedder=hashing fit.steps=2 fit.params=[k0]` was recorded as an unforced
+  confirmation (only the file's hash was checked): now refused, naming the changed settings; forced, it is marked."""
+  from hydra import compose, initialize_config_dir  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(protocol, 'committed_unmodified', lambda path: True)
+  ledger = tmp_path / 'scored.jsonl'
+  bad = ['embedder=hashing', 'fit.steps=2', 'fit.params=[k0]']
+  with initialize_config_dir(config_dir=str(protocol.CONF), version_base='1.3'):
+    own = compose('fit', overrides=['+protocol=locomo_full', 'eval.progress=false', f'protocol_ledger={ledger}'])
+    changed = compose('fit', overrides=['+protocol=locomo_full', *bad, f'protocol_ledger={ledger}'])
+    forced = compose('fit', overrides=['+protocol=locomo_full', *bad, 'protocol_force=true',
+                                       f'protocol_ledger={ledger}'])
+  info = protocol.check(own)  # progress bars and the ledger's path are not fixed settings
+  assert info['changed_settings'] == [] and not info['forced'] and len(info['config_sha256']) == 64
+  with pytest.raises(ValueError, match=r"protocol locomo_full: the run's overrides change settings the protocol "
+                                       r'fixes \(embedder.*fit.params.*fit.steps') as e:
+    protocol.check(changed)
+  assert '\n' not in str(e.value)
+  marked = protocol.check(forced)
+  assert marked['forced'] and {'fit.steps', 'fit.params'} <= set(marked['changed_settings'])
+  assert marked['config_sha256'] != info['config_sha256']
+  protocol.record(marked, tmp_path / 'run', summary={}, paired={}, n_questions=1)
+  row = json.loads(ledger.read_text())
+  assert row['forced'] and row['changed_settings'] == marked['changed_settings']
+  assert row['config_sha256'] == marked['config_sha256'] and row['forced_because']
+  with pytest.raises(ValueError, match='protocol locomo_full was already scored'):  # by name, whatever was changed
+    protocol.check(own)
