@@ -91,8 +91,9 @@ def _dataset_results(res: dict[str, Any], dataset: str | None, where: Path) -> d
   return res['datasets'][dataset]
 
 
-def load_rows(jobs: Sequence[Job], metric: str | None, dataset: str | None = None
-              ) -> tuple[list[Row], list[dict[str, str]], dict[str, float], str]:
+def load_rows(
+  jobs: Sequence[Job], metric: str | None, dataset: str | None = None
+) -> tuple[list[Row], list[dict[str, str]], dict[str, float], str]:
   """One row per (job, pipeline) with a ``results.json``.
 
   Returns:
@@ -116,8 +117,17 @@ def load_rows(jobs: Sequence[Job], metric: str | None, dataset: str | None = Non
     scores = compare.per_question_scores([path], dataset)
     for pipe, summary in res['pipelines'].items():
       per_q = {q: ms[name] for q, ms in scores[pipe].items()}
-      rows.append(Row(job.num, labels[job.num], pipe, name, float(summary[name]),
-                      tuple(float(x) for x in summary['ci95'][name]), per_q))
+      rows.append(
+        Row(
+          job.num,
+          labels[job.num],
+          pipe,
+          name,
+          float(summary[name]),
+          tuple(float(x) for x in summary['ci95'][name]),
+          per_q,
+        )
+      )
     info = job.folder / 'run_info.json'
     if info.is_file():
       timing[job.num] = float(json.loads(info.read_text())['timing']['wall_s'])
@@ -138,8 +148,9 @@ def find_reference(rows: Sequence[Row], jobs: Sequence[Job], against: str | None
     hits = [j.num for j in jobs if want <= set(j.overrides)]
     if len(hits) != 1:
       labels = job_labels(jobs)
-      raise ValueError(f'--against {against!r} matches jobs {hits}; give a job number or overrides naming one '
-                       f'job: {labels}')
+      raise ValueError(
+        f'--against {against!r} matches jobs {hits}; give a job number or overrides naming one job: {labels}'
+      )
     job = hits[0]
   mine = [i for i, r in enumerate(rows) if r.job == job]
   if not mine:
@@ -179,9 +190,16 @@ def paired_against(rows: Sequence[Row], ref: int, *, seed: int, n_resamples: int
   return out
 
 
-def collect(folder: Path, *, metric: str | None = None, against: str | None = None,
-            against_pipeline: str | None = None, dataset: str | None = None, seed: int = 20261008,
-            n_resamples: int = 10_000) -> dict[str, Any]:
+def collect(
+  folder: Path,
+  *,
+  metric: str | None = None,
+  against: str | None = None,
+  against_pipeline: str | None = None,
+  dataset: str | None = None,
+  seed: int = 20261008,
+  n_resamples: int = 10_000,
+) -> dict[str, Any]:
   """The multirun in ``folder`` as one JSON-ready table (see the module docstring)."""
   jobs = find_jobs(folder)
   rows, missing, timing, metric = load_rows(jobs, metric, dataset)
@@ -189,27 +207,52 @@ def collect(folder: Path, *, metric: str | None = None, against: str | None = No
   tests = paired_against(rows, ref, seed=seed, n_resamples=n_resamples)
   qsets = {tuple(sorted(r.scores)) for r in rows}
   return {
-      'metric': metric, 'seed': seed, 'n_resamples': n_resamples, 'n_jobs': len(jobs),
-      'same_questions': len(qsets) == 1,
-      'reference': {'job': rows[ref].job, 'label': rows[ref].label, 'pipeline': rows[ref].pipeline,
-                    'metric': rows[ref].metric},
-      'rows': [{'job': r.job, 'label': r.label, 'pipeline': r.pipeline, 'metric': r.metric, 'n': len(r.scores),
-                'mean': r.mean, 'ci95': list(r.ci), 'vs_reference': t} for r, t in zip(rows, tests)],
-      'missing': missing,
-      'timing': {'wall_s': timing},
+    'metric': metric,
+    'seed': seed,
+    'n_resamples': n_resamples,
+    'n_jobs': len(jobs),
+    'same_questions': len(qsets) == 1,
+    'reference': {
+      'job': rows[ref].job,
+      'label': rows[ref].label,
+      'pipeline': rows[ref].pipeline,
+      'metric': rows[ref].metric,
+    },
+    'rows': [
+      {
+        'job': r.job,
+        'label': r.label,
+        'pipeline': r.pipeline,
+        'metric': r.metric,
+        'n': len(r.scores),
+        'mean': r.mean,
+        'ci95': list(r.ci),
+        'vs_reference': t,
+      }
+      for r, t in zip(rows, tests)
+    ],
+    'missing': missing,
+    'timing': {'wall_s': timing},
   }
 
 
 def markdown(table: dict[str, Any], title: str) -> str:
   """The collected table as Markdown: one row per job x pipeline, the paired test against the reference."""
   ref = table['reference']
-  same = ('all jobs scored the same questions' if table['same_questions']
-          else 'question sets differ between jobs: each test uses the questions shared with the reference (n)')
-  lines = [f'### {title}: {table["n_jobs"]} jobs, {table["metric"]}', '',
-           f'Reference: job {ref["job"]} ({ref["label"]}) / {ref["pipeline"]}; {same}. Paired: row minus reference, '
-           'bootstrap 95% CI, sign-flip p (McNemar p for 0/1 metrics).', '',
-           '| job | overrides | pipeline | metric | n | mean [95% CI] | delta vs reference [95% CI] | p | McNemar p |',
-           '|---|---|---|---|---|---|---|---|---|']
+  same = (
+    'all jobs scored the same questions'
+    if table['same_questions']
+    else 'question sets differ between jobs: each test uses the questions shared with the reference (n)'
+  )
+  lines = [
+    f'### {title}: {table["n_jobs"]} jobs, {table["metric"]}',
+    '',
+    f'Reference: job {ref["job"]} ({ref["label"]}) / {ref["pipeline"]}; {same}. Paired: row minus reference, '
+    'bootstrap 95% CI, sign-flip p (McNemar p for 0/1 metrics).',
+    '',
+    '| job | overrides | pipeline | metric | n | mean [95% CI] | delta vs reference [95% CI] | p | McNemar p |',
+    '|---|---|---|---|---|---|---|---|---|',
+  ]
   for r in table['rows']:
     t = r['vs_reference']
     mean = f'{r["mean"]:.4f} [{r["ci95"][0]:.4f}, {r["ci95"][1]:.4f}]'
@@ -218,30 +261,42 @@ def markdown(table: dict[str, Any], title: str) -> str:
     elif t['n'] == 0:
       test = ['no shared questions', '', '']
     else:
-      test = [f'{t["delta"]:+.4f} [{t["lo"]:+.4f}, {t["hi"]:+.4f}]' + ('' if t['n'] == r['n'] else f' (n={t["n"]})'),
-              f'{t["p"]:.4f}', f'{t["mcnemar_p"]:.4f}' if 'mcnemar_p' in t else '']
-    lines.append('| ' + ' | '.join([r['job'], r['label'], r['pipeline'], r['metric'], str(r['n']), mean] + test)
-                 + ' |')
+      test = [
+        f'{t["delta"]:+.4f} [{t["lo"]:+.4f}, {t["hi"]:+.4f}]' + ('' if t['n'] == r['n'] else f' (n={t["n"]})'),
+        f'{t["p"]:.4f}',
+        f'{t["mcnemar_p"]:.4f}' if 'mcnemar_p' in t else '',
+      ]
+    lines.append('| ' + ' | '.join([r['job'], r['label'], r['pipeline'], r['metric'], str(r['n']), mean] + test) + ' |')
   if table['missing']:
     lines += ['', 'Not in the table:', ''] + [f'- job {m["job"]} ({m["label"]}): {m["why"]}' for m in table['missing']]
   if table['timing']['wall_s']:
-    lines += ['', 'Wall time per job (run_info.json): ' + ', '.join(
-        f'{j}: {s:.1f} s' for j, s in table['timing']['wall_s'].items())]
+    lines += [
+      '',
+      'Wall time per job (run_info.json): '
+      + ', '.join(f'{j}: {s:.1f} s' for j, s in table['timing']['wall_s'].items()),
+    ]
   return '\n'.join(lines) + '\n'
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument('folder', type=Path, help='a Hydra multirun folder (hydra.sweep.dir)')
-  p.add_argument('--metric', default=None, help='ndcg@10, or a base name (ndcg) for each job\'s own cutoff')
+  p.add_argument('--metric', default=None, help="ndcg@10, or a base name (ndcg) for each job's own cutoff")
   p.add_argument('--against', default=None, help='reference job: its number, or overrides it has (space-separated)')
   p.add_argument('--against-pipeline', default=None, help="the reference job's pipeline (default: its first)")
   p.add_argument('--dataset', default=None, help='the dataset of multi-dataset runs')
   p.add_argument('--seed', type=int, default=20261008)
   p.add_argument('--n-resamples', type=int, default=10_000)
   args = p.parse_args(argv)
-  table = collect(args.folder, metric=args.metric, against=args.against, against_pipeline=args.against_pipeline,
-                  dataset=args.dataset, seed=args.seed, n_resamples=args.n_resamples)
+  table = collect(
+    args.folder,
+    metric=args.metric,
+    against=args.against,
+    against_pipeline=args.against_pipeline,
+    dataset=args.dataset,
+    seed=args.seed,
+    n_resamples=args.n_resamples,
+  )
   text = markdown(table, args.folder.name)
   report.write_files(args.folder, {'collect.json': json.dumps(table, indent=1) + '\n', 'collect.md': text})
   print(text)

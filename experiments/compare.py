@@ -45,8 +45,9 @@ def compare(scores, pairs: list[tuple[str, str]], *, seed: int, n_resamples: int
     for m in scores[a][common[0]]:
       x = np.array([scores[a][q][m] for q in common])
       y = np.array([scores[b][q][m] for q in common])
-      rows.append({'a': a, 'b': b, 'metric': m, 'n': len(common),
-                   **report.paired(x, y, m, seed=seed, n_resamples=n_resamples)})
+      rows.append(
+        {'a': a, 'b': b, 'metric': m, 'n': len(common), **report.paired(x, y, m, seed=seed, n_resamples=n_resamples)}
+      )
   return rows
 
 
@@ -65,8 +66,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
   print('| A | B | metric | n | delta (A - B) | 95% CI | p | McNemar p |\n|---|---|---|---|---|---|---|---|')
   for r in rows:
     mc = f'{r["mcnemar_p"]:.4f}' if 'mcnemar_p' in r else ''
-    print(f'| {r["a"]} | {r["b"]} | {r["metric"]} | {r["n"]} | {r["delta"]:+.4f} | [{r["lo"]:+.4f}, {r["hi"]:+.4f}] '
-          f'| {r["p"]:.4f} | {mc} |')
+    print(
+      f'| {r["a"]} | {r["b"]} | {r["metric"]} | {r["n"]} | {r["delta"]:+.4f} | [{r["lo"]:+.4f}, {r["hi"]:+.4f}] '
+      f'| {r["p"]:.4f} | {mc} |'
+    )
   return rows
 
 

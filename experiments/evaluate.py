@@ -6,7 +6,6 @@ Kept short on purpose: the logic lives in the library (engram_jax.eval.evaluatio
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import time
 from pathlib import Path
@@ -17,11 +16,11 @@ import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.lib import pileup as analysis, jsonfmt
+from engram_jax.data import splits
 from engram_jax.eval import evaluation, timing
 from engram_jax.metrics import report
-from engram_jax.data import splits
-from experiments.lib import answer, checks, common, yamlfmt
+from experiments.lib import answer, checks, common, jsonfmt, yamlfmt
+from experiments.lib import pileup as analysis
 
 log = logging.getLogger(__name__)
 
@@ -46,15 +45,27 @@ def fit_on_train(cfg: DictConfig, pipes: dict, expanded: dict, embed_fn, scored:
       for ds_name, ds_eps in scored.items():
         if ds_name not in node.get('skip_datasets', []):
           splits.assert_disjoint_content(eps, ds_eps)
-      res = evaluation.evaluate(eps, embs, {v: pipes[v] for v in variants}, k=cfg.eval.k,
-                                metrics=[tcfg.metric], seed=cfg.seed, progress=False,
-                                episode_metrics=common.dataset_metrics(tcfg), devices=common.eval_devices(cfg))
+      res = evaluation.evaluate(
+        eps,
+        embs,
+        {v: pipes[v] for v in variants},
+        k=cfg.eval.k,
+        metrics=[tcfg.metric],
+        seed=cfg.seed,
+        progress=False,
+        episode_metrics=common.dataset_metrics(tcfg),
+        devices=common.eval_devices(cfg),
+      )
       for g, v in enumerate(variants):
         per_value[g].append(res.scores[v][tcfg.metric])
     means = [float(np.concatenate(v).mean()) for v in per_value]
     best = int(np.argmax(means))
-    fits[name] = {'train_sets': list(node.tune.train), 'grid': {v: m for v, m in zip(variants, means)},
-                  'chosen': variants[best], 'n_train_questions': int(sum(len(x) for x in per_value[0]))}
+    fits[name] = {
+      'train_sets': list(node.tune.train),
+      'grid': {v: m for v, m in zip(variants, means)},
+      'chosen': variants[best],
+      'n_train_questions': int(sum(len(x) for x in per_value[0])),
+    }
     log.info('fitted %s on %s: %s', name, list(node.tune.train), variants[best])
     pipes[name] = pipes[variants[best]]
     for v in variants:
@@ -63,8 +74,17 @@ def fit_on_train(cfg: DictConfig, pipes: dict, expanded: dict, embed_fn, scored:
   return fits
 
 
-def run_dataset(cfg: DictConfig, ds: DictConfig, episodes, load_report, pipes: dict, expanded: dict, embed_fn,
-                timer: timing.RunTimer | None = None, tier1: answer.Tier1 | None = None) -> tuple[dict[str, Any], str]:
+def run_dataset(
+  cfg: DictConfig,
+  ds: DictConfig,
+  episodes,
+  load_report,
+  pipes: dict,
+  expanded: dict,
+  embed_fn,
+  timer: timing.RunTimer | None = None,
+  tier1: answer.Tier1 | None = None,
+) -> tuple[dict[str, Any], str]:
   """Evaluate the pipelines on one dataset; returns (results dict, Markdown table). With ``tier1`` (a reader
   is configured), also answers from every pipeline's top-k and scores the answers (``results['tier1']``)."""
   metrics = checks.metrics_for(cfg, ds)
@@ -75,16 +95,34 @@ def run_dataset(cfg: DictConfig, ds: DictConfig, episodes, load_report, pipes: d
     splits.assert_distinct_episodes(episodes)  # cross-fitting by episode: no content on both sides
   timer = timer or timing.RunTimer()
   with timer.phase('embed'):  # once per process for this dataset and embedder (the jobs of a multirun share it)
-    embeddings = common.memo(cfg, 'embeddings', {'dataset': ds, 'data_root': cfg.paths.data_root,
-                                                 'embedder': cfg.embedder, 'cache_dir': cfg.paths.cache_dir},
-                             lambda: evaluation.embed_episodes(episodes, embed_fn))
-  only = {v: {ep for ep, vv in extra.items() if vv == v}
-          for kind, variants, extra in expanded.values() if kind == 'fitted' for v in variants}
-  result = evaluation.evaluate(episodes, embeddings, pipes, k=cfg.eval.k, metrics=metrics, seed=cfg.seed,
-                               progress=cfg.eval.progress, only=only, episode_metrics=common.dataset_metrics(ds),
-                               timer=timer, stacked=bool(cfg.eval.stacked),
-                               max_waste=float(cfg.eval.get('max_waste', 2.0)), devices=common.eval_devices(cfg),
-                               leg_cache=common.leg_cache(cfg))
+    embeddings = common.memo(
+      cfg,
+      'embeddings',
+      {'dataset': ds, 'data_root': cfg.paths.data_root, 'embedder': cfg.embedder, 'cache_dir': cfg.paths.cache_dir},
+      lambda: evaluation.embed_episodes(episodes, embed_fn),
+    )
+  only = {
+    v: {ep for ep, vv in extra.items() if vv == v}
+    for kind, variants, extra in expanded.values()
+    if kind == 'fitted'
+    for v in variants
+  }
+  result = evaluation.evaluate(
+    episodes,
+    embeddings,
+    pipes,
+    k=cfg.eval.k,
+    metrics=metrics,
+    seed=cfg.seed,
+    progress=cfg.eval.progress,
+    only=only,
+    episode_metrics=common.dataset_metrics(ds),
+    timer=timer,
+    stacked=bool(cfg.eval.stacked),
+    max_waste=float(cfg.eval.get('max_waste', 2.0)),
+    devices=common.eval_devices(cfg),
+    leg_cache=common.leg_cache(cfg),
+  )
   merged = {}
   for name, (kind, variants, extra) in expanded.items():
     if name in skip:
@@ -100,26 +138,46 @@ def run_dataset(cfg: DictConfig, ds: DictConfig, episodes, load_report, pipes: d
   result.retrieved = {n: result.retrieved[n] for n in order}
   categories = OmegaConf.to_container(ds.categories) if ds.get('categories') else {}
   stats_t0 = time.perf_counter()
-  summary = report.summarize(result, category_names=categories, seed=cfg.seed, n_resamples=cfg.eval.n_resamples,
-                             baselines=baselines)
+  summary = report.summarize(
+    result, category_names=categories, seed=cfg.seed, n_resamples=cfg.eval.n_resamples, baselines=baselines
+  )
   reference = OmegaConf.to_container(cfg.reference) if cfg.get('reference') else None
   table = report.markdown_table(
-      summary, metrics=metrics, reference=reference if not cfg.get('datasets') else None,
-      reference_label=cfg.get('reference_label', 'published'),
-      title=f'{ds.name}: {len(result.question_ids)} questions, k={cfg.eval.k}, embedder {cfg.embedder.model_id}')
+    summary,
+    metrics=metrics,
+    reference=reference if not cfg.get('datasets') else None,
+    reference_label=cfg.get('reference_label', 'published'),
+    title=f'{ds.name}: {len(result.question_ids)} questions, k={cfg.eval.k}, embedder {cfg.embedder.model_id}',
+  )
   if skip:
     table += f'\nNot run here (their parameters were fit on questions of this dataset): {sorted(skip)}\n'
   pileup = None
   if cfg.eval.get('pileup'):
-    pileup = analysis.pileup_report(episodes, embeddings, result, categories=[4, 1],
-                                    baselines=baselines, seed=cfg.seed,
-                                    n_resamples=cfg.eval.n_resamples)
+    pileup = analysis.pileup_report(
+      episodes,
+      embeddings,
+      result,
+      categories=[4, 1],
+      baselines=baselines,
+      seed=cfg.seed,
+      n_resamples=cfg.eval.n_resamples,
+    )
     table += analysis.pileup_markdown(pileup, categories)
   timer.add('statistics', time.perf_counter() - stats_t0)
-  results = {'dataset': ds.name, 'n_questions': len(result.question_ids), 'k': cfg.eval.k,
-             'seed': cfg.seed, 'metrics': metrics, 'load_report': load_report.to_dict(), 'pipelines': summary,
-             'reference': reference, 'expanded': merged, 'pileup': pileup, 'not_run': sorted(skip),
-             'per_question': report.per_question(result)}
+  results = {
+    'dataset': ds.name,
+    'n_questions': len(result.question_ids),
+    'k': cfg.eval.k,
+    'seed': cfg.seed,
+    'metrics': metrics,
+    'load_report': load_report.to_dict(),
+    'pipelines': summary,
+    'reference': reference,
+    'expanded': merged,
+    'pileup': pileup,
+    'not_run': sorted(skip),
+    'per_question': report.per_question(result),
+  }
   if tier1 is not None:
     with timer.phase('answer'):
       results['tier1'], t1_table = tier1.run(ds, episodes, result, labels=answer.labels_for(cfg))
@@ -144,8 +202,15 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   pipes, expanded = common.build_pipelines(cfg)
   embed_fn = common.make_embedder(cfg)
   with timer.phase('load'):  # checked before any embedding or retrieval (once per loaded dataset in a process)
-    loaded = {name: common.memo(cfg, 'dataset', {'dataset': ds, 'data_root': cfg.paths.data_root},
-                                functools.partial(_load_checked, cfg, ds, name)) for name, ds in datasets.items()}
+    loaded = {
+      name: common.memo(
+        cfg,
+        'dataset',
+        {'dataset': ds, 'data_root': cfg.paths.data_root},
+        functools.partial(_load_checked, cfg, ds, name),
+      )
+      for name, ds in datasets.items()
+    }
   with timer.phase('fit_on_train'):
     fits = fit_on_train(cfg, pipes, expanded, embed_fn, {n: eps for n, (eps, _) in loaded.items()})
   per_ds, tables = {}, []
@@ -159,23 +224,31 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     results['fitted'] = fits
   else:
     reference = OmegaConf.to_container(cfg.reference) if cfg.get('reference') else None
-    combined = report.combined_table(per_ds, order=list(cfg.pipeline), reference=reference,
-                                     reference_label=cfg.get('reference_label', 'published'))
+    combined = report.combined_table(
+      per_ds, order=list(cfg.pipeline), reference=reference, reference_label=cfg.get('reference_label', 'published')
+    )
     tables.insert(0, combined)
     results = {'datasets': per_ds, 'fitted': fits, 'reference': reference}
   if fits:
     tables.append(report.fits_markdown(fits))
   text = '\n'.join(tables)
-  files = {'results.json': jsonfmt.dumps(results), 'results.md': text,
-           'config_resolved.yaml': yamlfmt.to_yaml(cfg, resolve=True)}
+  files = {
+    'results.json': jsonfmt.dumps(results),
+    'results.md': text,
+    'config_resolved.yaml': yamlfmt.to_yaml(cfg, resolve=True),
+  }
   report.write_files(out_dir, files)
   timer.add('report', time.perf_counter() - report_t0)
   spent = timer.stop()
   spent['n_questions'] = sum(r['n_questions'] for r in per_ds.values())
   # what varies between runs (cold/warm caches, wall times) stays out of results.json, so reruns are byte-identical
-  run_info = {'timing': spent, 'compile_cache': compile_cache, 'embedding_cache': embed_fn.cache_reports,
-              'compile_cache_published': len(common.publish_compile_cache(cfg)),
-              'leg_cache': (common.leg_cache(cfg).report() if common.leg_cache(cfg) else None)}
+  run_info = {
+    'timing': spent,
+    'compile_cache': compile_cache,
+    'embedding_cache': embed_fn.cache_reports,
+    'compile_cache_published': len(common.publish_compile_cache(cfg)),
+    'leg_cache': (common.leg_cache(cfg).report() if common.leg_cache(cfg) else None),
+  }
   if tier1 is not None:
     run_info['reader'] = tier1.info
   report.write_files(out_dir, {'run_info.json': jsonfmt.dumps(run_info)})
@@ -194,5 +267,5 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == '__main__':
-  main()  # pylint: disable=no-value-for-parameter
+  main()
   common.skip_exit_collections()

@@ -6,8 +6,13 @@ import hypothesis
 import jax
 
 hypothesis.settings.register_profile(
-    'deterministic', database=None, derandomize=True, deadline=None, max_examples=40,
-    suppress_health_check=[hypothesis.HealthCheck.too_slow])
+  'deterministic',
+  database=None,
+  derandomize=True,
+  deadline=None,
+  max_examples=40,
+  suppress_health_check=[hypothesis.HealthCheck.too_slow],
+)
 # The fast tier (-m 'not slow', the edit-test loop) tries each property on 10 examples instead of 40.
 hypothesis.settings.register_profile('fast', hypothesis.settings.get_profile('deterministic'), max_examples=10)
 hypothesis.settings.load_profile(os.environ.get('HYPOTHESIS_PROFILE', 'deterministic'))

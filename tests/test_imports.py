@@ -55,8 +55,12 @@ def private_uses(path: Path) -> list[tuple[str, str, int]]:
     elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and _project_module(node.module):
       aliases |= {a.asname or a.name for a in node.names}
   for node in ast.walk(tree):
-    if (isinstance(node, ast.Attribute) and _private(node.attr) and isinstance(node.value, ast.Name)
-        and node.value.id in aliases):
+    if (
+      isinstance(node, ast.Attribute)
+      and _private(node.attr)
+      and isinstance(node.value, ast.Name)
+      and node.value.id in aliases
+    ):
       bad.append((node.value.id, node.attr, node.lineno))
   return bad
 
@@ -69,8 +73,10 @@ def test_no_module_imports_another_modules_private_names(path):
 
 def test_the_checks_can_fail(tmp_path):
   p = tmp_path / 'x.py'
-  p.write_text('import hydra\nfrom engram_jax.diversity import _map_queries\nfrom experiments import evaluate as ev\n'
-               'x = ev._load\n')
+  p.write_text(
+    'import hydra\nfrom engram_jax.diversity import _map_queries\nfrom experiments import evaluate as ev\n'
+    'x = ev._load\n'
+  )
   assert private_uses(p) == [('engram_jax.diversity', '_map_queries', 2), ('ev', '_load', 4)]
   assert [m for m, _, _ in _imports(p)][0] == 'hydra'
 
@@ -103,7 +109,7 @@ def import_graph(paths: list[Path], root: Path = ROOT) -> dict[str, set[str]]:
       elif isinstance(node, ast.ImportFrom):
         base = node.module or ''
         if node.level:
-          anchor = package.split('.')[:len(package.split('.')) - node.level + 1]
+          anchor = package.split('.')[: len(package.split('.')) - node.level + 1]
           base = '.'.join(anchor + ([base] if base else []))
         targets = [f'{base}.{a.name}' if f'{base}.{a.name}' in modules else known(base) for a in node.names]
       graph[mod] |= {t for t in targets if t is not None and t != mod}
@@ -121,7 +127,10 @@ def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_library_has_no_import_cycle():
   graph = import_graph(LIBRARY)
-  assert 'engram_jax.core.lexicon' in graph['engram_jax.core.batch'] and 'engram_jax.core.batch' in graph['engram_jax.ops.bm25']
+  assert (
+    'engram_jax.core.lexicon' in graph['engram_jax.core.batch']
+    and 'engram_jax.core.batch' in graph['engram_jax.ops.bm25']
+  )
   cycle = import_cycle(graph)
   assert cycle is None, f'import cycle in engram_jax: {" -> ".join(cycle)}'
 
@@ -141,16 +150,16 @@ def test_the_cycle_check_can_fail(tmp_path):
   assert import_cycle(graph) is None
 
 
-HEAVY = ('statsmodels', 'scipy.stats', 'flax', 'optax', 'sentence_transformers', 'torch', 'transformers',
-         'matplotlib')
+HEAVY = ('statsmodels', 'scipy.stats', 'flax', 'optax', 'sentence_transformers', 'torch', 'transformers', 'matplotlib')
 
 
 def test_the_entry_point_imports_no_heavy_module_it_may_not_use():
   """``import experiments.evaluate`` (every run's start) leaves the heavy libraries to the code that uses them:
   statsmodels for McNemar, scipy.stats, flax and optax for fitting and the learned gate, sentence-transformers and
   torch for embedding, matplotlib for plots (issue 20: start-up time)."""
-  import subprocess  # pylint: disable=import-outside-toplevel
-  import sys  # pylint: disable=import-outside-toplevel
-  code = (f'import sys, experiments.evaluate; print(sorted(m for m in {HEAVY!r} if m in sys.modules))')
+  import subprocess
+  import sys
+
+  code = f'import sys, experiments.evaluate; print(sorted(m for m in {HEAVY!r} if m in sys.modules))'
   out = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True, check=True)
   assert out.stdout.strip() == '[]', f'imported at start-up: {out.stdout.strip()}'

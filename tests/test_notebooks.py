@@ -28,11 +28,20 @@ def test_outputs_are_stripped(path):
 
 
 def _run(tmp_path, out, overrides):
-  from experiments import evaluate  # pylint: disable=import-outside-toplevel
+  from experiments import evaluate
+
   with initialize_config_dir(config_dir=str(ROOT / 'conf'), version_base='1.3'):
-    cfg = compose(config_name='config', overrides=[
-        'embedder=hashing', 'dataset.loader.conversations=[conv-30]', 'eval.n_resamples=200', 'eval.progress=false',
-        f'paths.cache_dir={tmp_path}/cache', *overrides])
+    cfg = compose(
+      config_name='config',
+      overrides=[
+        'embedder=hashing',
+        'dataset.loader.conversations=[conv-30]',
+        'eval.n_resamples=200',
+        'eval.progress=false',
+        f'paths.cache_dir={tmp_path}/cache',
+        *overrides,
+      ],
+    )
   evaluate.run(cfg, out)
   return out
 
@@ -40,23 +49,35 @@ def _run(tmp_path, out, overrides):
 @pytest.mark.slow
 @pytest.mark.skipif(not HAVE, reason='LoCoMo not found under the data root')
 def test_research_notebook_executes(tmp_path):
-  from nbclient import NotebookClient  # pylint: disable=import-outside-toplevel
+  from nbclient import NotebookClient
+
   run = _run(tmp_path, tmp_path / 'run', ['pipeline=[cosine,cfsr]', '++pipeline.cfsr.legs.cfsr.pool=40'])
   sweep = tmp_path / 'sweep'
   for i, lam in enumerate(('0.005', '0.05')):  # a two-job "multirun", laid out as Hydra lays one out
-    job = _run(tmp_path, sweep / str(i), ['pipeline=[cfsr]', '++pipeline.cfsr.legs.cfsr.pool=40',
-                                          f'++pipeline.cfsr.legs.cfsr.lam={lam}'])
+    job = _run(
+      tmp_path,
+      sweep / str(i),
+      ['pipeline=[cfsr]', '++pipeline.cfsr.legs.cfsr.pool=40', f'++pipeline.cfsr.legs.cfsr.lam={lam}'],
+    )
     (job / '.hydra').mkdir()
     (job / '.hydra' / 'overrides.yaml').write_text(f'- ++pipeline.cfsr.legs.cfsr.lam={lam}\n')
   figs = tmp_path / 'figs'
   nb = nbformat.read(ROOT / 'notebooks' / 'research.ipynb', as_version=4)
-  env = {'ENGRAM_RUN': str(run), 'ENGRAM_SWEEP': str(sweep), 'ENGRAM_FIGS': str(figs), 'ENGRAM_METRIC': '',
-         'ENGRAM_QUESTION': '', 'JAX_PLATFORMS': 'cpu', 'MPLBACKEND': 'Agg'}
+  env = {
+    'ENGRAM_RUN': str(run),
+    'ENGRAM_SWEEP': str(sweep),
+    'ENGRAM_FIGS': str(figs),
+    'ENGRAM_METRIC': '',
+    'ENGRAM_QUESTION': '',
+    'JAX_PLATFORMS': 'cpu',
+    'MPLBACKEND': 'Agg',
+  }
   old = {k: os.environ.get(k) for k in env}
   os.environ.update(env)
   try:
-    NotebookClient(nb, timeout=120, kernel_name='python3', resources={'metadata': {'path': str(ROOT / 'notebooks')}}
-                   ).execute()
+    NotebookClient(
+      nb, timeout=120, kernel_name='python3', resources={'metadata': {'path': str(ROOT / 'notebooks')}}
+    ).execute()
   finally:
     for k, v in old.items():
       if v is None:

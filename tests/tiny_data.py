@@ -31,13 +31,13 @@ from engram_jax.data.factconsolidation import FILES as FC_FILES
 from engram_jax.data.longmemeval import FILES as LME_FILES
 
 LOCOMO_CONVERSATIONS = ('conv-26', 'conv-30')
-LOCOMO_SESSIONS = 3          # conv-26: 58 turns, 25 answerable questions; conv-30: 58 turns, 33
-LOCOMO_CUT_QUESTIONS = 3     # questions per conversation whose evidence lies only in dropped sessions
-LME_PILOT = 6                # scored pilot entries (not _abs, with user-side evidence)
-LME_OTHER = 8                # non-pilot entries, the pool of the training part
-LME_SESSIONS = 12            # sessions per haystack: the answer sessions, then fillers up to this many
+LOCOMO_SESSIONS = 3  # conv-26: 58 turns, 25 answerable questions; conv-30: 58 turns, 33
+LOCOMO_CUT_QUESTIONS = 3  # questions per conversation whose evidence lies only in dropped sessions
+LME_PILOT = 6  # scored pilot entries (not _abs, with user-side evidence)
+LME_OTHER = 8  # non-pilot entries, the pool of the training part
+LME_SESSIONS = 12  # sessions per haystack: the answer sessions, then fillers up to this many
 LME_MIN_FILLERS = 4
-LME_TURNS = 6                # turns kept per session (plus any has_answer turn beyond them)
+LME_TURNS = 6  # turns kept per session (plus any has_answer turn beyond them)
 _DIA = re.compile(r'D(\d+):')
 
 
@@ -46,8 +46,9 @@ def _session_of(evidence: str) -> int | None:
   return int(m[1]) if m else None
 
 
-def tiny_locomo_sample(sample: dict[str, Any], *, n_sessions: int = LOCOMO_SESSIONS,
-                       n_cut: int = LOCOMO_CUT_QUESTIONS) -> dict[str, Any]:
+def tiny_locomo_sample(
+  sample: dict[str, Any], *, n_sessions: int = LOCOMO_SESSIONS, n_cut: int = LOCOMO_CUT_QUESTIONS
+) -> dict[str, Any]:
   """One LoCoMo sample with its first ``n_sessions`` sessions and the questions they can answer (+ ``n_cut``)."""
   conv = sample['conversation']
   keep = {'speaker_a': conv['speaker_a'], 'speaker_b': conv['speaker_b']}
@@ -77,9 +78,11 @@ def _user_evidence(entry: dict[str, Any]) -> bool:
   """Scored under the official skip rules at session level: not abstention, some user turn has the answer."""
   answer = set(entry['answer_session_ids'])
   return '_abs' not in entry['question_id'] and any(
-      t.get('has_answer') and t['role'] == 'user'
-      for sid, turns in zip(entry['haystack_session_ids'], entry['haystack_sessions']) if sid in answer
-      for t in turns)
+    t.get('has_answer') and t['role'] == 'user'
+    for sid, turns in zip(entry['haystack_session_ids'], entry['haystack_sessions'])
+    if sid in answer
+    for t in turns
+  )
 
 
 def _cut_turns(turns: list[dict[str, Any]], n: int = LME_TURNS) -> list[dict[str, Any]]:
@@ -90,8 +93,9 @@ def _user_text(turns: list[dict[str, Any]]) -> str:
   return ' '.join(t['content'] for t in turns if t['role'] == 'user')
 
 
-def tiny_longmemeval_entry(entry: dict[str, Any], *, n_sessions: int = LME_SESSIONS,
-                           min_fillers: int = LME_MIN_FILLERS) -> dict[str, Any]:
+def tiny_longmemeval_entry(
+  entry: dict[str, Any], *, n_sessions: int = LME_SESSIONS, min_fillers: int = LME_MIN_FILLERS
+) -> dict[str, Any]:
   """One LongMemEval_S entry cut to its answer sessions plus the shortest filler sessions (the three haystack
   lists kept aligned, in their original order), each session cut to a few turns (has_answer turns kept)."""
   answer = set(entry['answer_session_ids'])
@@ -130,8 +134,9 @@ def write_longmemeval(source: Path, dest: Path, *, n_pilot: int = LME_PILOT, n_o
   data = io.read_json(io.dataset_file(source, 'longmemeval', LME_FILES['s']))
   pilot = set(splits.pilot_ids('longmemeval_s'))
   scored = [e for e in data if _user_evidence(e)]
-  chosen = (_round_robin([e for e in scored if e['question_id'] in pilot], n_pilot)
-            + _round_robin([e for e in scored if e['question_id'] not in pilot], n_other))
+  chosen = _round_robin([e for e in scored if e['question_id'] in pilot], n_pilot) + _round_robin(
+    [e for e in scored if e['question_id'] not in pilot], n_other
+  )
   del data
   tiny = [tiny_longmemeval_entry(e) for e in chosen]
   folder = dest / 'longmemeval'
@@ -141,10 +146,19 @@ def write_longmemeval(source: Path, dest: Path, *, n_pilot: int = LME_PILOT, n_o
     f.write(json.dumps(tiny).encode('utf-8'))
   oracle = []
   for e in tiny:  # the oracle split holds the evidence sessions only
-    rows = [r for r in zip(e['haystack_session_ids'], e['haystack_dates'], e['haystack_sessions'])
-            if r[0] in set(e['answer_session_ids'])]
-    oracle.append({**e, 'haystack_session_ids': [r[0] for r in rows], 'haystack_dates': [r[1] for r in rows],
-                   'haystack_sessions': [r[2] for r in rows]})
+    rows = [
+      r
+      for r in zip(e['haystack_session_ids'], e['haystack_dates'], e['haystack_sessions'])
+      if r[0] in set(e['answer_session_ids'])
+    ]
+    oracle.append(
+      {
+        **e,
+        'haystack_session_ids': [r[0] for r in rows],
+        'haystack_dates': [r[1] for r in rows],
+        'haystack_sessions': [r[2] for r in rows],
+      }
+    )
   (folder / LME_FILES['oracle']).write_text(json.dumps(oracle), encoding='utf-8')
   return out
 

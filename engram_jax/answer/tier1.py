@@ -20,9 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from engram_jax.answer import cache as answer_cache, official_qa
-from engram_jax.metrics import stats
+from engram_jax.answer import cache as answer_cache
+from engram_jax.answer import official_qa
 from engram_jax.core.types import Episode, Question
+from engram_jax.metrics import stats
 
 TASKS = ('factconsolidation', 'locomo')
 ORACLE, NO_CONTEXT = 'oracle', 'no-context'
@@ -39,13 +40,14 @@ def speakers_of(episode: Episode) -> tuple[str, str]:
   """The first two distinct speakers of a conversation, in order of appearance (``'Speaker A'``/``'B'`` when
   missing)."""
   seen = list(dict.fromkeys(it.speaker for it in episode.items if it.speaker))
-  seen += ['Speaker A', 'Speaker B'][len(seen):]
+  seen += ['Speaker A', 'Speaker B'][len(seen) :]
   return seen[0], seen[1]
 
 
 @dataclasses.dataclass(frozen=True)
 class Prompt:
   """One question's prompt for one row, and what scoring it needs (``choices``: LoCoMo category 5)."""
+
   messages: Messages
   choices: dict[str, str] | None = None
 
@@ -60,8 +62,9 @@ def build_prompt(task: str, episode: Episode, question: Question, ids: Sequence[
     choices = None
     if question.category == 5:
       choices = official_qa.locomo_cat5_choices(question.id, question.answer or '', seed=seed)
-    msgs = official_qa.locomo_messages(question.text, int(question.category), [it.text for it in ordered],
-                                       speakers_of(episode), choices)
+    msgs = official_qa.locomo_messages(
+      question.text, int(question.category), [it.text for it in ordered], speakers_of(episode), choices
+    )
     return Prompt(msgs, choices)
   raise ValueError(f'unknown answer task {task!r}; known: {TASKS}')
 
@@ -69,7 +72,8 @@ def build_prompt(task: str, episode: Episode, question: Question, ids: Sequence[
 def score(task: str, reply: str, question: Question, prompt: Prompt) -> float:
   """The official per-question score of ``reply``: SubEM (FactConsolidation) or LoCoMo's category F1."""
   if task == 'factconsolidation':
-    from engram_jax.data.factconsolidation import answers_of  # pylint: disable=import-outside-toplevel
+    from engram_jax.data.factconsolidation import answers_of
+
     return official_qa.fc_score(reply, list(answers_of(question)))
   if task == 'locomo':
     cat = int(question.category)
@@ -81,6 +85,7 @@ def score(task: str, reply: str, question: Question, prompt: Prompt) -> float:
 @dataclasses.dataclass
 class AnswerStats:
   """What one :func:`answer_all` call did (varies between runs: kept out of results.json)."""
+
   prompts: int = 0
   unique: int = 0
   cached: int = 0
@@ -92,8 +97,15 @@ class AnswerStats:
     return self.generated / self.seconds if self.seconds > 0 else float('nan')
 
 
-def answer_all(prompts: Sequence[Messages], reader, cache: answer_cache.AnswerCache, *, max_new_tokens: int,
-               progress: bool = True, desc: str = 'answering') -> tuple[list[str], AnswerStats]:
+def answer_all(
+  prompts: Sequence[Messages],
+  reader,
+  cache: answer_cache.AnswerCache,
+  *,
+  max_new_tokens: int,
+  progress: bool = True,
+  desc: str = 'answering',
+) -> tuple[list[str], AnswerStats]:
   """Replies to ``prompts``: each distinct prompt is answered once, from ``cache`` when stored, else generated in
   batches of ``reader.batch_size`` (prompts sorted by length, so a batch pads little) and stored right after its
   batch (an interrupted run resumes)."""
@@ -113,11 +125,12 @@ def answer_all(prompts: Sequence[Messages], reader, cache: answer_cache.AnswerCa
   st = AnswerStats(prompts=len(prompts), unique=len(unique), cached=len(unique) - len(todo))
   t0 = time.perf_counter()
   if todo:
-    from tqdm.auto import tqdm  # pylint: disable=import-outside-toplevel
+    from tqdm.auto import tqdm
+
     bar = tqdm(total=len(todo), desc=desc, unit='answer', disable=not progress, dynamic_ncols=True)
     size = max(1, int(getattr(reader, 'batch_size', 8)))
     for at in range(0, len(todo), size):
-      chunk = todo[at:at + size]
+      chunk = todo[at : at + size]
       replies = reader.generate([unique[k] for k in chunk], max_new_tokens=max_new_tokens)
       if len(replies) != len(chunk):
         raise RuntimeError(f'reader returned {len(replies)} replies for {len(chunk)} prompts')
@@ -143,8 +156,10 @@ def check_equal_k(rows: Mapping[str, Sequence[Sequence[str]]], episodes_of: Sequ
     for i, (ids, ep) in enumerate(zip(per_q, episodes_of)):
       want = min(k, ep.n_items)
       if len(ids) != want or len(set(ids)) != len(ids):
-        raise ValueError(f'row {name}, question {i}: {len(ids)} retrieved ids ({len(set(ids))} distinct), '
-                         f'expected {want} (equal k across rows)')
+        raise ValueError(
+          f'row {name}, question {i}: {len(ids)} retrieved ids ({len(set(ids))} distinct), '
+          f'expected {want} (equal k across rows)'
+        )
 
 
 def interval(values: np.ndarray, *, binary: bool, seed: int, n_resamples: int) -> stats.Interval:
@@ -159,11 +174,20 @@ def paired(a: np.ndarray, b: np.ndarray, *, binary: bool, seed: int, n_resamples
   return out
 
 
-def run_tier1(task: str, questions: Sequence[tuple[Episode, Question]], retrieved: Mapping[str, Sequence[Sequence[str]]],
-              answer: Callable[[list[Messages]], list[str]], *, k: int, seed: int, n_resamples: int = 10_000,
-              baselines: Sequence[str] = ('bm25', 'cosine'), tier0: Mapping[str, np.ndarray] | None = None,
-              tier0_metric: str | None = None, tier0_more: Mapping[str, Mapping[str, np.ndarray]] | None = None
-              ) -> dict[str, Any]:
+def run_tier1(
+  task: str,
+  questions: Sequence[tuple[Episode, Question]],
+  retrieved: Mapping[str, Sequence[Sequence[str]]],
+  answer: Callable[[list[Messages]], list[str]],
+  *,
+  k: int,
+  seed: int,
+  n_resamples: int = 10_000,
+  baselines: Sequence[str] = ('bm25', 'cosine'),
+  tier0: Mapping[str, np.ndarray] | None = None,
+  tier0_metric: str | None = None,
+  tier0_more: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+) -> dict[str, Any]:
   """Answer every question under every row and score it.
 
   Args:
@@ -186,39 +210,66 @@ def run_tier1(task: str, questions: Sequence[tuple[Episode, Question]], retrieve
   rows: dict[str, list[list[str]]] = {NO_CONTEXT: [[] for _ in questions]}
   rows.update({n: [list(x) for x in v] for n, v in retrieved.items()})
   rows[ORACLE] = [list(q.gold) for _, q in questions]
-  prompts = {n: [build_prompt(task, e, q, ids, seed=seed) for (e, q), ids in zip(questions, per_q)]
-             for n, per_q in rows.items()}
+  prompts = {
+    n: [build_prompt(task, e, q, ids, seed=seed) for (e, q), ids in zip(questions, per_q)] for n, per_q in rows.items()
+  }
   flat = [p.messages for n in rows for p in prompts[n]]
   replies_flat = answer(flat)
   if len(replies_flat) != len(flat):
     raise RuntimeError(f'{len(replies_flat)} replies for {len(flat)} prompts')
   replies, at = {}, 0
   for n in rows:
-    replies[n] = replies_flat[at:at + len(questions)]
+    replies[n] = replies_flat[at : at + len(questions)]
     at += len(questions)
-  scores = {n: np.array([score(task, r, q, p) for r, (_, q), p in zip(replies[n], questions, prompts[n])])
-            for n in rows}
+  scores = {
+    n: np.array([score(task, r, q, p) for r, (_, q), p in zip(replies[n], questions, prompts[n])]) for n in rows
+  }
   binary = task == 'factconsolidation'
   metric = 'SubEM' if binary else 'F1'
   out_rows: dict[str, dict[str, Any]] = {}
   for n in rows:
     ci = interval(scores[n], binary=binary, seed=seed, n_resamples=n_resamples)
-    entry: dict[str, Any] = {'mean': ci.mean, 'lo': ci.lo, 'hi': ci.hi,
-                             'n_contexts': float(np.mean([len(x) for x in rows[n]]))}
+    entry: dict[str, Any] = {
+      'mean': ci.mean,
+      'lo': ci.lo,
+      'hi': ci.hi,
+      'n_contexts': float(np.mean([len(x) for x in rows[n]])),
+    }
     if tier0 is not None and n in tier0:
       entry['tier0'] = float(np.mean(tier0[n]))
     if tier0_more is not None and n in tier0_more:
       entry['tier0_more'] = {m: float(np.mean(v)) for m, v in tier0_more[n].items()}
-    entry['paired'] = {f'vs {b}': paired(scores[n], scores[b], binary=binary, seed=seed, n_resamples=n_resamples)
-                       for b in baselines if b in rows and b != n}
+    entry['paired'] = {
+      f'vs {b}': paired(scores[n], scores[b], binary=binary, seed=seed, n_resamples=n_resamples)
+      for b in baselines
+      if b in rows and b != n
+    }
     out_rows[n] = entry
   cats = sorted({q.category for _, q in questions}, key=str)
-  by_cat = {str(c): {n: float(np.mean(scores[n][[q.category == c for _, q in questions]])) for n in rows}
-            for c in cats} if len(cats) > 1 else {}
-  per_q = [{'id': q.id, 'category': q.category, 'replies': {n: replies[n][i] for n in rows},
-            'scores': {n: float(scores[n][i]) for n in rows}} for i, (_, q) in enumerate(questions)]
-  return {'task': task, 'metric': metric, 'tier0_metric': tier0_metric, 'n_questions': len(questions), 'k': k,
-          'rows': out_rows, 'by_category': by_cat, 'per_question': per_q}
+  by_cat = (
+    {str(c): {n: float(np.mean(scores[n][[q.category == c for _, q in questions]])) for n in rows} for c in cats}
+    if len(cats) > 1
+    else {}
+  )
+  per_q = [
+    {
+      'id': q.id,
+      'category': q.category,
+      'replies': {n: replies[n][i] for n in rows},
+      'scores': {n: float(scores[n][i]) for n in rows},
+    }
+    for i, (_, q) in enumerate(questions)
+  ]
+  return {
+    'task': task,
+    'metric': metric,
+    'tier0_metric': tier0_metric,
+    'n_questions': len(questions),
+    'k': k,
+    'rows': out_rows,
+    'by_category': by_cat,
+    'per_question': per_q,
+  }
 
 
 def ordering_note(t1: Mapping[str, Any]) -> list[str]:
@@ -227,7 +278,7 @@ def ordering_note(t1: Mapping[str, Any]) -> list[str]:
   names = list(rows)
   notes = []
   for i, a in enumerate(names):
-    for b in names[i + 1:]:
+    for b in names[i + 1 :]:
       d0 = rows[a]['tier0'] - rows[b]['tier0']
       d1 = rows[a]['mean'] - rows[b]['mean']
       if np.sign(d0) != np.sign(d1):
@@ -242,10 +293,18 @@ def markdown(t1: Mapping[str, Any], *, title: str = '', labels: Mapping[str, str
   base = sorted({b for v in t1['rows'].values() for b in v['paired']})
   m = t1['metric']
   more = list(dict.fromkeys(k for v in t1['rows'].values() for k in v.get('tier0_more', {})))
-  head = f'| row | contexts | {m} [95% CI] | Tier 0 {t1.get("tier0_metric") or ""} | ' + ''.join(
-      f'{x} | ' for x in more) + ' | '.join(f'{m} {b}' for b in base) + ' |'
-  lines = [f'### Tier 1 {title}: {t1["n_questions"]} questions, k={t1["k"]}, {m}', '', head,
-           '|' + '---|' * (4 + len(more) + len(base))]
+  head = (
+    f'| row | contexts | {m} [95% CI] | Tier 0 {t1.get("tier0_metric") or ""} | '
+    + ''.join(f'{x} | ' for x in more)
+    + ' | '.join(f'{m} {b}' for b in base)
+    + ' |'
+  )
+  lines = [
+    f'### Tier 1 {title}: {t1["n_questions"]} questions, k={t1["k"]}, {m}',
+    '',
+    head,
+    '|' + '---|' * (4 + len(more) + len(base)),
+  ]
   for n, v in t1['rows'].items():
     t0 = f'{v["tier0"]:.4f}' if 'tier0' in v else 'n/a'
     t0 += ''.join(f' | {v["tier0_more"][x]:.4f}' if x in v.get('tier0_more', {}) else ' | n/a' for x in more)
@@ -257,14 +316,21 @@ def markdown(t1: Mapping[str, Any], *, title: str = '', labels: Mapping[str, str
         continue
       extra = f', McNemar p={p["mcnemar_p"]:.3g}' if 'mcnemar_p' in p else ''
       cells.append(f'{p["delta"]:+.3f} [{p["lo"]:+.3f}, {p["hi"]:+.3f}] p={p["p"]:.3g}{extra}')
-    lines.append(f'| {labels.get(n, n)} | {v["n_contexts"]:.1f} | {v["mean"]:.3f} [{v["lo"]:.3f}, {v["hi"]:.3f}] | '
-                 f'{t0} | ' + ' | '.join(cells) + ' |')
+    lines.append(
+      f'| {labels.get(n, n)} | {v["n_contexts"]:.1f} | {v["mean"]:.3f} [{v["lo"]:.3f}, {v["hi"]:.3f}] | '
+      f'{t0} | ' + ' | '.join(cells) + ' |'
+    )
   notes = ordering_note(t1)
   lines += ['', 'Answer ordering vs retrieval ordering: ' + ('; '.join(notes) if notes else 'the same for every pair.')]
   if t1.get('by_category'):
     names = list(t1['rows'])
-    lines += ['', f'By category ({m}):', '', '| category | ' + ' | '.join(labels.get(n, n) for n in names) + ' |',
-              '|' + '---|' * (1 + len(names))]
+    lines += [
+      '',
+      f'By category ({m}):',
+      '',
+      '| category | ' + ' | '.join(labels.get(n, n) for n in names) + ' |',
+      '|' + '---|' * (1 + len(names)),
+    ]
     for c, v in t1['by_category'].items():
       lines.append(f'| {c} | ' + ' | '.join(f'{v[n]:.3f}' for n in names) + ' |')
   return '\n'.join(lines) + '\n'

@@ -28,20 +28,29 @@ class EpisodeArrays:
   ``query_len`` counts the ``'words'`` tokens of each question.
   """
 
-  docs: Array         # [N, D] unit-norm item embeddings
-  where: Array        # [N] True for real items
-  positions: Array    # [N] int32 write order (index)
-  queries: Array      # [Q, D] unit-norm question embeddings
+  docs: Array  # [N, D] unit-norm item embeddings
+  where: Array  # [N] True for real items
+  positions: Array  # [N] int32 write order (index)
+  queries: Array  # [Q, D] unit-norm question embeddings
   query_where: Array  # [Q] True for real questions
-  query_len: Array    # [Q] number of query tokens (in or out of the vocabulary)
-  labels: Array       # [Q, N] True for gold items
+  query_len: Array  # [Q] number of query tokens (in or out of the vocabulary)
+  labels: Array  # [Q, N] True for gold items
   lexicons: dict[str, Lexicon] = dataclasses.field(default_factory=dict)  # tokenizer -> its term statistics
   query_features: Array | None = None  # [Q, F] question text features (engram_jax.core.features; 0 for padding)
 
 
-def episode_arrays(episode: Episode, doc_emb: np.ndarray, query_emb: np.ndarray, *, n_multiple: int = 128,
-                   q_multiple: int = 64, v_multiple: int = 1024, l_multiple: int = 16, t_multiple: int = 8,
-                   tokenizers: Sequence[str] = ('words',)) -> EpisodeArrays:
+def episode_arrays(
+  episode: Episode,
+  doc_emb: np.ndarray,
+  query_emb: np.ndarray,
+  *,
+  n_multiple: int = 128,
+  q_multiple: int = 64,
+  v_multiple: int = 1024,
+  l_multiple: int = 16,
+  t_multiple: int = 8,
+  tokenizers: Sequence[str] = ('words',),
+) -> EpisodeArrays:
   """Pad one episode to bucketed shapes.
 
   Args:
@@ -59,13 +68,16 @@ def episode_arrays(episode: Episode, doc_emb: np.ndarray, query_emb: np.ndarray,
   tokenize_fns = {t: get_tokenizer(t) for t in dict.fromkeys(('words', *tokenizers))}
   n, q = episode.n_items, len(episode.questions)
   if doc_emb.shape[0] != n or query_emb.shape[0] != q or doc_emb.shape[1:] != query_emb.shape[1:]:
-    raise ValueError(f'Shape mismatch in episode {episode.id}: {n} items / {q} questions vs embeddings '
-                     f'{doc_emb.shape} / {query_emb.shape}')
+    raise ValueError(
+      f'Shape mismatch in episode {episode.id}: {n} items / {q} questions vs embeddings '
+      f'{doc_emb.shape} / {query_emb.shape}'
+    )
   for name, e in (('item', doc_emb), ('question', query_emb)):
     bad = ~np.all(np.isfinite(e), axis=-1)
     if bad.any():
-      raise ValueError(f'Episode {episode.id}: {int(bad.sum())} {name} embeddings contain NaN/inf '
-                       f'(first at row {int(np.argmax(bad))})')
+      raise ValueError(
+        f'Episode {episode.id}: {int(bad.sum())} {name} embeddings contain NaN/inf (first at row {int(np.argmax(bad))})'
+      )
   nb, qb = bucket(n, n_multiple), bucket(q, q_multiple)
   docs = np.zeros((nb, doc_emb.shape[1]), np.float32)
   docs[:n] = doc_emb
@@ -80,14 +92,28 @@ def episode_arrays(episode: Episode, doc_emb: np.ndarray, query_emb: np.ndarray,
     q_toks = [fn(x.text) for x in episode.questions]
     if name == 'words':
       query_len[:q] = [len(t) for t in q_toks]
-    lexicons[name] = build_lexicon([fn(it.text) for it in episode.items], q_toks, n_rows=nb, q_rows=qb,
-                                   l_multiple=l_multiple, t_multiple=t_multiple, v_multiple=v_multiple)
+    lexicons[name] = build_lexicon(
+      [fn(it.text) for it in episode.items],
+      q_toks,
+      n_rows=nb,
+      q_rows=qb,
+      l_multiple=l_multiple,
+      t_multiple=t_multiple,
+      v_multiple=v_multiple,
+    )
   query_features = np.zeros((qb, len(features.FEATURES)), np.float32)
   query_features[:q] = features.question_features([x.text for x in episode.questions])
   return EpisodeArrays(
-      docs=docs, where=np.arange(nb) < n, positions=np.arange(nb, dtype=np.int32), queries=queries,
-      query_where=np.arange(qb) < q, query_len=query_len, labels=labels, lexicons=lexicons,
-      query_features=query_features)
+    docs=docs,
+    where=np.arange(nb) < n,
+    positions=np.arange(nb, dtype=np.int32),
+    queries=queries,
+    query_where=np.arange(qb) < q,
+    query_len=query_len,
+    labels=labels,
+    lexicons=lexicons,
+    query_features=query_features,
+  )
 
 
 def _stack_padded(xs: Sequence[np.ndarray], fill=0) -> np.ndarray:
@@ -118,19 +144,29 @@ def stack_arrays(arrays: Sequence[EpisodeArrays]) -> EpisodeArrays:
 
   def stack_lexicon(t: str) -> Lexicon:
     lexs = [a.lexicons[t] for a in arrays]
-    return Lexicon(**{f: _stack_padded([getattr(x, f) for x in lexs], False if f == 'vocab_where' else 0)
-                               for f in ('doc_terms', 'doc_counts', 'query_terms', 'query_counts', 'vocab_where')})
+    return Lexicon(
+      **{
+        f: _stack_padded([getattr(x, f) for x in lexs], False if f == 'vocab_where' else 0)
+        for f in ('doc_terms', 'doc_counts', 'query_terms', 'query_counts', 'vocab_where')
+      }
+    )
 
   return EpisodeArrays(
-      docs=stack('docs'), where=stack('where', False),
-      positions=np.broadcast_to(np.arange(n, dtype=np.int32), (len(arrays), n)).copy(),
-      queries=stack('queries'), query_where=stack('query_where', False), query_len=stack('query_len'),
-      labels=stack('labels', False), lexicons={t: stack_lexicon(t) for t in names},
-      query_features=None if arrays[0].query_features is None else stack('query_features'))
+    docs=stack('docs'),
+    where=stack('where', False),
+    positions=np.broadcast_to(np.arange(n, dtype=np.int32), (len(arrays), n)).copy(),
+    queries=stack('queries'),
+    query_where=stack('query_where', False),
+    query_len=stack('query_len'),
+    labels=stack('labels', False),
+    lexicons={t: stack_lexicon(t) for t in names},
+    query_features=None if arrays[0].query_features is None else stack('query_features'),
+  )
 
 
 def _leaf_shapes(a: EpisodeArrays) -> list[tuple[int, ...]]:
   import jax  # local: keeps this module's import light for the loaders
+
   return [np.shape(x) for x in jax.tree_util.tree_leaves(a)]
 
 

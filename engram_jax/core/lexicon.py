@@ -23,7 +23,6 @@ from jax import Array
 from engram_jax.core import pytree
 from engram_jax.core.padding import bucket
 
-
 _TOKEN = re.compile(r'\w+')
 
 
@@ -57,8 +56,9 @@ def build_vocab(docs_tokens: Sequence[Sequence[str]]) -> dict[str, int]:
   return vocab
 
 
-def term_counts(tokens: Sequence[Sequence[str]], vocab: dict[str, int], *, n_rows: int | None = None,
-                n_cols: int | None = None) -> np.ndarray:
+def term_counts(
+  tokens: Sequence[Sequence[str]], vocab: dict[str, int], *, n_rows: int | None = None, n_cols: int | None = None
+) -> np.ndarray:
   """Term-count matrix ``[R, V]`` (float32); out-of-vocabulary tokens are ignored, rows/cols zero-padded.
 
   Args:
@@ -86,11 +86,11 @@ class Lexicon:
   Padding entries have column 0 and count 0 (they add exactly 0 to every sum).
   """
 
-  doc_terms: Array     # [N, L] int32 vocabulary column of each distinct term of each item, ascending
-  doc_counts: Array    # [N, L] float32 its count in the item
-  query_terms: Array   # [Q, T] int32 distinct in-vocabulary query terms, ascending
+  doc_terms: Array  # [N, L] int32 vocabulary column of each distinct term of each item, ascending
+  doc_counts: Array  # [N, L] float32 its count in the item
+  query_terms: Array  # [Q, T] int32 distinct in-vocabulary query terms, ascending
   query_counts: Array  # [Q, T] float32 their counts in the question (repetition kept)
-  vocab_where: Array   # [V] True for real vocabulary columns (the static vocabulary size)
+  vocab_where: Array  # [V] True for real vocabulary columns (the static vocabulary size)
 
   def dense(self) -> tuple[np.ndarray, np.ndarray]:
     """``(query_tf [Q, V], doc_tf [N, V])`` dense term counts (NumPy; for tests and small references)."""
@@ -112,14 +112,22 @@ def _sparse_rows(rows: Sequence[Sequence[int]], n_rows: int, width: int) -> tupl
     if ids:
       c = Counter(ids)
       cols = sorted(c)
-      terms[r, :len(cols)] = cols
-      counts[r, :len(cols)] = [c[x] for x in cols]
+      terms[r, : len(cols)] = cols
+      counts[r, : len(cols)] = [c[x] for x in cols]
   return terms, counts
 
 
-def build_lexicon(doc_tokens: Sequence[Sequence[str]], query_tokens: Sequence[Sequence[str]], *, n_rows: int,
-                  q_rows: int, l_multiple: int = 16, t_multiple: int = 8, v_multiple: int = 1024,
-                  vocab: dict[str, int] | None = None) -> Lexicon:
+def build_lexicon(
+  doc_tokens: Sequence[Sequence[str]],
+  query_tokens: Sequence[Sequence[str]],
+  *,
+  n_rows: int,
+  q_rows: int,
+  l_multiple: int = 16,
+  t_multiple: int = 8,
+  v_multiple: int = 1024,
+  vocab: dict[str, int] | None = None,
+) -> Lexicon:
   """The :class:`Lexicon` of tokenised items and questions; the vocabulary is the items' (first-seen order) unless
   ``vocab`` is given, and query tokens outside it are dropped (they add 0 in rank_bm25 too).
 
@@ -129,8 +137,9 @@ def build_lexicon(doc_tokens: Sequence[Sequence[str]], query_tokens: Sequence[Se
     l_multiple, t_multiple, v_multiple: bucket multiples of L, T and V (few distinct shapes, few compilations).
   """
   if n_rows < len(doc_tokens) or q_rows < len(query_tokens):
-    raise ValueError(f'Shape mismatch: padding ({n_rows}, {q_rows}) smaller than ({len(doc_tokens)}, '
-                     f'{len(query_tokens)})')
+    raise ValueError(
+      f'Shape mismatch: padding ({n_rows}, {q_rows}) smaller than ({len(doc_tokens)}, {len(query_tokens)})'
+    )
   vocab = build_vocab(doc_tokens) if vocab is None else vocab
   d_ids = [[vocab[t] for t in toks] for toks in doc_tokens]
   q_ids = [[vocab[t] for t in toks if t in vocab] for toks in query_tokens]
@@ -138,5 +147,10 @@ def build_lexicon(doc_tokens: Sequence[Sequence[str]], query_tokens: Sequence[Se
   doc_terms, doc_counts = _sparse_rows(d_ids, n_rows, width(d_ids, l_multiple))
   query_terms, query_counts = _sparse_rows(q_ids, q_rows, width(q_ids, t_multiple))
   v = bucket(max(len(vocab), 1), v_multiple)
-  return Lexicon(doc_terms=doc_terms, doc_counts=doc_counts, query_terms=query_terms, query_counts=query_counts,
-                 vocab_where=np.arange(v) < len(vocab))
+  return Lexicon(
+    doc_terms=doc_terms,
+    doc_counts=doc_counts,
+    query_terms=query_terms,
+    query_counts=query_counts,
+    vocab_where=np.arange(v) < len(vocab),
+  )

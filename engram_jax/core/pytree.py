@@ -27,5 +27,4 @@ def dataclass(cls: type[T]) -> type[T]:
     return dataclasses.replace(self, **changes)
 
   cls.replace = replace  # type: ignore[attr-defined]
-  return jax.tree_util.register_dataclass(cls, data_fields=[f.name for f in dataclasses.fields(cls)],
-                                          meta_fields=[])
+  return jax.tree_util.register_dataclass(cls, data_fields=[f.name for f in dataclasses.fields(cls)], meta_fields=[])

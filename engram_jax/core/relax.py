@@ -39,8 +39,9 @@ def _per_list(x: ArrayLike, ndim: int) -> Array:
   return x if x.ndim == 0 else x.reshape(x.shape + (1,) * (ndim - x.ndim))
 
 
-def soft_ranks(scores: Array, *, where: Array | None = None, temperature: ArrayLike = 1.0,
-               at: Array | None = None) -> Array:
+def soft_ranks(
+  scores: Array, *, where: Array | None = None, temperature: ArrayLike = 1.0, at: Array | None = None
+) -> Array:
   r"""Pairwise-sigmoid approximate ranks (1-based); differentiable in ``scores`` and ``temperature``.
 
   Definition:
@@ -69,7 +70,7 @@ def soft_ranks(scores: Array, *, where: Array | None = None, temperature: ArrayL
     r = rax.utils.approx_ranks(s, where=valid, step_fn=lambda d: jax.nn.sigmoid(d / tp))
     return jnp.where(valid, r, n_real + 1.0)
   at = jnp.asarray(at)
-  s_at = jnp.take_along_axis(s, at, axis=-1)          # [..., M]
+  s_at = jnp.take_along_axis(s, at, axis=-1)  # [..., M]
   v_at = jnp.take_along_axis(valid, at, axis=-1)
   tp = t if t.ndim == 0 else t[..., None]
   pair = jax.nn.sigmoid((s[..., None, :] - s_at[..., :, None]) / tp)  # [..., M, N]
@@ -88,8 +89,14 @@ def soft_cutoff(ranks: Array, *, k: ArrayLike, temperature: ArrayLike = 0.5) -> 
   return jax.nn.sigmoid((jnp.asarray(k, ranks.dtype) + 0.5 - ranks) / _per_list(temperature, ranks.ndim))
 
 
-def soft_top_k(scores: Array, *, k: int, where: Array | None = None, temperature: ArrayLike = 1.0,
-               cutoff_temperature: ArrayLike = 0.5) -> Array:
+def soft_top_k(
+  scores: Array,
+  *,
+  k: int,
+  where: Array | None = None,
+  temperature: ArrayLike = 1.0,
+  cutoff_temperature: ArrayLike = 0.5,
+) -> Array:
   """Soft top-``k`` membership ``[..., N]`` in [0, 1]: :func:`soft_cutoff` of :func:`soft_ranks`; 0 for
   masked / ``-inf`` items. Tends to the hard top-k indicator as both temperatures tend to 0 (no ties)."""
   valid = _valid(jnp.asarray(scores), where)
@@ -103,9 +110,16 @@ def _ideal_dcg(n_gold: Array, k: int | None, n: int, dtype) -> Array:
   return jnp.sum(jnp.where(jnp.arange(cut) < n_gold[..., None], disc, 0.0), axis=-1)
 
 
-def approx_ndcg(scores: Array, labels: Array, *, k: int | None = 10, where: Array | None = None,
-                temperature: ArrayLike = 1.0, cutoff_temperature: ArrayLike | None = None,
-                max_gold: int | None = None) -> Array:
+def approx_ndcg(
+  scores: Array,
+  labels: Array,
+  *,
+  k: int | None = 10,
+  where: Array | None = None,
+  temperature: ArrayLike = 1.0,
+  cutoff_temperature: ArrayLike | None = None,
+  max_gold: int | None = None,
+) -> Array:
   r"""Approximate NDCG@k with binary gains (Qin et al. 2010; rax ``approx_t12n(ndcg_metric)``).
 
   Definition (:math:`\tilde r` = :func:`soft_ranks`, :math:`c` = :func:`soft_cutoff`):
@@ -131,8 +145,7 @@ def approx_ndcg(scores: Array, labels: Array, *, k: int | None = 10, where: Arra
   """
   scores = jnp.asarray(scores)
   n = scores.shape[-1]
-  real = jnp.ones(scores.shape, bool) if where is None else jnp.broadcast_to(jnp.asarray(where, bool),
-                                                                            scores.shape)
+  real = jnp.ones(scores.shape, bool) if where is None else jnp.broadcast_to(jnp.asarray(where, bool), scores.shape)
   gold = (jnp.asarray(labels) > 0) & real
   valid = _valid(scores, real)
   ct = temperature if cutoff_temperature is None else cutoff_temperature

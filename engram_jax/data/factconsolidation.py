@@ -61,9 +61,9 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from engram_jax.metrics import boundary, official
-from engram_jax.data.io import dataset_file, duplicates, read_json, reject_duplicates, type_name
 from engram_jax.core.types import Episode, Item, LoadReport, Question
+from engram_jax.data.io import dataset_file, duplicates, read_json, reject_duplicates, type_name
+from engram_jax.metrics import boundary, official
 
 FILES = {'6k': 'factconsolidation_official_6k.json', '32k': 'factconsolidation_official_32k.json'}
 HOPS = {'sh': 'single-hop', 'mh': 'multi-hop'}
@@ -72,43 +72,43 @@ MAX_HOPS = 4
 
 # MQuAKE relation templates as rendered in the data (upstream typos kept); ``s`` subject, ``o`` object.
 RELATION_TEMPLATES: tuple[tuple[str, str], ...] = (
-    ('P30', r'(?P<s>.+?) is located in the continent of (?P<o>.+)'),
-    ('P36', r'The capital of (?P<s>.+?) is (?P<o>.+)'),
-    ('P35', r'The name of the current head of state in (?P<s>.+?) is (?P<o>.+)'),
-    ('P6', r'The name of the current head of the (?P<s>.+?) government is (?P<o>.+)'),
-    ('P20', r'(?P<s>.+?) died in the city of (?P<o>.+)'),
-    ('P26', r'(?P<s>.+?) is married to (?P<o>.+)'),
-    ('P140', r'(?P<s>.+?) is affiliated with the religion of (?P<o>.+)'),
-    ('P1412', r'(?P<s>.+?) speaks the language of (?P<o>.+)'),
-    ('P19', r'(?P<s>.+?) was born in the city of (?P<o>.+)'),
-    ('P69', r'The univeristy where (?P<s>.+?) was educated is (?P<o>.+)'),
-    ('P40', r"(?P<s>.+?)'s child is (?P<o>.+)"),
-    ('P27', r'(?P<s>.+?) is a citizen of (?P<o>.+)'),
-    ('P175', r'(?P<s>.+?) was performed by (?P<o>.+)'),
-    ('P108', r'(?P<s>.+?) is employed by (?P<o>.+)'),
-    ('P112', r'(?P<s>.+?) was founded by (?P<o>.+)'),
-    ('P50', r'The author of (?P<s>.+?) is (?P<o>.+)'),
-    ('P170', r'(?P<s>.+?) was created by (?P<o>.+)'),
-    ('P407', r'(?P<s>.+?) was written in the language of (?P<o>.+)'),
-    ('P37', r'The official language of (?P<s>.+?) is (?P<o>.+)'),
-    ('P740', r'(?P<s>.+?) was founded in the city of (?P<o>.+)'),
-    ('P495', r'(?P<s>.+?) was created in the country of (?P<o>.+)'),
-    ('P178', r'(?P<s>.+?) was developed by (?P<o>.+)'),
-    ('P641', r'(?P<s>.+?) is associated with the sport of (?P<o>.+)'),
-    ('P413', r'(?P<s>.+?) plays the position of (?P<o>.+)'),
-    ('P286', r'The head coach of (?P<s>.+?) is (?P<o>.+)'),
-    ('P159', r'The headquarters of (?P<s>.+?) is located in the city of (?P<o>.+)'),
-    ('P176', r'The company that produced (?P<s>.+?) is (?P<o>.+)'),
-    ('P800', r'(?P<s>.+?) is famous for (?P<o>.+)'),
-    ('P937', r'(?P<s>.+?) worked in the city of (?P<o>.+)'),
-    ('P449', r'The origianl broadcaster of (?P<s>.+?) is (?P<o>.+)'),
-    ('P364', r'The original language of (?P<s>.+?) is (?P<o>.+)'),
-    ('P488', r'The chairperson of (?P<s>.+?) is (?P<o>.+)'),
-    ('P169', r'The chief executive officer of (?P<s>.+?) is (?P<o>.+)'),
-    ('P57', r'The director of (?P<s>.+?) is (?P<o>.+)'),
-    ('P106', r'(?P<s>.+?) works in the field of (?P<o>.+)'),
-    ('P136', r'The type of music that (?P<s>.+?) plays is (?P<o>.+)'),
-    ('title', r'The (?P<t>[A-Z][\w-]*(?: [A-Z][\w-]*)*) of (?P<s>.+?) is (?P<o>.+)'),
+  ('P30', r'(?P<s>.+?) is located in the continent of (?P<o>.+)'),
+  ('P36', r'The capital of (?P<s>.+?) is (?P<o>.+)'),
+  ('P35', r'The name of the current head of state in (?P<s>.+?) is (?P<o>.+)'),
+  ('P6', r'The name of the current head of the (?P<s>.+?) government is (?P<o>.+)'),
+  ('P20', r'(?P<s>.+?) died in the city of (?P<o>.+)'),
+  ('P26', r'(?P<s>.+?) is married to (?P<o>.+)'),
+  ('P140', r'(?P<s>.+?) is affiliated with the religion of (?P<o>.+)'),
+  ('P1412', r'(?P<s>.+?) speaks the language of (?P<o>.+)'),
+  ('P19', r'(?P<s>.+?) was born in the city of (?P<o>.+)'),
+  ('P69', r'The univeristy where (?P<s>.+?) was educated is (?P<o>.+)'),
+  ('P40', r"(?P<s>.+?)'s child is (?P<o>.+)"),
+  ('P27', r'(?P<s>.+?) is a citizen of (?P<o>.+)'),
+  ('P175', r'(?P<s>.+?) was performed by (?P<o>.+)'),
+  ('P108', r'(?P<s>.+?) is employed by (?P<o>.+)'),
+  ('P112', r'(?P<s>.+?) was founded by (?P<o>.+)'),
+  ('P50', r'The author of (?P<s>.+?) is (?P<o>.+)'),
+  ('P170', r'(?P<s>.+?) was created by (?P<o>.+)'),
+  ('P407', r'(?P<s>.+?) was written in the language of (?P<o>.+)'),
+  ('P37', r'The official language of (?P<s>.+?) is (?P<o>.+)'),
+  ('P740', r'(?P<s>.+?) was founded in the city of (?P<o>.+)'),
+  ('P495', r'(?P<s>.+?) was created in the country of (?P<o>.+)'),
+  ('P178', r'(?P<s>.+?) was developed by (?P<o>.+)'),
+  ('P641', r'(?P<s>.+?) is associated with the sport of (?P<o>.+)'),
+  ('P413', r'(?P<s>.+?) plays the position of (?P<o>.+)'),
+  ('P286', r'The head coach of (?P<s>.+?) is (?P<o>.+)'),
+  ('P159', r'The headquarters of (?P<s>.+?) is located in the city of (?P<o>.+)'),
+  ('P176', r'The company that produced (?P<s>.+?) is (?P<o>.+)'),
+  ('P800', r'(?P<s>.+?) is famous for (?P<o>.+)'),
+  ('P937', r'(?P<s>.+?) worked in the city of (?P<o>.+)'),
+  ('P449', r'The origianl broadcaster of (?P<s>.+?) is (?P<o>.+)'),
+  ('P364', r'The original language of (?P<s>.+?) is (?P<o>.+)'),
+  ('P488', r'The chairperson of (?P<s>.+?) is (?P<o>.+)'),
+  ('P169', r'The chief executive officer of (?P<s>.+?) is (?P<o>.+)'),
+  ('P57', r'The director of (?P<s>.+?) is (?P<o>.+)'),
+  ('P106', r'(?P<s>.+?) works in the field of (?P<o>.+)'),
+  ('P136', r'The type of music that (?P<s>.+?) plays is (?P<o>.+)'),
+  ('title', r'The (?P<t>[A-Z][\w-]*(?: [A-Z][\w-]*)*) of (?P<s>.+?) is (?P<o>.+)'),
 )
 _TEMPLATES = tuple((name, re.compile(f'^{rx}\\.$')) for name, rx in RELATION_TEMPLATES)
 _LINE = re.compile(r'^(\d+)\.\s+(.*\S)\s*$')
@@ -118,12 +118,14 @@ _PUNCT_TO_SPACE = str.maketrans({ch: ' ' for ch in string.punctuation})
 
 class Fact(NamedTuple):
   """One numbered fact of a context."""
+
   serial: int
   text: str
 
 
 class Triple(NamedTuple):
   """A fact read through a relation template (``relation`` is a template name, ``title:<Title>`` for the generic)."""
+
   relation: str
   subject: str
   object: str
@@ -131,6 +133,7 @@ class Triple(NamedTuple):
 
 class FactVersions(NamedTuple):
   """The asked fact of a question and the other versions of its slot (item ids, in serial order)."""
+
   newest: str
   superseded: tuple[str, ...]
   anomalous: bool  # True when some other version is newer than the answer-bearing one
@@ -240,8 +243,11 @@ def _text_fallback(ix: _Index, answer_keys: set[str]) -> list[int]:
 def _derive_sh_gold(question: str, answers: Sequence[str], ix: _Index) -> tuple[list[int], str]:
   """Single-hop gold rows and the rule that found them (see the module docstring)."""
   q, keys = match_key(question), {match_key(a) for a in answers}
-  cands = [i for i, t in enumerate(ix.triples)
-           if t is not None and match_key(t.object) in keys and _contains(q, match_key(t.subject))]
+  cands = [
+    i
+    for i, t in enumerate(ix.triples)
+    if t is not None and match_key(t.object) in keys and _contains(q, match_key(t.subject))
+  ]
   if cands:
     longest = max(len(match_key(ix.triples[i].subject)) for i in cands)
     return [max(i for i in cands if len(match_key(ix.triples[i].subject)) == longest)], 'gold_sh_subject_object'
@@ -278,8 +284,12 @@ def _derive_mh_gold(question: str, answers: Sequence[str], ix: _Index) -> tuple[
   mentions = sorted({k for k in (s for _, s in ix.slots) if _contains(q, k)})
   maximal = [m for m in mentions if not any(m != o and _contains(o, m) for o in mentions)]
   every = set(range(len(ix.facts)))
-  attempts = (('gold_mh_chain_valid', maximal, ix.valid), ('gold_mh_chain_valid_all_mentions', mentions, ix.valid),
-              ('gold_mh_chain_any_version', maximal, every), ('gold_mh_chain_any_version', mentions, every))
+  attempts = (
+    ('gold_mh_chain_valid', maximal, ix.valid),
+    ('gold_mh_chain_valid_all_mentions', mentions, ix.valid),
+    ('gold_mh_chain_any_version', maximal, every),
+    ('gold_mh_chain_any_version', mentions, every),
+  )
   for rule, starts, rows in attempts:
     chains = _chains(ix, starts, rows, keys)
     if chains:
@@ -301,8 +311,11 @@ def _versions(ix: _Index, row: int) -> FactVersions | None:
   if slot is None:
     return None
   others = [i for i in ix.slots[slot] if i != row]
-  return FactVersions(newest=str(ix.facts[row].serial), superseded=tuple(str(ix.facts[i].serial) for i in others),
-                      anomalous=any(i > row for i in others))
+  return FactVersions(
+    newest=str(ix.facts[row].serial),
+    superseded=tuple(str(ix.facts[i].serial) for i in others),
+    anomalous=any(i > row for i in others),
+  )
 
 
 def asked_fact_versions(episode: Episode, question: Question) -> FactVersions | None:
@@ -345,8 +358,9 @@ def _row_fields(row: Any, path: str) -> tuple[str, str, list[Any], list[Any], li
     if not isinstance(value, list):
       raise ValueError(f'{where}: {name} is {type_name(value)}, expected a list')
   if not (len(questions) == len(answers) == len(qa_ids)):
-    raise ValueError(f'{where}: row has {len(questions)} questions, {len(answers)} answer lists, '
-                     f'{len(qa_ids)} qa_pair_ids')
+    raise ValueError(
+      f'{where}: row has {len(questions)} questions, {len(answers)} answer lists, {len(qa_ids)} qa_pair_ids'
+    )
   for i, qid in enumerate(qa_ids):
     if not isinstance(qid, str) or not qid.strip():
       raise ValueError(f'{where}: question {i} has qa_pair_id {qid!r}, expected a non-empty string')
@@ -404,8 +418,16 @@ def episode_from_row(row: Mapping[str, Any], *, report: LoadReport, path: str = 
     if versions is not None and versions.anomalous:
       report.add('gold_not_newest_in_slot', (qid, ix.facts[asked].text))
     gold = tuple(str(facts[i].serial) for i in rows)
-    kept.append(Question(id=qid, text=text, gold=gold, gold_parents=gold, category=HOPS[hop],
-                         answer=json.dumps(ans_list, ensure_ascii=False)))
+    kept.append(
+      Question(
+        id=qid,
+        text=text,
+        gold=gold,
+        gold_parents=gold,
+        category=HOPS[hop],
+        answer=json.dumps(ans_list, ensure_ascii=False),
+      )
+    )
   report.add('questions_kept', n=len(kept))
   return Episode(id=source, items=items, questions=tuple(kept))
 
@@ -413,8 +435,10 @@ def episode_from_row(row: Mapping[str, Any], *, report: LoadReport, path: str = 
 def _row_sources(data: Any, path: str) -> list[str]:
   """``metadata.source`` of every row of a file; ValueError naming the file and the row when one has none."""
   if not isinstance(data, Mapping) or not isinstance(data.get('data'), list):
-    raise ValueError(f'{path}: expected {{"data": [row, ...]}}, got {type_name(data)}'
-                     + (f' whose "data" is {type_name(data.get("data"))}' if isinstance(data, Mapping) else ''))
+    raise ValueError(
+      f'{path}: expected {{"data": [row, ...]}}, got {type_name(data)}'
+      + (f' whose "data" is {type_name(data.get("data"))}' if isinstance(data, Mapping) else '')
+    )
   sources = []
   for i, r in enumerate(data['data']):
     meta = r.get('metadata') if isinstance(r, Mapping) else None
@@ -424,13 +448,15 @@ def _row_sources(data: Any, path: str) -> list[str]:
     sources.append(source)
   dup = duplicates(sources)
   if dup:
-    raise ValueError(f'{path}: duplicate rows for source '
-                     + ', '.join(f'{s!r} (found {sources.count(s)})' for s in dup))
+    raise ValueError(
+      f'{path}: duplicate rows for source ' + ', '.join(f'{s!r} (found {sources.count(s)})' for s in dup)
+    )
   return sources
 
 
-def load_factconsolidation(root: str | os.PathLike | None = None, *, size: str = '6k',
-                           hop: str = 'sh') -> tuple[list[Episode], LoadReport]:
+def load_factconsolidation(
+  root: str | os.PathLike | None = None, *, size: str = '6k', hop: str = 'sh'
+) -> tuple[list[Episode], LoadReport]:
   """Load one FactConsolidation row as ``([episode], report)``.
 
   Args:
@@ -461,6 +487,7 @@ def load_factconsolidation(root: str | os.PathLike | None = None, *, size: str =
 
 
 # ---- dataset-owned metrics (name -> fn(episode, question, ranked indices, k)); evaluation.evaluate reads these ----
+
 
 def answer_at(ep: Episode, q: Question, ranked: list[int], k: int) -> float:
   """``answer@k``: 1 if a top-``k`` fact contains a normalised acceptable answer (MemoryAgentBench SubEM per text)."""

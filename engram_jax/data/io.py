@@ -14,13 +14,17 @@ ENV_VAR = 'ENGRAM_DATA_ROOT'
 
 # Where each dataset comes from, for the error raised when a file is missing.
 HOW_TO_GET = {
-    'locomo': 'LoCoMo: download data/locomo10.json from github.com/snap-research/locomo into <data_root>/locomo/',
-    'longmemeval': ('LongMemEval: download longmemeval_s_cleaned.json (and longmemeval_oracle.json) from the '
-                    'Hugging Face dataset xiaowu0162/longmemeval-cleaned into <data_root>/longmemeval/ '
-                    '(gzip is accepted)'),
-    'memoryagentbench': ('MemoryAgentBench FactConsolidation: export the Conflict_Resolution split of the Hugging '
-                         'Face dataset ai-hyz/MemoryAgentBench to <data_root>/memoryagentbench/ '
-                         '(see that folder\'s SOURCE.md for the JSON layout)'),
+  'locomo': 'LoCoMo: download data/locomo10.json from github.com/snap-research/locomo into <data_root>/locomo/',
+  'longmemeval': (
+    'LongMemEval: download longmemeval_s_cleaned.json (and longmemeval_oracle.json) from the '
+    'Hugging Face dataset xiaowu0162/longmemeval-cleaned into <data_root>/longmemeval/ '
+    '(gzip is accepted)'
+  ),
+  'memoryagentbench': (
+    'MemoryAgentBench FactConsolidation: export the Conflict_Resolution split of the Hugging '
+    'Face dataset ai-hyz/MemoryAgentBench to <data_root>/memoryagentbench/ '
+    "(see that folder's SOURCE.md for the JSON layout)"
+  ),
 }
 
 
@@ -40,9 +44,9 @@ def resolve_data_root(root: str | os.PathLike | None = None) -> Path:
   path = Path(root).expanduser().resolve()
   if not path.is_dir():
     raise FileNotFoundError(
-        f'Data root {path} does not exist. Set it with the Hydra option paths.data_root=/path/to/data '
-        f'or the environment variable {ENV_VAR}. Expected layout and sources:\n  '
-        + '\n  '.join(HOW_TO_GET.values()))
+      f'Data root {path} does not exist. Set it with the Hydra option paths.data_root=/path/to/data '
+      f'or the environment variable {ENV_VAR}. Expected layout and sources:\n  ' + '\n  '.join(HOW_TO_GET.values())
+    )
   return path
 
 

@@ -41,14 +41,14 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engram_jax.metrics import boundary
-from engram_jax.data.io import dataset_file, read_json, reject_duplicates, type_name
 from engram_jax.core.types import Episode, Item, LoadReport, Question
+from engram_jax.data.io import dataset_file, read_json, reject_duplicates, type_name
+from engram_jax.metrics import boundary
 
 TEMPLATES = {
-    'text': '{text}',
-    'speaker': '{speaker}: {text}',
-    'dated': '[{date}] {speaker}: {text}{caption}',
+  'text': '{text}',
+  'speaker': '{speaker}: {text}',
+  'dated': '[{date}] {speaker}: {text}{caption}',
 }
 DEFAULT_CATEGORIES = {1: 'multi-hop', 2: 'temporal', 3: 'open-domain', 4: 'single-hop', 5: 'adversarial'}
 TURN_FIELDS = ('dia_id', 'speaker', 'text')
@@ -57,8 +57,9 @@ _SESSION = re.compile(r'^session_(\d+)$')
 _MARK = '\x00'
 
 
-def normalise_evidence(raw: Sequence[str], known: set[str], report: LoadReport, qid: str, *,
-                       blank: frozenset[str] = frozenset()) -> list[str]:
+def normalise_evidence(
+  raw: Sequence[str], known: set[str], report: LoadReport, qid: str, *, blank: frozenset[str] = frozenset()
+) -> list[str]:
   """Normalise one question's evidence list to known turn ids, counting every change in ``report``.
 
   Args:
@@ -103,8 +104,10 @@ def renders_caption(template: str) -> bool:
   try:
     text = template.format(text='', speaker='', date='', caption=_MARK, session=0, dia_id='')
   except (KeyError, IndexError, ValueError, AttributeError) as e:
-    raise ValueError(f'LoCoMo template {template!r} cannot be filled ({e!r}); its fields must be among '
-                     'text, speaker, date, caption, session, dia_id') from e
+    raise ValueError(
+      f'LoCoMo template {template!r} cannot be filled ({e!r}); its fields must be among '
+      'text, speaker, date, caption, session, dia_id'
+    ) from e
   return _MARK in text
 
 
@@ -145,10 +148,11 @@ def _read_turn(t: Any, where: str) -> tuple[str, str, str, str]:
   return t['dia_id'], t['speaker'], t['text'], caption
 
 
-def _turns(conv: Mapping[str, Any], sample_id: str, template: str, report: LoadReport, where: str, *,
-           with_caption: bool) -> tuple[list[Item], frozenset[str]]:
+def _turns(
+  conv: Mapping[str, Any], sample_id: str, template: str, report: LoadReport, where: str, *, with_caption: bool
+) -> tuple[list[Item], frozenset[str]]:
   """The sample's turns as items in write order, and the ids of the turns dropped as blank."""
-  dates_without_turns = [k for k in conv if k.endswith('_date_time') and k[:-len('_date_time')] not in conv]
+  dates_without_turns = [k for k in conv if k.endswith('_date_time') and k[: -len('_date_time')] not in conv]
   if dates_without_turns:
     report.add('session_date_without_turns', (sample_id, len(dates_without_turns)), n=len(dates_without_turns))
   items: list[Item] = []
@@ -175,10 +179,10 @@ def _turns(conv: Mapping[str, Any], sample_id: str, template: str, report: LoadR
           blank.append(dia_id)
           continue
         report.add('blank_text_with_caption', (sample_id, dia_id))
-      rendered = template.format(text=text, speaker=speaker, date=date or '', caption=caption,
-                                 session=n, dia_id=dia_id)
-      items.append(Item(id=dia_id, text=rendered, parent=f'session_{n}', position=len(items),
-                        time=date, speaker=speaker))
+      rendered = template.format(text=text, speaker=speaker, date=date or '', caption=caption, session=n, dia_id=dia_id)
+      items.append(
+        Item(id=dia_id, text=rendered, parent=f'session_{n}', position=len(items), time=date, speaker=speaker)
+      )
   reject_duplicates(dia_ids, what='dia_id', where=where)
   if not items:
     raise ValueError(f'{where}: no turns (no session holds a non-blank turn)')
@@ -214,8 +218,9 @@ def _answer(q: Mapping[str, Any], qid: str, where: str, report: LoadReport) -> s
   raise ValueError(f'{where}: {qid}: answer {answer!r} is {type_name(answer)}, expected a string or number')
 
 
-def _question(q: Any, qid: str, known: set[str], blank: frozenset[str], parent: Mapping[str, str],
-              report: LoadReport, where: str) -> Question | None:
+def _question(
+  q: Any, qid: str, known: set[str], blank: frozenset[str], parent: Mapping[str, str], report: LoadReport, where: str
+) -> Question | None:
   """One ``qa`` entry -> a :class:`Question`, or None when it has no resolvable evidence (counted)."""
   if not isinstance(q, Mapping):
     raise ValueError(f'{where}: {qid} is {type_name(q)}, expected an object')
@@ -233,8 +238,14 @@ def _question(q: Any, qid: str, known: set[str], blank: frozenset[str], parent: 
   if not gold:
     report.add('excluded_no_evidence', (qid, category, q.get('evidence')))
     return None
-  return Question(id=qid, text=text, gold=tuple(gold), gold_parents=tuple(dict.fromkeys(parent[g] for g in gold)),
-                  category=category, answer=answer)
+  return Question(
+    id=qid,
+    text=text,
+    gold=tuple(gold),
+    gold_parents=tuple(dict.fromkeys(parent[g] for g in gold)),
+    category=category,
+    answer=answer,
+  )
 
 
 def _check_samples(data: Any, path: str) -> list[tuple[str, Mapping[str, Any], list[Any]]]:
@@ -250,20 +261,30 @@ def _check_samples(data: Any, path: str) -> list[tuple[str, Mapping[str, Any], l
       raise ValueError(f'{path}: sample {s_i} lacks field {", ".join(map(repr, missing))}')
     sample_id, conv, qa = sample['sample_id'], sample['conversation'], sample['qa']
     if not isinstance(sample_id, str) or not sample_id.strip():
-      raise ValueError(f'{path}: sample {s_i}: sample_id is {type_name(sample_id)} {sample_id!r}, '
-                       'expected a non-empty string')
+      raise ValueError(
+        f'{path}: sample {s_i}: sample_id is {type_name(sample_id)} {sample_id!r}, expected a non-empty string'
+      )
     if not isinstance(conv, Mapping):
       raise ValueError(f'{path}: {sample_id}: conversation is {type_name(conv)}, expected an object')
     if not isinstance(qa, list):
       raise ValueError(f'{path}: {sample_id}: qa is {type_name(qa)}, expected a list of questions')
     out.append((sample_id, conv, qa))
-  reject_duplicates([s for s, _, _ in out], what='sample_id', where=path,
-                    note='each copy would be loaded as an episode and its questions scored again')
+  reject_duplicates(
+    [s for s, _, _ in out],
+    what='sample_id',
+    where=path,
+    note='each copy would be loaded as an episode and its questions scored again',
+  )
   return out
 
 
-def load_locomo(root: str | None = None, *, template: str = 'dated', filename: str = 'locomo10.json',
-                conversations: list[str] | None = None) -> tuple[list[Episode], LoadReport]:
+def load_locomo(
+  root: str | None = None,
+  *,
+  template: str = 'dated',
+  filename: str = 'locomo10.json',
+  conversations: list[str] | None = None,
+) -> tuple[list[Episode], LoadReport]:
   """Load LoCoMo as one :class:`Episode` per conversation.
 
   Args:

@@ -96,16 +96,25 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engram_jax.metrics import boundary, official
-from engram_jax.data.io import dataset_file, read_json, type_name
 from engram_jax.core.types import Episode, Item, LoadReport, Question
+from engram_jax.data.io import dataset_file, read_json, type_name
+from engram_jax.metrics import boundary, official
 
 FILES = {'s': 'longmemeval_s_cleaned_498of500.json.gz', 'oracle': 'longmemeval_oracle.json'}
 TEMPLATES = {'content': '{content}', 'role': '{role}: {content}'}
 LEVELS = ('turn', 'session')
 CORPORA = ('official', 'clean')
-REQUIRED_FIELDS = ('question_id', 'question_type', 'question', 'answer', 'question_date', 'haystack_dates',
-                   'haystack_session_ids', 'haystack_sessions', 'answer_session_ids')
+REQUIRED_FIELDS = (
+  'question_id',
+  'question_type',
+  'question',
+  'answer',
+  'question_date',
+  'haystack_dates',
+  'haystack_session_ids',
+  'haystack_sessions',
+  'answer_session_ids',
+)
 DATE_FORMAT = '%Y/%m/%d (%a) %H:%M'
 
 
@@ -202,8 +211,9 @@ def _check_entry(entry: Any, e_i: int) -> str:
   dates = _list(entry['haystack_dates'], where, 'haystack_dates')
   sessions = _list(entry['haystack_sessions'], where, 'haystack_sessions')
   if len(dates) != len(sids) or len(sessions) != len(sids):
-    raise ValueError(f'{where}: haystack_session_ids/dates/sessions have lengths '
-                     f'{len(sids)}/{len(dates)}/{len(sessions)}')
+    raise ValueError(
+      f'{where}: haystack_session_ids/dates/sessions have lengths {len(sids)}/{len(dates)}/{len(sessions)}'
+    )
   for i, sid in enumerate(sids):
     _text(sid, where, f'haystack_session_ids entry {i}')
   for i, date in enumerate(dates):
@@ -226,8 +236,9 @@ def _check_turn(turn: Any, qid: str, sid: str, t_i: int) -> tuple[str, str, bool
   return role, content, has
 
 
-def ordered_sessions(entry: Mapping[str, Any], qid: str, report: LoadReport, *,
-                     corpus: str = 'official') -> list[tuple[str, int, str, list[Any]]]:
+def ordered_sessions(
+  entry: Mapping[str, Any], qid: str, report: LoadReport, *, corpus: str = 'official'
+) -> list[tuple[str, int, str, list[Any]]]:
   """``(session_id, copy, date, turns)`` sorted by parsed date (stable); counts in ``report``.
 
   ``copy`` numbers the repeats of a session id in write order (0 for the first). ``corpus='official'`` keeps every
@@ -263,14 +274,23 @@ def _copy_id(iid: str, copy: int, qid: str, sid: str) -> str:
   if not copy:
     return iid
   if 'answer' in iid:
-    raise ValueError(f'LongMemEval question {qid}: evidence session {sid} is repeated in the haystack; upstream '
-                     f'would count every copy of {iid} as relevant, which unique item ids cannot express '
-                     "(load with corpus='clean' to drop the repeat)")
+    raise ValueError(
+      f'LongMemEval question {qid}: evidence session {sid} is repeated in the haystack; upstream '
+      f'would count every copy of {iid} as relevant, which unique item ids cannot express '
+      "(load with corpus='clean' to drop the repeat)"
+    )
   return f'{iid}#dup{copy}'
 
 
-def _turn_items(sessions: list[tuple[str, int, str, list[Any]]], qid: str, *, template: str, roles: Sequence[str],
-                corpus: str, report: LoadReport) -> tuple[list[Item], list[str]]:
+def _turn_items(
+  sessions: list[tuple[str, int, str, list[Any]]],
+  qid: str,
+  *,
+  template: str,
+  roles: Sequence[str],
+  corpus: str,
+  report: LoadReport,
+) -> tuple[list[Item], list[str]]:
   items: list[Item] = []
   gold: list[str] = []
   for sid, copy, date, turns in sessions:
@@ -286,8 +306,16 @@ def _turn_items(sessions: list[tuple[str, int, str, list[Any]]], qid: str, *, te
           continue
         report.add('empty_turn_kept', (qid, sid, t_i, role))
       iid = _copy_id(official_turn_id(sid, t_i, has_answer=bool(has)), copy, qid, sid)
-      items.append(Item(id=iid, text=template.format(role=role, content=content), parent=sid,
-                        position=len(items), time=date, speaker=role))
+      items.append(
+        Item(
+          id=iid,
+          text=template.format(role=role, content=content),
+          parent=sid,
+          position=len(items),
+          time=date,
+          speaker=role,
+        )
+      )
       if 'answer' in iid:
         gold.append(iid)
       elif has and not copy:
@@ -295,9 +323,16 @@ def _turn_items(sessions: list[tuple[str, int, str, list[Any]]], qid: str, *, te
   return items, gold
 
 
-def _session_items(sessions: list[tuple[str, int, str, list[Any]]], qid: str, *, template: str,
-                   roles: Sequence[str], answer_sessions: set[str], corpus: str,
-                   report: LoadReport) -> tuple[list[Item], list[str]]:
+def _session_items(
+  sessions: list[tuple[str, int, str, list[Any]]],
+  qid: str,
+  *,
+  template: str,
+  roles: Sequence[str],
+  answer_sessions: set[str],
+  corpus: str,
+  report: LoadReport,
+) -> tuple[list[Item], list[str]]:
   items: list[Item] = []
   gold: list[str] = []
   for sid, copy, date, turns in sessions:
@@ -325,9 +360,16 @@ def _session_items(sessions: list[tuple[str, int, str, list[Any]]], qid: str, *,
   return items, gold
 
 
-def episode_from_entry(entry: Mapping[str, Any], *, level: str = 'turn', template: str = 'content',
-                       roles: Sequence[str] = ('user',), corpus: str = 'official',
-                       report: LoadReport | None = None, e_i: int = 0) -> Episode | None:
+def episode_from_entry(
+  entry: Mapping[str, Any],
+  *,
+  level: str = 'turn',
+  template: str = 'content',
+  roles: Sequence[str] = ('user',),
+  corpus: str = 'official',
+  report: LoadReport | None = None,
+  e_i: int = 0,
+) -> Episode | None:
   """One raw entry -> an :class:`Episode` with one question, or None when the question has no gold at ``level``.
 
   Args: as :func:`load_longmemeval`; ``report`` collects the counts (a fresh one when None).
@@ -353,8 +395,9 @@ def episode_from_entry(entry: Mapping[str, Any], *, level: str = 'turn', templat
   if level == 'turn':
     items, gold = _turn_items(sessions, qid, template=template, roles=roles, corpus=corpus, report=report)
   else:
-    items, gold = _session_items(sessions, qid, template=template, roles=roles,
-                                 answer_sessions=set(answer_sessions), corpus=corpus, report=report)
+    items, gold = _session_items(
+      sessions, qid, template=template, roles=roles, answer_sessions=set(answer_sessions), corpus=corpus, report=report
+    )
   report.add('turns_read', n=sum(len(turns) for _, _, _, turns in sessions))
   if not gold:
     report.add('excluded_no_gold', (qid, entry['question_type']))
@@ -366,14 +409,27 @@ def episode_from_entry(entry: Mapping[str, Any], *, level: str = 'turn', templat
   if '_abs' in qid:
     report.add('abstention_kept', qid)
   report.add('questions_kept')
-  question = Question(id=qid, text=entry['question'], gold=tuple(gold), gold_parents=tuple(answer_sessions),
-                      category=entry['question_type'], answer=str(answer), time=entry['question_date'])
+  question = Question(
+    id=qid,
+    text=entry['question'],
+    gold=tuple(gold),
+    gold_parents=tuple(answer_sessions),
+    category=entry['question_type'],
+    answer=str(answer),
+    time=entry['question_date'],
+  )
   return Episode(id=qid, items=tuple(items), questions=(question,))
 
 
-def episodes_from_entries(entries: Sequence[Mapping[str, Any]], *, level: str = 'turn', template: str = 'content',
-                          roles: Sequence[str] = ('user',), corpus: str = 'official',
-                          dataset: str = 'longmemeval_s') -> tuple[list[Episode], LoadReport]:
+def episodes_from_entries(
+  entries: Sequence[Mapping[str, Any]],
+  *,
+  level: str = 'turn',
+  template: str = 'content',
+  roles: Sequence[str] = ('user',),
+  corpus: str = 'official',
+  dataset: str = 'longmemeval_s',
+) -> tuple[list[Episode], LoadReport]:
   """Raw entries (from :func:`read_longmemeval`) -> ``(episodes, report)``; see :func:`load_longmemeval`."""
   if not isinstance(entries, Sequence) or isinstance(entries, (str, bytes)):
     raise ValueError(f'LongMemEval entries are {type_name(entries)}, expected a list of entries')
@@ -381,8 +437,7 @@ def episodes_from_entries(entries: Sequence[Mapping[str, Any]], *, level: str = 
   episodes = []
   seen: set[str] = set()
   for e_i, entry in enumerate(entries):
-    ep = episode_from_entry(entry, level=level, template=template, roles=roles, corpus=corpus, report=report,
-                            e_i=e_i)
+    ep = episode_from_entry(entry, level=level, template=template, roles=roles, corpus=corpus, report=report, e_i=e_i)
     qid = entry['question_id']
     if qid in seen:
       raise ValueError(f'LongMemEval question {qid}: duplicate question id')
@@ -392,9 +447,15 @@ def episodes_from_entries(entries: Sequence[Mapping[str, Any]], *, level: str = 
   return episodes, report
 
 
-def load_longmemeval(root: str | os.PathLike | None = None, *, split: str = 's', level: str = 'turn',
-                     template: str = 'content', roles: Sequence[str] = ('user',),
-                     corpus: str = 'official') -> tuple[list[Episode], LoadReport]:
+def load_longmemeval(
+  root: str | os.PathLike | None = None,
+  *,
+  split: str = 's',
+  level: str = 'turn',
+  template: str = 'content',
+  roles: Sequence[str] = ('user',),
+  corpus: str = 'official',
+) -> tuple[list[Episode], LoadReport]:
   """Load LongMemEval as one :class:`Episode` per question.
 
   Args:
@@ -413,8 +474,9 @@ def load_longmemeval(root: str | os.PathLike | None = None, *, split: str = 's',
     ``(episodes, report)``; episode id = question id; questions without gold at this level are excluded.
   """
   entries = read_longmemeval(root, split=split)
-  episodes, report = episodes_from_entries(entries, level=level, template=template, roles=roles, corpus=corpus,
-                                           dataset=f'longmemeval_{split}')
+  episodes, report = episodes_from_entries(
+    entries, level=level, template=template, roles=roles, corpus=corpus, dataset=f'longmemeval_{split}'
+  )
   report.read_ids = frozenset(str(e['question_id']) for e in entries)
   return episodes, report
 
@@ -425,11 +487,13 @@ def _turn2session(ep: Episode, ranked: list[int], k: int) -> official.RetrievalS
   corpus_ids = [it.id for it in ep.items]
   ranked = [i for i in ranked if i >= 0]
   try:
-    return official.evaluate_retrieval_turn2session(ranked, official.longmemeval_correct_docs(corpus_ids),
-                                                    corpus_ids, k=k)
+    return official.evaluate_retrieval_turn2session(
+      ranked, official.longmemeval_correct_docs(corpus_ids), corpus_ids, k=k
+    )
   except ValueError as e:
-    raise ValueError(f'{ep.id}: {e} (raise eval.k: the turn->session metrics need the top turns to cover '
-                     f'{k} sessions)') from e
+    raise ValueError(
+      f'{ep.id}: {e} (raise eval.k: the turn->session metrics need the top turns to cover {k} sessions)'
+    ) from e
 
 
 def session_recall_any_at(ep: Episode, q: Question, ranked: list[int], k: int) -> float:
@@ -447,5 +511,8 @@ def session_ndcg_any_at(ep: Episode, q: Question, ranked: list[int], k: int) -> 
 # dataset-owned metrics (name -> fn(episode, question, ranked indices, k)); evaluation.evaluate reads these.
 # session_*: upstream's turn->session conversion (evaluate_retrieval_turn2session) at turn level; ``k`` counts
 # distinct sessions, so eval.k (turns retrieved) must be large enough for the grown cutoff.
-METRICS = {'parent_recall': boundary.parent_recall_at, 'session_recall_any': session_recall_any_at,
-           'session_ndcg_any': session_ndcg_any_at}
+METRICS = {
+  'parent_recall': boundary.parent_recall_at,
+  'session_recall_any': session_recall_any_at,
+  'session_ndcg_any': session_ndcg_any_at,
+}

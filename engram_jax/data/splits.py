@@ -25,13 +25,17 @@ import random
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from engram_jax.data.io import dataset_file, read_json
 from engram_jax.core.types import Episode, LoadReport, Question
+from engram_jax.data.io import dataset_file, read_json
 
 PILOT_SEED = 20261008
 PILOT_DIR = Path(__file__).resolve().parent / 'pilot'
-PILOT_SIZES = {'longmemeval_s': 100, 'factconsolidation_sh_6k': 100, 'factconsolidation_mh_6k': 100,
-               'locomo_answer': 300}
+PILOT_SIZES = {
+  'longmemeval_s': 100,
+  'factconsolidation_sh_6k': 100,
+  'factconsolidation_mh_6k': 100,
+  'locomo_answer': 300,
+}
 LOCOMO_ANSWER_PER_CATEGORY = 60
 
 
@@ -66,7 +70,8 @@ def draw_stratified(ids_by_stratum: dict[int | str, Iterable[str]], *, n_per: in
 
 def locomo_ids_by_category(root: str | os.PathLike | None = None) -> dict[int | str, list[str]]:
   """The loaded LoCoMo question ids (questions with resolvable evidence) by category."""
-  from engram_jax.data.locomo import load_locomo  # pylint: disable=import-outside-toplevel
+  from engram_jax.data.locomo import load_locomo
+
   episodes, _ = load_locomo(root)
   out: dict[int | str, list[str]] = {}
   for e in episodes:
@@ -78,10 +83,12 @@ def locomo_ids_by_category(root: str | os.PathLike | None = None) -> dict[int | 
 def candidate_ids(name: str, root: str | os.PathLike | None = None) -> list[str]:
   """All question ids a pilot set is drawn from, read from the data (LongMemEval_S takes a few seconds)."""
   if name == 'longmemeval_s':
-    from engram_jax.data.longmemeval import read_longmemeval  # pylint: disable=import-outside-toplevel
+    from engram_jax.data.longmemeval import read_longmemeval
+
     return [e['question_id'] for e in read_longmemeval(root, split='s')]
   if name in ('factconsolidation_sh_6k', 'factconsolidation_mh_6k'):
-    from engram_jax.data.factconsolidation import FILES  # pylint: disable=import-outside-toplevel
+    from engram_jax.data.factconsolidation import FILES
+
     path = dataset_file(root, 'memoryagentbench', FILES['6k'])
     rows = [r for r in read_json(path)['data'] if r['metadata']['source'] == name]
     if len(rows) != 1:
@@ -90,8 +97,9 @@ def candidate_ids(name: str, root: str | os.PathLike | None = None) -> list[str]
   raise ValueError(f'Unknown pilot set {name!r}; known: {sorted(PILOT_SIZES)}')
 
 
-def generate_pilot_ids(name: str, *, root: str | os.PathLike | None = None, seed: int = PILOT_SEED,
-                       ids: Iterable[str] | None = None) -> list[str]:
+def generate_pilot_ids(
+  name: str, *, root: str | os.PathLike | None = None, seed: int = PILOT_SEED, ids: Iterable[str] | None = None
+) -> list[str]:
   """Draw pilot set ``name`` from the data (or from ``ids`` when given, to skip re-reading it)."""
   if name == 'locomo_answer':
     if ids is not None:
@@ -112,8 +120,9 @@ def pilot_ids(name: str, *, pilot_dir: str | os.PathLike = PILOT_DIR) -> list[st
   return ids
 
 
-def write_pilot_ids(*, root: str | os.PathLike | None = None, pilot_dir: str | os.PathLike = PILOT_DIR,
-                    seed: int = PILOT_SEED) -> dict[str, Path]:
+def write_pilot_ids(
+  *, root: str | os.PathLike | None = None, pilot_dir: str | os.PathLike = PILOT_DIR, seed: int = PILOT_SEED
+) -> dict[str, Path]:
   """Regenerate every pilot set from the data and write ``<pilot_dir>/<name>.txt``; returns the paths."""
   out = {}
   Path(pilot_dir).mkdir(parents=True, exist_ok=True)
@@ -147,8 +156,9 @@ def disjoint_split(ids: Iterable[str], *, scored: Iterable[str], seed: int, n_tr
   return train
 
 
-def select_questions(episodes: Sequence[Episode], keep: Callable[[Episode, Question], str | None],
-                     report: LoadReport) -> list[Episode]:
+def select_questions(
+  episodes: Sequence[Episode], keep: Callable[[Episode, Question], str | None], report: LoadReport
+) -> list[Episode]:
   """Keep the questions for which ``keep`` returns None; count every other one under the reason it returns.
 
   Episodes left without questions are dropped (counted as ``episodes_without_questions``).
@@ -176,8 +186,10 @@ def normalised_text(text: str) -> str:
 def assert_disjoint_questions(train: Sequence[Episode], scored: Sequence[Episode]) -> None:
   """Raise ValueError if any training question shares an id or a (normalised) text with a scored question."""
   assert_disjoint([q.id for e in train for q in e.questions], [q.id for e in scored for q in e.questions])
-  assert_disjoint([normalised_text(q.text) for e in train for q in e.questions],
-                  [normalised_text(q.text) for e in scored for q in e.questions])
+  assert_disjoint(
+    [normalised_text(q.text) for e in train for q in e.questions],
+    [normalised_text(q.text) for e in scored for q in e.questions],
+  )
 
 
 def corpus_fingerprint(episode: Episode) -> str:
@@ -198,8 +210,9 @@ def assert_disjoint_content(train: Sequence[Episode], scored: Sequence[Episode])
   same = [(e.id, scored_fp[fp]) for e in train if (fp := corpus_fingerprint(e)) in scored_fp]
   if same:
     pairs = ', '.join(f'{a!r} (training) = {b!r} (scored)' for a, b in same[:10])
-    raise ValueError(f'{len(same)} training episode(s) have the same corpus as a scored episode (a copy under '
-                     f'another id): {pairs}')
+    raise ValueError(
+      f'{len(same)} training episode(s) have the same corpus as a scored episode (a copy under another id): {pairs}'
+    )
   for key, name in ((lambda q: q.id, 'id'), (lambda q: normalised_text(q.text), 'text')):
     scored_q = {key(q): e.id for e in scored for q in e.questions}
     shared = sorted({(e.id, scored_q[key(q)]) for e in train for q in e.questions if key(q) in scored_q})
@@ -217,21 +230,30 @@ def assert_distinct_episodes(episodes: Sequence[Episode]) -> None:
   for e in episodes:
     fp = corpus_fingerprint(e)
     if fp in seen_fp:
-      raise ValueError(f'episodes {seen_fp[fp]} and {e.id} have the same corpus (a copied episode would sit on '
-                       'both sides of a split)')
+      raise ValueError(
+        f'episodes {seen_fp[fp]} and {e.id} have the same corpus (a copied episode would sit on both sides of a split)'
+      )
     seen_fp[fp] = e.id
     for q in e.questions:
       for key in (f'id:{q.id}', f'text:{normalised_text(q.text)}'):
         if key in seen_q and seen_q[key] != e.id:
-          raise ValueError(f'episodes {seen_q[key]} and {e.id} share question {key[:80]!r} (it would sit on both '
-                           'sides of a split)')
+          raise ValueError(
+            f'episodes {seen_q[key]} and {e.id} share question {key[:80]!r} (it would sit on both sides of a split)'
+          )
         seen_q[key] = e.id
 
 
-def load_part(root: str | os.PathLike | None = None, *, load: Callable[..., tuple[list[Episode], LoadReport]],
-              part: str = 'all', pilot: str | None = None, n_train: int | None = None, seed: int = PILOT_SEED,
-              official_skips: bool = False, exclude: Sequence[Callable[..., tuple[list[Episode], LoadReport]]] = ()
-              ) -> tuple[list[Episode], LoadReport]:
+def load_part(
+  root: str | os.PathLike | None = None,
+  *,
+  load: Callable[..., tuple[list[Episode], LoadReport]],
+  part: str = 'all',
+  pilot: str | None = None,
+  n_train: int | None = None,
+  seed: int = PILOT_SEED,
+  official_skips: bool = False,
+  exclude: Sequence[Callable[..., tuple[list[Episode], LoadReport]]] = (),
+) -> tuple[list[Episode], LoadReport]:
   """Load a dataset and keep one part of its questions, counting everything left out.
 
   Args:
@@ -249,9 +271,11 @@ def load_part(root: str | os.PathLike | None = None, *, load: Callable[..., tupl
   # the ids in the data: those the loader read (before its own exclusions, which it counts), else those it returned
   loaded_ids = set(report.read_ids) if report.read_ids is not None else {q.id for e in episodes for q in e.questions}
   if official_skips:
-    from engram_jax.metrics import official  # pylint: disable=import-outside-toplevel
+    from engram_jax.metrics import official
+
     episodes = select_questions(
-        episodes, lambda ep, q: official.official_skip_reason(q.id, [it.id for it in ep.items]), report)
+      episodes, lambda ep, q: official.official_skip_reason(q.id, [it.id for it in ep.items]), report
+    )
   banned_ids: set[str] = set()
   banned_texts: set[str] = set()
   for other in exclude:
@@ -260,8 +284,12 @@ def load_part(root: str | os.PathLike | None = None, *, load: Callable[..., tupl
     banned_texts |= {normalised_text(q.text) for e in eps for q in e.questions}
   if banned_ids:
     episodes = select_questions(
-        episodes, lambda ep, q: ('excluded_overlaps_scored' if q.id in banned_ids
-                                 or normalised_text(q.text) in banned_texts else None), report)
+      episodes,
+      lambda ep, q: (
+        'excluded_overlaps_scored' if q.id in banned_ids or normalised_text(q.text) in banned_texts else None
+      ),
+      report,
+    )
   if part == 'all':
     chosen = None
   elif part == 'pilot':
@@ -271,8 +299,11 @@ def load_part(root: str | os.PathLike | None = None, *, load: Callable[..., tupl
   elif part in ('train', 'confirm'):
     ids = [q.id for e in episodes for q in e.questions]
     piloted = set(pilot_ids(pilot)) if pilot else set()
-    train = set(disjoint_split(ids, scored=piloted, seed=seed, n_train=n_train if n_train is not None
-                               else len(set(ids) - piloted)))
+    train = set(
+      disjoint_split(
+        ids, scored=piloted, seed=seed, n_train=n_train if n_train is not None else len(set(ids) - piloted)
+      )
+    )
     if part == 'train':
       chosen = train
     else:  # untouched: in neither the pilot set nor the training split of (n_train, seed)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from engram_jax.data.embed import atomic_write
 
-ENTRY_GLOB = '*-cache'     # JAX's entry files (jax/_src/lru_cache.py: f'{key}-cache')
+ENTRY_GLOB = '*-cache'  # JAX's entry files (jax/_src/lru_cache.py: f'{key}-cache')
 STAGE_PREFIX = '.stage-'
 STALE_S = 24 * 3600
 
@@ -55,7 +55,7 @@ def stage(shared: str | os.PathLike) -> Path:
 def _owner_gone(name: str, host: str) -> bool:
   """True when staging folder ``name`` (``.stage-<host>-<pid>-...``) belongs to a process of ``host`` that no
   longer exists."""
-  parts = name[len(STAGE_PREFIX):].split('-')
+  parts = name[len(STAGE_PREFIX) :].split('-')
   if len(parts) < 3 or parts[0] != host or not parts[1].isdigit():
     return False
   try:

@@ -15,17 +15,15 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from engram_jax.eval import legcache
 from engram_jax.core import ranking
-from engram_jax.metrics import labels as metrics_lib
-from engram_jax.eval import sharding
-from engram_jax.data import splits
 from engram_jax.core.batch import EpisodeArrays, episode_arrays, stack_arrays, stack_groups
-from engram_jax.eval.pipeline import (Pipeline, build_options, check_equal_k, pipeline_topk, structure_key,
-                                 traced_values)
-from engram_jax.eval.legcache import LegCache
-from engram_jax.eval.timing import RunTimer
 from engram_jax.core.types import Episode, Question
+from engram_jax.data import splits
+from engram_jax.eval import legcache, sharding
+from engram_jax.eval.legcache import LegCache
+from engram_jax.eval.pipeline import Pipeline, build_options, check_equal_k, pipeline_topk, structure_key, traced_values
+from engram_jax.eval.timing import RunTimer
+from engram_jax.metrics import labels as metrics_lib
 
 
 @dataclasses.dataclass
@@ -37,15 +35,16 @@ class EvalResult:
   categories: list[int | str]
   n_gold: list[int]
   scores: dict[str, dict[str, np.ndarray]]  # pipeline -> metric -> [Q_total]
-  retrieved: dict[str, list[list[str]]]     # pipeline -> per question top-k item ids
+  retrieved: dict[str, list[list[str]]]  # pipeline -> per question top-k item ids
   k: int
 
 
 EpisodeMetric = Callable[[Episode, Question, list[int], int], float]
 
 
-def embed_episodes(episodes: Sequence[Episode], embed: Callable[[list[str]], np.ndarray]
-                   ) -> list[tuple[np.ndarray, np.ndarray]]:
+def embed_episodes(
+  episodes: Sequence[Episode], embed: Callable[[list[str]], np.ndarray]
+) -> list[tuple[np.ndarray, np.ndarray]]:
   """Embed every item and question text once; returns ``[(docs [N, D], queries [Q, D])]`` per episode. When
   ``embed`` has a ``queries`` attribute (an encoder with a query prompt), the questions are embedded by it and the
   items by ``embed``."""
@@ -55,7 +54,7 @@ def embed_episodes(episodes: Sequence[Episode], embed: Callable[[list[str]], np.
     qs = queries([q.text for ep in episodes for q in ep.questions])
     out, a, b = [], 0, 0
     for ep in episodes:
-      out.append((docs[a:a + ep.n_items], qs[b:b + len(ep.questions)]))
+      out.append((docs[a : a + ep.n_items], qs[b : b + len(ep.questions)]))
       a, b = a + ep.n_items, b + len(ep.questions)
     return out
   texts: list[str] = []
@@ -66,18 +65,29 @@ def embed_episodes(episodes: Sequence[Episode], embed: Callable[[list[str]], np.
   out, at = [], 0
   for ep in episodes:
     n, q = ep.n_items, len(ep.questions)
-    out.append((vecs[at:at + n], vecs[at + n:at + n + q]))
+    out.append((vecs[at : at + n], vecs[at + n : at + n + q]))
     at += n + q
   return out
 
 
-def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray, np.ndarray]],
-             pipelines: Mapping[str, Pipeline], *, k: int, metrics: Sequence[str], seed: int,
-             progress: bool = True, arrays: Sequence[EpisodeArrays] | None = None,
-             only: Mapping[str, set[str]] | None = None,
-             episode_metrics: Mapping[str, EpisodeMetric] | None = None,
-             timer: RunTimer | None = None, stacked: bool = True, max_waste: float = 2.0,
-             devices: int | None = 1, leg_cache: LegCache | None = None) -> EvalResult:
+def evaluate(
+  episodes: Sequence[Episode],
+  embeddings: Sequence[tuple[np.ndarray, np.ndarray]],
+  pipelines: Mapping[str, Pipeline],
+  *,
+  k: int,
+  metrics: Sequence[str],
+  seed: int,
+  progress: bool = True,
+  arrays: Sequence[EpisodeArrays] | None = None,
+  only: Mapping[str, set[str]] | None = None,
+  episode_metrics: Mapping[str, EpisodeMetric] | None = None,
+  timer: RunTimer | None = None,
+  stacked: bool = True,
+  max_waste: float = 2.0,
+  devices: int | None = 1,
+  leg_cache: LegCache | None = None,
+) -> EvalResult:
   """Run each pipeline on each episode, assert equal ``k``, and score every question.
 
   ``metrics`` are label metrics (:data:`engram_jax.metrics.labels.METRICS`) or the dataset-owned metrics of
@@ -129,23 +139,28 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
 
     def build():
       return [episode_arrays(ep, d, q, **options) for ep, (d, q) in zip(episodes, embeddings)]
+
     if leg_cache is None:
       arrays = build()
     else:  # keyed by everything the arrays are built from: the episodes' content, the embeddings, the options
       # (content hashes taken once per process-memoised episodes / embeddings object, not once per job)
-      content = (leg_cache.of_object('episodes_key', episodes, lambda: _episodes_key(episodes)),
-                 leg_cache.of_object('embeddings_key', embeddings, lambda: legcache.fingerprint(list(embeddings))))
+      content = (
+        leg_cache.of_object('episodes_key', episodes, lambda: _episodes_key(episodes)),
+        leg_cache.of_object('embeddings_key', embeddings, lambda: legcache.fingerprint(list(embeddings))),
+      )
       arrays_key = content + (repr(sorted(options.items())),)
       arrays = leg_cache.get('arrays', arrays_key, build)
     if timer is not None:
       timer.add('arrays', time.perf_counter() - t0)
   result = EvalResult(
-      question_ids=[q.id for ep in episodes for q in ep.questions],
-      episode_ids=[ep.id for ep in episodes for _ in ep.questions],
-      categories=[q.category for ep in episodes for q in ep.questions],
-      n_gold=[len(q.gold) for ep in episodes for q in ep.questions],
-      scores={name: {m: [] for m, _, _ in parsed} for name in pipelines},
-      retrieved={name: [] for name in pipelines}, k=k)
+    question_ids=[q.id for ep in episodes for q in ep.questions],
+    episode_ids=[ep.id for ep in episodes for _ in ep.questions],
+    categories=[q.category for ep in episodes for q in ep.questions],
+    n_gold=[len(q.gold) for ep in episodes for q in ep.questions],
+    scores={name: {m: [] for m, _, _ in parsed} for name in pipelines},
+    retrieved={name: [] for name in pipelines},
+    k=k,
+  )
   base_key = jax.random.key(seed)
   label_metrics = {(base, cut) for _, base, cut in parsed if base not in episode_metrics}
   # per (pipeline, episode): top-k [Q_real, k] and each label metric [Q_real]
@@ -157,18 +172,32 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
     mesh = sharding.episode_mesh(n_dev) if n_dev > 1 else None
     by_structure: dict[tuple, Callable] = {}  # pipelines differing only in traced knobs share one program
     cached = leg_cache is not None and mesh is None
-    runs = {name: (leg_cache.program(('topk', structure_key(p), k), functools.partial(_stacked_topk, p, k))
-                   if cached else by_structure.setdefault(structure_key(p), _stacked_topk(p, k, mesh=mesh)))
-            for name, p in pipelines.items()}
-    values = {name: {path: np.asarray(v, np.int32 if isinstance(v, int) else np.float32)
-                     for path, v in traced_values(p).items()} for name, p in pipelines.items()}
+    runs = {
+      name: (
+        leg_cache.program(('topk', structure_key(p), k), functools.partial(_stacked_topk, p, k))
+        if cached
+        else by_structure.setdefault(structure_key(p), _stacked_topk(p, k, mesh=mesh))
+      )
+      for name, p in pipelines.items()
+    }
+    values = {
+      name: {
+        path: np.asarray(v, np.int32 if isinstance(v, int) else np.float32) for path, v in traced_values(p).items()
+      }
+      for name, p in pipelines.items()
+    }
     metric_fns = {(base, cut): _batched_metric(base, cut) for base, cut in label_metrics}
     for group in tqdm(groups, desc='episode groups', disable=not progress or len(groups) < 2):
       t0 = time.perf_counter()
       index = np.asarray(group, np.int32)  # episode e's key is fold_in(base_key, e), folded inside the jit
       if cached and arrays_key is not None:  # the stacked group and its fingerprint once per sweep (cached arrays)
-        stack, fp = leg_cache.get('stack', (arrays_key, tuple(group), max_waste), lambda group=group, index=index: (
-            lambda st: (st, legcache.fingerprint(st, index)))(stack_arrays([arrays[e] for e in group])))
+        stack, fp = leg_cache.get(
+          'stack',
+          (arrays_key, tuple(group), max_waste),
+          lambda group=group, index=index: (lambda st: (st, legcache.fingerprint(st, index)))(
+            stack_arrays([arrays[e] for e in group])
+          ),
+        )
         group_key = (fp, seed)
       elif cached:  # arrays given by the caller: fingerprint them here
         stack = stack_arrays([arrays[e] for e in group])
@@ -188,7 +217,7 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
           out = runs[name](inputs[0], base_key, inputs[1], values[name])
         out.block_until_ready()
         t1 = time.perf_counter()
-        out = np.asarray(out)[:len(group)]  # padding episodes (sharded runs) produce no results
+        out = np.asarray(out)[: len(group)]  # padding episodes (sharded runs) produce no results
         vals = {mk: fn(out, np.asarray(stack.labels)) for mk, fn in metric_fns.items()}
         for i, e in enumerate(group):
           nq = len(episodes[e].questions)
@@ -200,8 +229,9 @@ def evaluate(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray,
           timer.add('score', time.perf_counter() - t1)
   else:
     fns = {name: jax.jit(functools.partial(pipeline_topk, p, k=k)) for name, p in pipelines.items()}
-    for name, e in tqdm([(n, e) for n in pipelines for e in range(len(episodes))], desc='pipelines x episodes',
-                        disable=not progress):
+    for name, e in tqdm(
+      [(n, e) for n in pipelines for e in range(len(episodes))], desc='pipelines x episodes', disable=not progress
+    ):
       t0 = time.perf_counter()
       topk = np.asarray(fns[name](arrays[e], jax.random.fold_in(base_key, e)))
       t1 = time.perf_counter()
@@ -244,22 +274,36 @@ def _episodes_key(episodes: Sequence[Episode]) -> str:
   return hashlib.sha256(pickle.dumps(list(episodes), protocol=4)).hexdigest()
 
 
-def _cached_topk(cache: LegCache, pipe: Pipeline, k: int, inputs, base_key, values: Mapping[str, np.ndarray],
-                 group_key: tuple, run_whole: Callable) -> jax.Array:
+def _cached_topk(
+  cache: LegCache,
+  pipe: Pipeline,
+  k: int,
+  inputs,
+  base_key,
+  values: Mapping[str, np.ndarray],
+  group_key: tuple,
+  run_whole: Callable,
+) -> jax.Array:
   """Top-k ``[E, Q, k]`` of ``pipe`` on one stacked group through ``cache`` (:mod:`engram_jax.eval.legcache`): a
   one-leg pipeline whole, an RRF pipeline as its legs' top-D (each looked up) and the fusion."""
   stack, index = inputs
   traced = tuple(sorted((p, v.dtype.str, v.tobytes()) for p, v in values.items()))
   if pipe.fusion != 'rrf':
-    return jnp.asarray(cache.get('pipeline', (group_key, structure_key(pipe), traced, k),
-                                 lambda: np.asarray(run_whole(stack, base_key, index, values))))
+    return jnp.asarray(
+      cache.get(
+        'pipeline',
+        (group_key, structure_key(pipe), traced, k),
+        lambda: np.asarray(run_whole(stack, base_key, index, values)),
+      )
+    )
   n_legs = len(pipe.legs)
   tops = []
   for pos, spec in enumerate(pipe.legs):
     prefix = f'legs.{spec.name}.'
-    mine = {p[len(prefix):]: v for p, v in values.items() if p.startswith(prefix) and p[len(prefix):] != 'weight'}
+    mine = {p[len(prefix) :]: v for p, v in values.items() if p.startswith(prefix) and p[len(prefix) :] != 'weight'}
     static = legcache.fingerprint([v for n, v in spec.options if n not in mine]) + repr(
-        [(n, type(v).__name__) for n, v in spec.options if n not in mine])
+      [(n, type(v).__name__) for n, v in spec.options if n not in mine]
+    )
     mine_key = tuple(sorted((n, v.dtype.str, v.tobytes()) for n, v in mine.items()))
     op = (spec.op, id(spec.operator.leg))  # the registered function itself (a re-registered name is another op)
     leg_key = (group_key, op, static, mine_key, spec.depth, pos, n_legs)
@@ -267,19 +311,28 @@ def _cached_topk(cache: LegCache, pipe: Pipeline, k: int, inputs, base_key, valu
     if stages is not None and not set(stages.by) & set(mine):  # its first part shared by every job of a sweep
       by = {n: v for n, v in spec.options if n in stages.by}
       prep_key = (group_key, op, legcache.fingerprint(list(by.values())) + repr(sorted(by)), pos, n_legs)
-      prepare = cache.program(('prepare', op, repr(sorted(by.items())), pos, n_legs),
-                              functools.partial(_stacked_prepare, spec, pos, n_legs, by))
-      run = cache.program(('finish', op, static, tuple(sorted(mine)), spec.depth, pos, n_legs),
-                          functools.partial(_stacked_finish, spec, pos, n_legs, tuple(sorted(mine))))
-      make = lambda run=run, mine=mine, prepare=prepare, prep_key=prep_key: jax.tree_util.tree_map(np.asarray, run(
-          stack, cache.get('prepared', prep_key, lambda: prepare(stack, base_key, index)), base_key, index, mine))
+      prepare = cache.program(
+        ('prepare', op, repr(sorted(by.items())), pos, n_legs),
+        functools.partial(_stacked_prepare, spec, pos, n_legs, by),
+      )
+      run = cache.program(
+        ('finish', op, static, tuple(sorted(mine)), spec.depth, pos, n_legs),
+        functools.partial(_stacked_finish, spec, pos, n_legs, tuple(sorted(mine))),
+      )
+      make = lambda run=run, mine=mine, prepare=prepare, prep_key=prep_key: jax.tree_util.tree_map(
+        np.asarray,
+        run(stack, cache.get('prepared', prep_key, lambda: prepare(stack, base_key, index)), base_key, index, mine),
+      )
     else:
-      run = cache.program(('leg', op, static, tuple(sorted(mine)), spec.depth, pos, n_legs),
-                          functools.partial(_stacked_leg, spec, pos, n_legs, tuple(sorted(mine))))
+      run = cache.program(
+        ('leg', op, static, tuple(sorted(mine)), spec.depth, pos, n_legs),
+        functools.partial(_stacked_leg, spec, pos, n_legs, tuple(sorted(mine))),
+      )
       make = lambda run=run, mine=mine: jax.tree_util.tree_map(np.asarray, run(stack, base_key, index, mine))
     tops.append(cache.get('leg', leg_key, make))
-  fuse = cache.program(('rrf_topk', tuple(int(t[0].shape[-1]) for t in tops), n_legs, k),
-                       functools.partial(_stacked_fusion, k))
+  fuse = cache.program(
+    ('rrf_topk', tuple(int(t[0].shape[-1]) for t in tops), n_legs, k), functools.partial(_stacked_fusion, k)
+  )
   weights = [values[f'legs.{s.name}.weight'] for s in pipe.legs]
   return fuse([t[0] for t in tops], [t[1] for t in tops], stack.where, weights, values['k0'])
 
@@ -293,43 +346,53 @@ def _stacked_leg(spec, pos: int, n_legs: int, traced: tuple[str, ...]) -> Callab
   """``(stacked arrays, key, episode indices, the leg's traced knob values) -> (top-D indices, ranked) [E, Q, D]``:
   leg ``pos`` of ``n_legs`` exactly as :func:`engram_jax.eval.pipeline.pipeline_scores` runs it (same key, same knob
   values), then its top-D as :func:`engram_jax.ops.rrf.rrf_fuse` reads it; jitted."""
+
   def run(st, key, index, mine):
     def one(a):
       ep, e = a
       k_ = _leg_key(key, e, pos, n_legs)
       s = spec.operator.leg(ep, k_, **{**dict(spec.options), **mine}) if traced else spec.score(ep, k_)
       return legcache.leg_top(s, ep.where, spec.depth)
+
     return jax.lax.map(one, (st, index))
+
   return jax.jit(run)
 
 
 def _stacked_prepare(spec, pos: int, n_legs: int, by: Mapping[str, Any]) -> Callable:
   """``(stacked arrays, key, episode indices) -> prepared [E, ...]``: the first part of a staged leg
   (:class:`engram_jax.ops.registry.Stages`), with the leg's key, mapped over episodes; jitted."""
+
   def run(st, key, index):
     def one(a):
       ep, e = a
       return spec.operator.stages.prepare(ep, _leg_key(key, e, pos, n_legs), **by)
+
     return jax.lax.map(one, (st, index))
+
   return jax.jit(run)
 
 
 def _stacked_finish(spec, pos: int, n_legs: int, traced: tuple[str, ...]) -> Callable:
   """``(stacked arrays, prepared, key, episode indices, traced knob values) -> (top-D, ranked) [E, Q, D]``: the
   second part of a staged leg, then its top-D as :func:`_stacked_leg` gives it (equal bit for bit); jitted."""
+
   def run(st, prepared, key, index, mine):
     def one(a):
       ep, p, e = a
       k_ = _leg_key(key, e, pos, n_legs)
       s = spec.operator.stages.finish(ep, p, k_, **{**dict(spec.options), **mine})
       return legcache.leg_top(s, ep.where, spec.depth)
+
     return jax.lax.map(one, (st, prepared, index))
+
   return jax.jit(run)
 
 
 def _stacked_fusion(k: int) -> Callable:
   """``(legs' top-D indices, ranked, where [E, N], weights, k0) -> top-k [E, Q, k]`` (-1 where unranked): RRF
   from the legs' top-D (:func:`engram_jax.eval.legcache.rrf_from_top`) and the final top-k, mapped over episodes."""
+
   def run(idx, ranked, where, weights, k0):
     w = jnp.stack([jnp.asarray(x, jnp.float32) for x in weights])
 
@@ -338,7 +401,9 @@ def _stacked_fusion(k: int) -> Callable:
       fused = legcache.rrf_from_top(i, r, weights=w, k0=k0, where=wh, n=wh.shape[-1])
       top, vals = ranking.top_k(fused, k=k, where=wh)
       return jnp.where(jnp.isneginf(vals), -1, top)
+
     return jax.lax.map(one, (idx, ranked, where))
+
   return jax.jit(run)
 
 
@@ -351,9 +416,12 @@ def _stacked_topk(pipe: Pipeline, k: int, *, mesh: jax.sharding.Mesh | None = No
   With a ``mesh`` (:func:`engram_jax.eval.sharding.episode_mesh`) the map runs under ``shard_map``: the arrays and
   indices are split on their episode axis (``E`` a multiple of the mesh size), the key and knob values replicated,
   and each device maps over its own episodes."""
+
   def run(st, key, index, values):
-    return jax.lax.map(lambda a: pipeline_topk(pipe, a[0], jax.random.fold_in(key, a[1]), k=k, values=values),
-                       (st, index))
+    return jax.lax.map(
+      lambda a: pipeline_topk(pipe, a[0], jax.random.fold_in(key, a[1]), k=k, values=values), (st, index)
+    )
+
   if mesh is None:
     return jax.jit(run)
   return sharding.shard_episodes(run, mesh, episode_args=(True, False, True, False))
@@ -365,8 +433,9 @@ def _batched_metric(base: str, cut: int) -> Callable:
   return functools.partial(metrics_lib.METRICS[base], k=cut)
 
 
-def crossfit_choose(per_value: Sequence[np.ndarray], folds: Sequence[str], question_ids: Sequence[str]
-                    ) -> tuple[np.ndarray, dict[str, int]]:
+def crossfit_choose(
+  per_value: Sequence[np.ndarray], folds: Sequence[str], question_ids: Sequence[str]
+) -> tuple[np.ndarray, dict[str, int]]:
   """Leave-one-fold-out choice of a grid value: each fold is scored with the value that is best on the others.
 
   Args:
@@ -398,10 +467,13 @@ def merge_tuned(result: EvalResult, name: str, variants: Sequence[str], *, metri
 
   Every question is scored by the variant chosen on the other episodes only. Returns what was chosen.
   """
-  choice, chosen = crossfit_choose([result.scores[v][metric] for v in variants], result.episode_ids,
-                                   result.question_ids)
-  result.scores[name] = {m: np.stack([result.scores[v][m] for v in variants])[choice, np.arange(len(choice))]
-                         for m in result.scores[variants[0]]}
+  choice, chosen = crossfit_choose(
+    [result.scores[v][metric] for v in variants], result.episode_ids, result.question_ids
+  )
+  result.scores[name] = {
+    m: np.stack([result.scores[v][m] for v in variants])[choice, np.arange(len(choice))]
+    for m in result.scores[variants[0]]
+  }
   result.retrieved[name] = [result.retrieved[variants[c]][i] for i, c in enumerate(choice)]
   for v in variants:
     del result.scores[v], result.retrieved[v]
@@ -420,8 +492,12 @@ def merge_replicates(result: EvalResult, name: str, variants: Sequence[str]) -> 
   result.retrieved[name] = result.retrieved[variants[0]]
   for v in variants:
     del result.scores[v], result.retrieved[v]
-  return {'variants': list(variants), 'retrieved_shown': variants[0],
-          'per_seed_mean': per_seed, 'range': {m: [min(x), max(x)] for m, x in per_seed.items()}}
+  return {
+    'variants': list(variants),
+    'retrieved_shown': variants[0],
+    'per_seed_mean': per_seed,
+    'range': {m: [min(x), max(x)] for m, x in per_seed.items()},
+  }
 
 
 def merge_by_episode(result: EvalResult, name: str, variant_of: Mapping[str, str]) -> dict[str, object]:
@@ -435,8 +511,9 @@ def merge_by_episode(result: EvalResult, name: str, variant_of: Mapping[str, str
     raise ValueError(f'{name}: no fitted parameters for episodes {missing}')
   variants = list(dict.fromkeys(variant_of.values()))
   pick = [variant_of[e] for e in result.episode_ids]
-  result.scores[name] = {m: np.array([result.scores[v][m][i] for i, v in enumerate(pick)])
-                         for m in result.scores[variants[0]]}
+  result.scores[name] = {
+    m: np.array([result.scores[v][m][i] for i, v in enumerate(pick)]) for m in result.scores[variants[0]]
+  }
   result.retrieved[name] = [result.retrieved[v][i] for i, v in enumerate(pick)]
   for v in variants:
     del result.scores[v], result.retrieved[v]

@@ -94,8 +94,13 @@ class LegCache:
     return self._programs[key]
 
   def report(self) -> dict[str, Any]:
-    return {'entries': len(self._data), 'bytes': self.bytes, 'max_bytes': self.max_bytes,
-            'programs': len(self._programs), **dict(sorted(self.counts.items()))}
+    return {
+      'entries': len(self._data),
+      'bytes': self.bytes,
+      'max_bytes': self.max_bytes,
+      'programs': len(self._programs),
+      **dict(sorted(self.counts.items())),
+    }
 
 
 def _nbytes(value: Any) -> int:
@@ -115,8 +120,9 @@ def fingerprint(*trees: Any) -> str:
   return h.hexdigest()
 
 
-def rrf_from_top(idx: Sequence[Array], ranked: Sequence[Array], *, weights: Array, k0: Array, where: Array,
-                 n: int) -> Array:
+def rrf_from_top(
+  idx: Sequence[Array], ranked: Sequence[Array], *, weights: Array, k0: Array, where: Array, n: int
+) -> Array:
   """:func:`engram_jax.ops.rrf.rrf_fuse` from each leg's top-D: ``idx[l] [..., D_l]`` item indices and
   ``ranked[l] [..., D_l]`` (False where the leg ranked fewer real items than ``D_l``), ``weights [L]``, ``where
   [N]`` or ``[..., N]``. The same operations in the same order as ``rrf_fuse``, so the same floats."""

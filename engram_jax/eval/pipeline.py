@@ -35,8 +35,7 @@ from jax import Array
 
 from engram_jax.core import ranking
 from engram_jax.core.batch import EpisodeArrays
-from engram_jax.ops import registry
-from engram_jax.ops import rrf
+from engram_jax.ops import registry, rrf
 from engram_jax.ops.registry import LEG_KEYS
 
 FUSIONS = ('none', 'rrf')
@@ -81,9 +80,13 @@ class LegSpec:
   def replace(self, **changes: Any) -> LegSpec:
     """A copy with leg keys (``depth``, ``weight``) or knob values changed."""
     leg = {k: changes.pop(k) for k in ('depth', 'weight') if k in changes}
-    return LegSpec(name=self.name, op=self.op, depth=int(leg.get('depth', self.depth)),
-                   weight=float(leg.get('weight', self.weight)), options=tuple({**dict(self.options),
-                                                                                **changes}.items()))
+    return LegSpec(
+      name=self.name,
+      op=self.op,
+      depth=int(leg.get('depth', self.depth)),
+      weight=float(leg.get('weight', self.weight)),
+      options=tuple({**dict(self.options), **changes}.items()),
+    )
 
 
 def make_leg(name: str, node: Mapping[str, Any]) -> LegSpec:
@@ -127,8 +130,9 @@ class Pipeline:
     raise ValueError(f'pipeline {self.name}: no leg {name!r}; legs: {[l.name for l in self.legs]}')
 
 
-def make_pipeline(*, legs: Mapping[str, Mapping[str, Any]] | Sequence[LegSpec], fusion: str = 'none',
-                  k0: float = 60.0, name: str = '') -> Pipeline:
+def make_pipeline(
+  *, legs: Mapping[str, Mapping[str, Any]] | Sequence[LegSpec], fusion: str = 'none', k0: float = 60.0, name: str = ''
+) -> Pipeline:
   """A :class:`Pipeline` from YAML-shaped legs (``{leg name: {op, depth, weight, knobs...}}``) or LegSpecs.
 
   Raises:
@@ -147,6 +151,7 @@ def make_pipeline(*, legs: Mapping[str, Mapping[str, Any]] | Sequence[LegSpec], 
 
 # ---- knobs by path ---------------------------------------------------------------------------------------------
 
+
 def split_path(pipe: Pipeline, path: str) -> tuple[str, str | None]:
   """``'k0'`` -> ``('k0', None)``; ``'legs.<leg>.<knob>'`` -> ``(<leg>, <knob>)`` (knob ``weight`` / ``depth`` are
   leg keys); ValueError on anything else."""
@@ -157,8 +162,10 @@ def split_path(pipe: Pipeline, path: str) -> tuple[str, str | None]:
     leg = pipe.leg(parts[1])
     if parts[2] in ('weight', 'depth') or parts[2] in dict(leg.options):
       return parts[1], parts[2]
-    raise ValueError(f'pipeline {pipe.name}: leg {parts[1]} ({leg.op}) has no knob {parts[2]!r}; knobs: '
-                     f'{["weight", "depth", *dict(leg.options)]}')
+    raise ValueError(
+      f'pipeline {pipe.name}: leg {parts[1]} ({leg.op}) has no knob {parts[2]!r}; knobs: '
+      f'{["weight", "depth", *dict(leg.options)]}'
+    )
   raise ValueError(f"pipeline {pipe.name}: knob paths are 'k0' or 'legs.<leg>.<knob>', got {path!r}")
 
 
@@ -199,6 +206,7 @@ def build_options(pipelines: Iterable[Pipeline]) -> dict[str, Any]:
 
 # ---- running -----------------------------------------------------------------------------------------------------
 
+
 def traced_values(pipeline: Pipeline) -> dict[str, float]:
   """The knobs a jitted run may take as arguments rather than constants, by path: every numeric knob its operator
   does not declare static, and with RRF the leg weights and ``k0``. Pipelines that differ only in these
@@ -220,9 +228,13 @@ def structure_key(pipeline: Pipeline) -> tuple:
   """What a compiled program of ``pipeline`` depends on once :func:`traced_values` are arguments: the fusion and,
   per leg, its name, operator, depth and the values of its other knobs (static or non-numeric)."""
   traced = traced_values(pipeline)
-  return (pipeline.fusion, tuple((leg.name, leg.op, leg.depth,
-                                  tuple((n, v) for n, v in leg.options if f'legs.{leg.name}.{n}' not in traced))
-                                 for leg in pipeline.legs))
+  return (
+    pipeline.fusion,
+    tuple(
+      (leg.name, leg.op, leg.depth, tuple((n, v) for n, v in leg.options if f'legs.{leg.name}.{n}' not in traced))
+      for leg in pipeline.legs
+    ),
+  )
 
 
 def legs_scores(pipeline: Pipeline, ep: EpisodeArrays, key: Array, values: Mapping[str, Any]) -> list[Array]:
@@ -232,13 +244,14 @@ def legs_scores(pipeline: Pipeline, ep: EpisodeArrays, key: Array, values: Mappi
   out = []
   for spec, k_ in zip(pipeline.legs, keys):
     prefix = f'legs.{spec.name}.'
-    mine = {p[len(prefix):]: v for p, v in values.items() if p.startswith(prefix) and p[len(prefix):] != 'weight'}
+    mine = {p[len(prefix) :]: v for p, v in values.items() if p.startswith(prefix) and p[len(prefix) :] != 'weight'}
     out.append(spec.operator.leg(ep, k_, **{**dict(spec.options), **mine}) if mine else spec.score(ep, k_))
   return out
 
 
-def pipeline_scores(pipeline: Pipeline, ep: EpisodeArrays, key: Array,
-                    values: Mapping[str, Any] | None = None) -> Array:
+def pipeline_scores(
+  pipeline: Pipeline, ep: EpisodeArrays, key: Array, values: Mapping[str, Any] | None = None
+) -> Array:
   """Final scores ``[Q, N]`` of a pipeline on one padded episode (before the top-k cut).
 
   ``values`` (optional, by path, e.g. from :func:`traced_values`) replace the pipeline's knob values, leg weights
@@ -250,31 +263,51 @@ def pipeline_scores(pipeline: Pipeline, ep: EpisodeArrays, key: Array,
   if pipeline.fusion == 'none':
     return jnp.where(ep.where, leg_scores[0], -jnp.inf)
   weights = [values.get(f'legs.{s.name}.weight', s.weight) for s in pipeline.legs]
-  return rrf.rrf_fuse(jnp.stack(leg_scores), weights=jnp.stack([jnp.asarray(w, jnp.float32) for w in weights]),
-                      depths=[s.depth for s in pipeline.legs], where=ep.where, k0=values.get('k0', pipeline.k0))
+  return rrf.rrf_fuse(
+    jnp.stack(leg_scores),
+    weights=jnp.stack([jnp.asarray(w, jnp.float32) for w in weights]),
+    depths=[s.depth for s in pipeline.legs],
+    where=ep.where,
+    k0=values.get('k0', pipeline.k0),
+  )
 
 
-def pipeline_topk(pipeline: Pipeline, ep: EpisodeArrays, key: Array, *, k: int,
-                  values: Mapping[str, Any] | None = None) -> Array:
+def pipeline_topk(
+  pipeline: Pipeline, ep: EpisodeArrays, key: Array, *, k: int, values: Mapping[str, Any] | None = None
+) -> Array:
   """Top-``k`` item indices ``[Q, k]`` under the shared tie rule. Jit with ``pipeline`` and ``k`` static
   (``values``: see :func:`pipeline_scores`)."""
   idx, vals = ranking.top_k(pipeline_scores(pipeline, ep, key, values), k=k, where=ep.where)
   return jnp.where(jnp.isneginf(vals), -1, idx)
 
 
-def check_equal_k(topk: np.ndarray, n_questions: int, *, k: int, name: str, episode: str,
-                  n_items: int | None = None) -> None:
+def check_equal_k(
+  topk: np.ndarray, n_questions: int, *, k: int, name: str, episode: str, n_items: int | None = None
+) -> None:
   """Assert every real question got exactly ``k`` real, distinct items (indices below ``n_items`` when given)."""
   t = np.asarray(topk)[:n_questions]
   if t.shape[1] != k or np.any(t < 0):
     raise AssertionError(f'Pipeline {name} returned fewer than k={k} items in episode {episode}')
   if n_items is not None and t.size and t.max() >= n_items:
-    raise AssertionError(f'Pipeline {name} returned a padding item (index {t.max()} >= {n_items}) in episode '
-                         f'{episode}')
+    raise AssertionError(f'Pipeline {name} returned a padding item (index {t.max()} >= {n_items}) in episode {episode}')
   if np.any(np.diff(np.sort(t, axis=1), axis=1) == 0):
     raise AssertionError(f'Pipeline {name} returned duplicate items in episode {episode}')
 
 
-__all__ = ['LEG_KEYS', 'LegSpec', 'Pipeline', 'build_options', 'check_equal_k', 'knob_value', 'make_leg',
-           'legs_scores', 'make_pipeline', 'pipeline_scores', 'pipeline_topk', 'split_path', 'structure_key', 'traced_values',
-           'with_values']
+__all__ = [
+  'LEG_KEYS',
+  'LegSpec',
+  'Pipeline',
+  'build_options',
+  'check_equal_k',
+  'knob_value',
+  'make_leg',
+  'legs_scores',
+  'make_pipeline',
+  'pipeline_scores',
+  'pipeline_topk',
+  'split_path',
+  'structure_key',
+  'traced_values',
+  'with_values',
+]

@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 AXIS = 'episodes'
 T = TypeVar('T')
@@ -33,14 +34,16 @@ def n_devices(devices: int | None) -> int:
   if int(devices) != devices or devices < 1:
     raise ValueError(f'devices must be an integer >= 1 or None (all), got {devices!r}')
   if devices > available:
-    raise ValueError(f'devices={devices} but only {available} {jax.default_backend()} device(s) are available '
-                     f'(on CPU, XLA_FLAGS=--xla_force_host_platform_device_count={devices} fakes more)')
+    raise ValueError(
+      f'devices={devices} but only {available} {jax.default_backend()} device(s) are available '
+      f'(on CPU, XLA_FLAGS=--xla_force_host_platform_device_count={devices} fakes more)'
+    )
   return int(devices)
 
 
 def episode_mesh(devices: int | None = None) -> Mesh:
   """A 1-D mesh named ``'episodes'`` over the first ``n_devices(devices)`` devices (one device: the trivial mesh)."""
-  return Mesh(np.asarray(jax.devices()[:n_devices(devices)]), (AXIS,))
+  return Mesh(np.asarray(jax.devices()[: n_devices(devices)]), (AXIS,))
 
 
 def padded_size(n: int, multiple: int) -> int:
@@ -52,10 +55,12 @@ def pad_episodes(tree: T, multiple: int) -> T:
   """Every leaf ``[E, ...]`` of ``tree`` padded on its leading axis to :func:`padded_size` ``(E, multiple)`` rows by
   repeating its last row (a real episode, so the padding runs the same program on valid inputs; callers keep the
   first ``E`` results only). NumPy in, NumPy out; unchanged when ``E`` is already a multiple."""
+
   def pad(x):
     x = np.asarray(x)
     extra = padded_size(x.shape[0], multiple) - x.shape[0]
     return x if extra == 0 else np.concatenate([x, np.repeat(x[-1:], extra, axis=0)])
+
   return jax.tree_util.tree_map(pad, tree)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from jax import monitoring
 
 COMPILE_EVENT = '/jax/core/compile/backend_compile_duration'  # fires for every compile request, cached or not
-CACHE_HIT_EVENT = '/jax/compilation_cache/cache_hits'            # a request served by the persistent cache
+CACHE_HIT_EVENT = '/jax/compilation_cache/cache_hits'  # a request served by the persistent cache
 
 
 class RunTimer:
@@ -60,9 +60,14 @@ class RunTimer:
     """Stop counting; returns ``{'wall_s', 'phases_s': {...}, 'xla_compilations', 'compile_requests',
     'compile_cache_hits', 'compile_s'}`` (``compile_s``: time in compile requests, cache loads included)."""
     self._active = False
-    return {'wall_s': time.perf_counter() - self._start, 'phases_s': dict(self.phases),
-            'xla_compilations': self.compiles, 'compile_requests': self.requests,
-            'compile_cache_hits': self.cache_hits, 'compile_s': self.compile_s}
+    return {
+      'wall_s': time.perf_counter() - self._start,
+      'phases_s': dict(self.phases),
+      'xla_compilations': self.compiles,
+      'compile_requests': self.requests,
+      'compile_cache_hits': self.cache_hits,
+      'compile_s': self.compile_s,
+    }
 
 
 def markdown(summary: dict[str, Any]) -> str:
@@ -73,8 +78,10 @@ def markdown(summary: dict[str, Any]) -> str:
   phases['other (config, pipelines, embedder set-up)'] = max(wall - sum(phases.values()), 0.0)
   for name, s in phases.items():
     lines.append(f'- {name}: {s:.2f}s ({100 * s / wall:.0f}%)' if wall > 0 else f'- {name}: {s:.2f}s')
-  lines.append(f"- XLA compilations: {summary['xla_compilations']} of {summary['compile_requests']} compile requests "
-               f"({summary['compile_cache_hits']} served by the persistent cache; {summary['compile_s']:.2f}s in all)")
+  lines.append(
+    f'- XLA compilations: {summary["xla_compilations"]} of {summary["compile_requests"]} compile requests '
+    f'({summary["compile_cache_hits"]} served by the persistent cache; {summary["compile_s"]:.2f}s in all)'
+  )
   retrieve = summary['phases_s'].get('retrieve', 0.0)
   if retrieve > 0:
     lines.append(f'- overhead ratio (wall / retrieve): {wall / retrieve:.2f}')

@@ -56,18 +56,18 @@ from flax import struct
 from jax import Array
 from jax.typing import ArrayLike
 
-from engram_jax.metrics import labels as metrics_lib
 from engram_jax.core import ranking, relax
 from engram_jax.core.batch import EpisodeArrays
+from engram_jax.core.types import Episode
+from engram_jax.eval.pipeline import Pipeline, legs_scores, split_path, with_values
+from engram_jax.fit.folds import check_disjoint
 from engram_jax.fit.knobs import FORWARD, Knobs
 from engram_jax.fit.problem import Problem, Rows, effective_values, soft_leg
-from engram_jax.fit.folds import check_disjoint
 from engram_jax.fit.train import anneal_scale, max_gold_of, minibatch
+from engram_jax.metrics import labels as metrics_lib
 from engram_jax.ops import pools, rrf
 from engram_jax.ops.registry import knob_defaults
 from engram_jax.ops.tcfsr import GATED_KNOBS, PoolSolve, masked_pool, revision_features
-from engram_jax.eval.pipeline import Pipeline, legs_scores, split_path, with_values
-from engram_jax.core.types import Episode
 
 FEATURE_GROUPS = ('cues', 'pool', 'revision', 'top_cos', 'query')
 FORMS = ('offset', 'gate')
@@ -85,23 +85,25 @@ class Conditioning:
   rank: int
   net_lr_scale: float  # the module's learning rate as a fraction of the scalar knobs' (its updates times this)
   form: str = 'offset'  # offset: T(theta + f(x)); gate: T(theta) * sigmoid(f(x))
-  bias: bool = True     # the last layer's bias
-  pool: int = _REVISION['pool']       # the cosine pool of the revision / top_cos features
-  theta: float = _REVISION['theta']   # the revision detector's near-duplicate cosine
-  delta: float = _REVISION['delta']   # and its relevance band (defaults: tcfsr_gated's declared knobs)
+  bias: bool = True  # the last layer's bias
+  pool: int = _REVISION['pool']  # the cosine pool of the revision / top_cos features
+  theta: float = _REVISION['theta']  # the revision detector's near-duplicate cosine
+  delta: float = _REVISION['delta']  # and its relevance band (defaults: tcfsr_gated's declared knobs)
 
   def __post_init__(self) -> None:
     if self.form not in FORMS:
       raise ValueError(f'conditioned.form must be one of {list(FORMS)}, got {self.form!r}')
     if int(self.pool) < 1 or not 0 <= float(self.theta) <= 1 or not float(self.delta) > 0:
-      raise ValueError(f'conditioned.pool must be >= 1, theta in [0, 1] and delta > 0, got {self.pool}, '
-                       f'{self.theta}, {self.delta}')
+      raise ValueError(
+        f'conditioned.pool must be >= 1, theta in [0, 1] and delta > 0, got {self.pool}, {self.theta}, {self.delta}'
+      )
     if not self.knobs:
       raise ValueError('conditioned.knobs is empty: name the knobs to condition on the question')
     bad = [f for f in self.features if f not in FEATURE_GROUPS]
     if bad or not self.features:
-      raise ValueError(f'conditioned.features must be a non-empty subset of {list(FEATURE_GROUPS)}, got '
-                       f'{list(self.features)}')
+      raise ValueError(
+        f'conditioned.features must be a non-empty subset of {list(FEATURE_GROUPS)}, got {list(self.features)}'
+      )
     if not self.net_lr_scale > 0:
       raise ValueError(f'conditioned.net_lr_scale must be > 0, got {self.net_lr_scale}')
     if int(self.hidden) < 0 or int(self.rank) < 1:
@@ -114,13 +116,17 @@ class Conditioning:
       leg, knob = split_path(pipe, path)
       if knob in (None, 'weight'):
         if pipe.fusion != 'rrf':
-          raise ValueError(f'conditioned knob {path!r}: a fusion knob needs an RRF fusion; pipeline {pipe.name!r} '
-                           f'has fusion {pipe.fusion}')
+          raise ValueError(
+            f'conditioned knob {path!r}: a fusion knob needs an RRF fusion; pipeline {pipe.name!r} '
+            f'has fusion {pipe.fusion}'
+          )
       elif knob == 'depth' or not pipe.leg(leg).operator.knob(knob).per_question:
         per_q = [k.name for k in pipe.leg(leg).operator.knobs if k.per_question]
-        raise ValueError(f'conditioned knob {path!r}: only fusion knobs (legs.<leg>.weight, k0) and operator knobs '
-                         f'declared per_question can be conditioned (the hard leg takes one scalar {knob}); '
-                         f'{pipe.leg(leg).op}\'s per-question knobs: {per_q}')
+        raise ValueError(
+          f'conditioned knob {path!r}: only fusion knobs (legs.<leg>.weight, k0) and operator knobs '
+          f'declared per_question can be conditioned (the hard leg takes one scalar {knob}); '
+          f"{pipe.leg(leg).op}'s per-question knobs: {per_q}"
+        )
       if path not in fitted:
         raise ValueError(f'conditioned knob {path!r} must also be in fit.params (its scalar value is the base)')
 
@@ -142,16 +148,17 @@ class KnobNet(nn.Module):
     h = jnp.concatenate(parts, axis=-1)
     if self.hidden:
       h = jnp.tanh(nn.Dense(self.hidden, name='hidden')(h))
-    return nn.Dense(self.n_out, use_bias=self.use_bias, kernel_init=nn.initializers.zeros,
-                    bias_init=nn.initializers.zeros, name='out')(h)
+    return nn.Dense(
+      self.n_out, use_bias=self.use_bias, kernel_init=nn.initializers.zeros, bias_init=nn.initializers.zeros, name='out'
+    )(h)
 
 
 @struct.dataclass
 class Inputs:
   """Per-question inputs of the module, in the order of :func:`engram_jax.fit.build_rows` (Q questions)."""
 
-  feats: Array   # [Q, F] cue indicators, pool statistics, revision signal, top cosine (as ``features`` selects)
-  query: Array   # [Q, D] query embeddings
+  feats: Array  # [Q, F] cue indicators, pool statistics, revision signal, top cosine (as ``features`` selects)
+  query: Array  # [Q, D] query embeddings
 
 
 def pool_stats(cos: np.ndarray) -> np.ndarray:
@@ -160,8 +167,9 @@ def pool_stats(cos: np.ndarray) -> np.ndarray:
   top = -np.sort(-c, axis=-1)[:, :10]
   top = np.where(np.isfinite(top), top, np.nan)
   first = top[:, 0]
-  return np.stack([first, np.nanmean(top, axis=-1), first - top[:, np.sum(np.isfinite(top), -1).min() - 1]],
-                  axis=-1).astype(np.float32)
+  return np.stack(
+    [first, np.nanmean(top, axis=-1), first - top[:, np.sum(np.isfinite(top), -1).min() - 1]], axis=-1
+  ).astype(np.float32)
 
 
 def episode_inputs(spec: Conditioning, ep: EpisodeArrays, n_questions: int) -> tuple[np.ndarray, np.ndarray]:
@@ -193,29 +201,46 @@ def revision_stats(ep: EpisodeArrays, n_questions: int, *, pool: int, theta: flo
     sol = PoolSolve(jnp.zeros(b.shape, jnp.int32), v, jnp.zeros_like(b), bb, tp, gp)
     return revision_features(sol, theta=theta, delta=delta)
 
-  out = jax.vmap(one)(*(jnp.asarray(rows[k], jnp.float32) if k != 'pool_valid' else jnp.asarray(rows[k])
-                        for k in ('pool_cos', 'pool_gram', 'pool_t', 'pool_valid')))
+  out = jax.vmap(one)(
+    *(
+      jnp.asarray(rows[k], jnp.float32) if k != 'pool_valid' else jnp.asarray(rows[k])
+      for k in ('pool_cos', 'pool_gram', 'pool_t', 'pool_valid')
+    )
+  )
   return np.asarray(out, np.float32)
 
 
 def build_inputs(spec: Conditioning, episodes: Sequence[Episode], arrays: Sequence[EpisodeArrays]) -> Inputs:
   """:class:`Inputs` of every question of ``episodes`` (the rows' order)."""
   got = [episode_inputs(spec, a, len(e.questions)) for e, a in zip(episodes, arrays)]
-  return Inputs(feats=jnp.asarray(np.concatenate([f for f, _ in got])),
-                query=jnp.asarray(np.concatenate([q for _, q in got])))
+  return Inputs(
+    feats=jnp.asarray(np.concatenate([f for f, _ in got])), query=jnp.asarray(np.concatenate([q for _, q in got]))
+  )
 
 
 def make_net(spec: Conditioning) -> KnobNet:
-  return KnobNet(n_out=len(spec.knobs), hidden=int(spec.hidden), rank=int(spec.rank),
-                 use_query='query' in spec.features, use_bias=bool(spec.bias))
+  return KnobNet(
+    n_out=len(spec.knobs),
+    hidden=int(spec.hidden),
+    rank=int(spec.rank),
+    use_query='query' in spec.features,
+    use_bias=bool(spec.bias),
+  )
 
 
 def init_net(spec: Conditioning, inputs: Inputs, seed: int) -> Any:
   return make_net(spec).init(jax.random.key(seed), inputs.feats[:1], inputs.query[:1])
 
 
-def question_values(problem: Problem, spec: Conditioning, raw: Mapping[str, Array], fixed: Mapping[str, Array],
-                    net_params: Any, feats: Array, query: Array) -> dict[str, Array]:
+def question_values(
+  problem: Problem,
+  spec: Conditioning,
+  raw: Mapping[str, Array],
+  fixed: Mapping[str, Array],
+  net_params: Any,
+  feats: Array,
+  query: Array,
+) -> dict[str, Array]:
   """Every knob's value on a batch: scalars as :func:`engram_jax.fit.effective_values` (weights not renormalised
   here), the conditioned ones ``[B]``: ``transform(raw + net(x)[:, j])`` (form ``offset``) or ``transform(raw) *
   sigmoid(net(x)[:, j])`` (form ``gate``)."""
@@ -253,34 +278,55 @@ def soft_scores(problem: Problem, vals: Mapping[str, Array], rows: Rows, scale: 
   cands = max(fitted_depths, default=0) + problem.settings.candidates
 
   def one(legs, temps, where, w, k):
-    return rrf.soft_rrf_fuse(legs, weights=w, depths=depths, where=where, k0=k, temperature=temps,
-                             depth_temperature=problem.temperatures.depth * scale, candidates=cands)
+    return rrf.soft_rrf_fuse(
+      legs,
+      weights=w,
+      depths=depths,
+      where=where,
+      k0=k,
+      temperature=temps,
+      depth_temperature=problem.temperatures.depth * scale,
+      candidates=cands,
+    )
 
   return jax.vmap(one)([o for o, _ in outs], temps, rows.where, weights, k0)
 
 
-def loss_fn(params: dict, fixed: Mapping[str, Array], rows: Rows, inputs: Inputs, weight: Array,
-            scale: ArrayLike = 1.0, *, problem: Problem, spec: Conditioning, max_gold: int) -> Array:
+def loss_fn(
+  params: dict,
+  fixed: Mapping[str, Array],
+  rows: Rows,
+  inputs: Inputs,
+  weight: Array,
+  scale: ArrayLike = 1.0,
+  *,
+  problem: Problem,
+  spec: Conditioning,
+  max_gold: int,
+) -> Array:
   """``1 - weighted mean approx-NDCG@k`` of the conditioned soft pipeline on a batch."""
   vals = question_values(problem, spec, params['raw'], fixed, params['net'], inputs.feats, inputs.query)
   s = soft_scores(problem, vals, rows, scale)
   t = problem.temperatures.scaled(scale)
   temp = t.final * relax.gap_scale(s, k=problem.k, where=rows.where)
-  nd = relax.approx_ndcg(s, rows.labels, k=problem.k, where=rows.where, temperature=temp,
-                         cutoff_temperature=t.cutoff, max_gold=max_gold)
+  nd = relax.approx_ndcg(
+    s, rows.labels, k=problem.k, where=rows.where, temperature=temp, cutoff_temperature=t.cutoff, max_gold=max_gold
+  )
   return 1.0 - jnp.sum(weight * nd) / jnp.maximum(jnp.sum(weight), 1e-12)
 
 
-def make_step(problem: Problem, spec: Conditioning, optimizer: optax.GradientTransformation, *,
-              max_gold: int) -> Callable:
+def make_step(
+  problem: Problem, spec: Conditioning, optimizer: optax.GradientTransformation, *, max_gold: int
+) -> Callable:
   """Jitted ``(params, opt_state, fixed, rows, inputs, idx, weight, scale) -> (params, opt_state, loss)``."""
   grad_fn = jax.value_and_grad(lambda p, *a: loss_fn(p, *a, problem=problem, spec=spec, max_gold=max_gold))
 
   @jax.jit
   def step(params, opt_state, fixed, rows, inputs, idx, weight, scale):
     take = lambda x: x[idx]
-    loss, grads = grad_fn(params, fixed, jax.tree_util.tree_map(take, rows), jax.tree_util.tree_map(take, inputs),
-                          weight, scale)
+    loss, grads = grad_fn(
+      params, fixed, jax.tree_util.tree_map(take, rows), jax.tree_util.tree_map(take, inputs), weight, scale
+    )
     updates, opt_state = optimizer.update(grads, opt_state, params)
     updates = {'raw': updates['raw'], 'net': jax.tree_util.tree_map(lambda u: u * spec.net_lr_scale, updates['net'])}
     return optax.apply_updates(params, updates), opt_state, loss
@@ -300,10 +346,23 @@ class CondFit:
   wall_s: float
 
 
-def fit(problem: Problem, spec: Conditioning, knobs: Knobs, fixed: Mapping[str, float], rows: Rows, inputs: Inputs,
-        train: np.ndarray, *, optimizer: optax.GradientTransformation, steps: int, batch_size: int, seed: int,
-        step_fn: Callable | None = None, max_gold: int | None = None,
-        anneal: tuple[float, float] = (1.0, 1.0)) -> CondFit:
+def fit(
+  problem: Problem,
+  spec: Conditioning,
+  knobs: Knobs,
+  fixed: Mapping[str, float],
+  rows: Rows,
+  inputs: Inputs,
+  train: np.ndarray,
+  *,
+  optimizer: optax.GradientTransformation,
+  steps: int,
+  batch_size: int,
+  seed: int,
+  step_fn: Callable | None = None,
+  max_gold: int | None = None,
+  anneal: tuple[float, float] = (1.0, 1.0),
+) -> CondFit:
   """Fit the scalar knobs and the module jointly on rows ``train`` (minibatches as :func:`engram_jax.fit.fit`)."""
   t0 = time.perf_counter()
   max_gold = max_gold_of(rows) if max_gold is None else max_gold
@@ -317,23 +376,43 @@ def fit(problem: Problem, spec: Conditioning, knobs: Knobs, fixed: Mapping[str, 
   for t in range(steps):
     scale = anneal_scale(t, steps, anneal)
     idx, w = minibatch(rng, train, batch_size)
-    params, opt_state, loss = step_fn(params, opt_state, fixed_j, rows, inputs, jnp.asarray(idx), jnp.asarray(w),
-                                      jnp.float32(scale))
+    params, opt_state, loss = step_fn(
+      params, opt_state, fixed_j, rows, inputs, jnp.asarray(idx), jnp.asarray(w), jnp.float32(scale)
+    )
     losses.append(loss)
   vals = effective_values(problem, params['raw'], fixed_j)
   out = {p: float(vals[p]) for p, _ in problem.fitted}
   losses = [float(x) for x in losses]
   if not all(np.isfinite(v) for v in out.values()) or not np.all(np.isfinite(losses)):
     raise FloatingPointError(f'conditioned fit of {problem.name} diverged: {out}')
-  return CondFit(values=out, raw=params['raw'], net=params['net'], losses=losses, train_rows=len(train),
-                 wall_s=time.perf_counter() - t0)
+  return CondFit(
+    values=out,
+    raw=params['raw'],
+    net=params['net'],
+    losses=losses,
+    train_rows=len(train),
+    wall_s=time.perf_counter() - t0,
+  )
 
 
-def crossfit(problem: Problem, spec: Conditioning, knobs: Knobs, fixed: Mapping[str, float], rows: Rows,
-             inputs: Inputs, *, row_episodes: Sequence[str], question_ids: Sequence[str],
-             folds: Sequence[Sequence[str]], optimizer: optax.GradientTransformation, steps: int, batch_size: int,
-             seed: int, anneal: tuple[float, float] = (1.0, 1.0),
-             log: Callable[[str], None] | None = None) -> list[CondFit]:
+def crossfit(
+  problem: Problem,
+  spec: Conditioning,
+  knobs: Knobs,
+  fixed: Mapping[str, float],
+  rows: Rows,
+  inputs: Inputs,
+  *,
+  row_episodes: Sequence[str],
+  question_ids: Sequence[str],
+  folds: Sequence[Sequence[str]],
+  optimizer: optax.GradientTransformation,
+  steps: int,
+  batch_size: int,
+  seed: int,
+  anneal: tuple[float, float] = (1.0, 1.0),
+  log: Callable[[str], None] | None = None,
+) -> list[CondFit]:
   """One conditioned fit per fold on every other fold's rows (asserted disjoint by question id); fold f draws its
   minibatches and initialises its module with seed ``seed + f``."""
   row_episodes = np.asarray(row_episodes)
@@ -344,19 +423,47 @@ def crossfit(problem: Problem, spec: Conditioning, knobs: Knobs, fixed: Mapping[
     scored = np.flatnonzero(np.isin(row_episodes, list(fold)))
     train = np.flatnonzero(~np.isin(row_episodes, list(fold)))
     check_disjoint(question_ids, train, scored)
-    res = fit(problem, spec, knobs, fixed, rows, inputs, train, optimizer=optimizer, steps=steps,
-              batch_size=batch_size, seed=seed + f, step_fn=step_fn, max_gold=max_gold, anneal=anneal)
+    res = fit(
+      problem,
+      spec,
+      knobs,
+      fixed,
+      rows,
+      inputs,
+      train,
+      optimizer=optimizer,
+      steps=steps,
+      batch_size=batch_size,
+      seed=seed + f,
+      step_fn=step_fn,
+      max_gold=max_gold,
+      anneal=anneal,
+    )
     if log:
-      log(f'fold {f}: {len(train)} training questions, loss {res.losses[0]:.4f} -> {np.mean(res.losses[-10:]):.4f} '
-          f'in {res.wall_s:.1f}s; scalars {res.values}')
+      log(
+        f'fold {f}: {len(train)} training questions, loss {res.losses[0]:.4f} -> {np.mean(res.losses[-10:]):.4f} '
+        f'in {res.wall_s:.1f}s; scalars {res.values}'
+      )
     out.append(res)
   return out
 
 
 # ---- hard scoring with per-question fusion knobs ----------------------------------------------------------------
 
-def hard_topk(pipe: Pipeline, problem: Problem, spec: Conditioning, res: CondFit, fixed: Mapping[str, float],
-              ep: EpisodeArrays, feats: Array, query: Array, key: Array, *, k: int) -> Array:
+
+def hard_topk(
+  pipe: Pipeline,
+  problem: Problem,
+  spec: Conditioning,
+  res: CondFit,
+  fixed: Mapping[str, float],
+  ep: EpisodeArrays,
+  feats: Array,
+  query: Array,
+  key: Array,
+  *,
+  k: int,
+) -> Array:
   """Top-``k`` ``[Q, k]`` of the hard pipeline on one padded episode with per-question fusion knobs: each leg's hard
   scores at the fit's scalar knob values, fused by :func:`engram_jax.ops.rrf.rrf_fuse` question by question.
   ``feats [Q, F]`` / ``query [Q, D]`` cover the padded question axis (padding rows are ignored)."""
@@ -370,14 +477,16 @@ def hard_topk(pipe: Pipeline, problem: Problem, spec: Conditioning, res: CondFit
   else:
     weights, k0 = _per_question_fusion(problem, vals, legs.shape[1])
     depths = [s.depth for s in fitted.legs]
-    fused = jax.vmap(lambda s, w, k_: rrf.rrf_fuse(s, weights=w, depths=depths, where=ep.where, k0=k_),
-                     in_axes=(1, 0, 0))(legs, weights, k0)
+    fused = jax.vmap(
+      lambda s, w, k_: rrf.rrf_fuse(s, weights=w, depths=depths, where=ep.where, k0=k_), in_axes=(1, 0, 0)
+    )(legs, weights, k0)
   idx, v = ranking.top_k(fused, k=k, where=ep.where)
   return jnp.where(jnp.isneginf(v), -1, idx)
 
 
-def per_question_knobs(problem: Problem, spec: Conditioning, res: CondFit, fixed: Mapping[str, float], feats: Array,
-                       query: Array) -> dict[str, np.ndarray]:
+def per_question_knobs(
+  problem: Problem, spec: Conditioning, res: CondFit, fixed: Mapping[str, float], feats: Array, query: Array
+) -> dict[str, np.ndarray]:
   """The conditioned knobs' per-question values ``{path: [Q]}`` as the hard scorer uses them (weights
   renormalised)."""
   fixed_j = {p: jnp.asarray(v, jnp.float32) for p, v in fixed.items()}
@@ -391,10 +500,21 @@ def per_question_knobs(problem: Problem, spec: Conditioning, res: CondFit, fixed
   return {p: out[p] for p in spec.knobs}
 
 
-def score_episodes(pipe: Pipeline, problem: Problem, spec: Conditioning, res: CondFit, fixed: Mapping[str, float],
-                   episodes: Sequence[Episode], arrays: Sequence[EpisodeArrays], *, k: int, metrics: Sequence[str],
-                   seed: int, indices: Sequence[int],
-                   episode_metrics: Mapping[str, Callable] | None = None) -> dict[str, np.ndarray]:
+def score_episodes(
+  pipe: Pipeline,
+  problem: Problem,
+  spec: Conditioning,
+  res: CondFit,
+  fixed: Mapping[str, float],
+  episodes: Sequence[Episode],
+  arrays: Sequence[EpisodeArrays],
+  *,
+  k: int,
+  metrics: Sequence[str],
+  seed: int,
+  indices: Sequence[int],
+  episode_metrics: Mapping[str, Callable] | None = None,
+) -> dict[str, np.ndarray]:
   """Per-question metrics (NumPy float64) of the conditioned hard pipeline on ``episodes`` (episode ``i`` of the
   run gets key ``fold_in(key(seed), indices[i])``, as :func:`engram_jax.eval.evaluation.evaluate`): label metrics
   (:mod:`engram_jax.metrics.labels`) and the dataset's own ``episode_metrics`` (name -> ``fn(episode, question, ranked

@@ -37,8 +37,10 @@ def holdout_split(episode_ids: Sequence[str], *, n_test: int, seed: int = DEFAUL
   """
   n = len(set(episode_ids))
   if not 1 <= n_test < n:
-    raise ValueError(f'fit.n_test must be between 1 and {n - 1} (the number of episodes minus one, so that '
-                     f'training and test are both non-empty), got {n_test}')
+    raise ValueError(
+      f'fit.n_test must be between 1 and {n - 1} (the number of episodes minus one, so that '
+      f'training and test are both non-empty), got {n_test}'
+    )
   test = splits.draw_ids(episode_ids, n=n_test, seed=seed)
   train = sorted(set(episode_ids) - set(test))
   splits.assert_disjoint(train, test)
@@ -49,4 +51,3 @@ def check_disjoint(question_ids: Sequence[str], train: np.ndarray, scored: np.nd
   """Raise ValueError if a training row is a scored question (by id)."""
   ids = np.asarray(question_ids)
   splits.assert_disjoint(ids[np.asarray(train)].tolist(), ids[np.asarray(scored)].tolist())
-

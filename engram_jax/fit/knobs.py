@@ -16,7 +16,11 @@ from flax import struct
 from jax import Array
 
 FORWARD: dict[str, Callable[[Array], Array]] = {
-    'softplus': jax.nn.softplus, 'log': jnp.exp, 'logit': jax.nn.sigmoid, 'identity': lambda x: x}
+  'softplus': jax.nn.softplus,
+  'log': jnp.exp,
+  'logit': jax.nn.sigmoid,
+  'identity': lambda x: x,
+}
 
 
 def inverse(kind: str, value: float) -> float:

@@ -31,24 +31,24 @@ from jax.typing import ArrayLike
 
 from engram_jax.core import relax, validation
 from engram_jax.core.batch import EpisodeArrays
+from engram_jax.core.types import Episode
+from engram_jax.eval.pipeline import Pipeline, knob_value, split_path
 from engram_jax.fit.knobs import Knobs, inverse
 from engram_jax.ops import pools, registry
 from engram_jax.ops.greedy import SoftSelection
 from engram_jax.ops.rrf import soft_rrf_fuse
-from engram_jax.eval.pipeline import Pipeline, knob_value, split_path
-from engram_jax.core.types import Episode
 
 
 @dataclasses.dataclass(frozen=True)
 class Temperatures:
   """Unit-free temperatures (factors of :func:`engram_jax.core.relax.gap_scale`) and cutoffs in rank units."""
 
-  rank: float = 0.5     # soft ranks inside a fitted leg
-  depth: float = 0.5    # soft depth cutoff of a fitted leg (rank units)
-  greedy: float = 0.5   # softmax of a relaxed greedy step
-  final: float = 0.5    # soft ranks of the final list (the loss)
-  cutoff: float = 0.5   # soft NDCG@k cutoff (rank units)
-  gate: float = 0.05    # sigmoid of a relaxed threshold (the gated time-aware CFS-R), in its own units
+  rank: float = 0.5  # soft ranks inside a fitted leg
+  depth: float = 0.5  # soft depth cutoff of a fitted leg (rank units)
+  greedy: float = 0.5  # softmax of a relaxed greedy step
+  final: float = 0.5  # soft ranks of the final list (the loss)
+  cutoff: float = 0.5  # soft NDCG@k cutoff (rank units)
+  gate: float = 0.05  # sigmoid of a relaxed threshold (the gated time-aware CFS-R), in its own units
 
   def __post_init__(self) -> None:
     validation.check_positive(dataclasses.asdict(self), where='fit.temperatures')
@@ -73,10 +73,10 @@ class TemperatureValues(NamedTuple):
 class Settings:
   """Fit settings the soft twins read (static)."""
 
-  greedy_pool: int = 100        # cosine pool of a relaxed CFS / MMR leg (the hard leg may use all items)
-  candidates: int = 10          # extra soft-rank candidates beyond a fitted leg's depth
-  solve_batch: int | None = 8   # CFS-R pools solved this many at a time (cache-friendly on CPU)
-  cfsr_grad: str = 'forward'    # CFS-R twin's NNLS gradient: forward (in lam), reverse (unrolled), implicit (KKT)
+  greedy_pool: int = 100  # cosine pool of a relaxed CFS / MMR leg (the hard leg may use all items)
+  candidates: int = 10  # extra soft-rank candidates beyond a fitted leg's depth
+  solve_batch: int | None = 8  # CFS-R pools solved this many at a time (cache-friendly on CPU)
+  cfsr_grad: str = 'forward'  # CFS-R twin's NNLS gradient: forward (in lam), reverse (unrolled), implicit (KKT)
 
   def __post_init__(self) -> None:
     grads = ('forward', 'reverse', 'implicit')
@@ -92,7 +92,7 @@ class LegInfo:
   op: str
   depth: int
   options: tuple[tuple[str, Any], ...]  # every knob value (hand-set)
-  fitted: tuple[str, ...]               # its fitted knob names (empty: the leg is constant)
+  fitted: tuple[str, ...]  # its fitted knob names (empty: the leg is constant)
 
   @property
   def operator(self) -> registry.Operator:
@@ -106,7 +106,7 @@ class Problem:
   name: str
   legs: tuple[LegInfo, ...]
   fusion: str
-  fitted: tuple[tuple[str, str], ...]   # (path, transform), in fit order
+  fitted: tuple[tuple[str, str], ...]  # (path, transform), in fit order
   k: int = 10
   temperatures: Temperatures = Temperatures()
   settings: Settings = Settings()
@@ -117,9 +117,9 @@ class Problem:
 class SoftContext(NamedTuple):
   """What a soft twin's ``scores`` receives besides its rows and knob values (a batch of B questions)."""
 
-  where: Array        # [B, N] real items of each question's episode
-  cos: Array          # [B, N] cosine (-inf for masked items)
-  positions: Array    # [B, N] write order
+  where: Array  # [B, N] real items of each question's episode
+  cos: Array  # [B, N] cosine (-inf for masked items)
+  positions: Array  # [B, N] write order
   temperatures: TemperatureValues
   settings: Settings
 
@@ -132,8 +132,14 @@ def fittable_paths(pipe: Pipeline) -> list[str]:
   return out
 
 
-def make_problem(pipe: Pipeline, params: Sequence[str], *, k: int = 10, temperatures: Temperatures = Temperatures(),
-                 settings: Settings = Settings()) -> tuple[Problem, Knobs, dict[str, float]]:
+def make_problem(
+  pipe: Pipeline,
+  params: Sequence[str],
+  *,
+  k: int = 10,
+  temperatures: Temperatures = Temperatures(),
+  settings: Settings = Settings(),
+) -> tuple[Problem, Knobs, dict[str, float]]:
   """The soft problem of ``pipe`` with knobs ``params`` (paths) to fit.
 
   Returns:
@@ -156,22 +162,36 @@ def make_problem(pipe: Pipeline, params: Sequence[str], *, k: int = 10, temperat
       continue
     op = pipe.leg(leg).operator
     if knob not in op.fittable:
-      raise ValueError(f'cannot fit {path!r}: operator {op.name} can fit {list(op.fittable)}; fittable paths of '
-                       f'{pipe.name}: {fittable_paths(pipe)}')
+      raise ValueError(
+        f'cannot fit {path!r}: operator {op.name} can fit {list(op.fittable)}; fittable paths of '
+        f'{pipe.name}: {fittable_paths(pipe)}'
+      )
     per_leg[leg].append(knob)
     transforms.append((path, op.knob(knob).transform))
-  legs = tuple(LegInfo(name=l.name, op=l.op, depth=int(l.depth), options=l.options, fitted=tuple(per_leg[l.name]))
-               for l in pipe.legs)
+  legs = tuple(
+    LegInfo(name=l.name, op=l.op, depth=int(l.depth), options=l.options, fitted=tuple(per_leg[l.name]))
+    for l in pipe.legs
+  )
   for leg in legs:
     if leg.fitted and leg.operator.soft.selection and pipe.fusion != 'rrf':
       raise ValueError(f'leg {leg.name}: a relaxed greedy leg ({leg.op}) can only be fit inside an RRF fusion')
   weight_paths = [f'legs.{l.name}.weight' for l in pipe.legs]
   normalise = pipe.fusion == 'rrf' and all(p in params for p in weight_paths)
-  problem = Problem(name=pipe.name, legs=legs, fusion=pipe.fusion, fitted=tuple(transforms), k=k,
-                    temperatures=temperatures, settings=settings, normalise_weights=normalise,
-                    initial_weight_mean=float(np.mean([s.weight for s in pipe.legs])))
-  knobs = Knobs(raw={p: jnp.asarray(inverse(t, float(knob_value(pipe, p))), jnp.float32) for p, t in transforms},
-                transforms=tuple(transforms))
+  problem = Problem(
+    name=pipe.name,
+    legs=legs,
+    fusion=pipe.fusion,
+    fitted=tuple(transforms),
+    k=k,
+    temperatures=temperatures,
+    settings=settings,
+    normalise_weights=normalise,
+    initial_weight_mean=float(np.mean([s.weight for s in pipe.legs])),
+  )
+  knobs = Knobs(
+    raw={p: jnp.asarray(inverse(t, float(knob_value(pipe, p))), jnp.float32) for p, t in transforms},
+    transforms=tuple(transforms),
+  )
   every = {'k0': float(pipe.k0)} if pipe.fusion == 'rrf' else {}
   for spec, leg in zip(pipe.legs, legs):
     every[f'legs.{spec.name}.weight'] = float(spec.weight)
@@ -184,6 +204,7 @@ def make_problem(pipe: Pipeline, params: Sequence[str], *, k: int = 10, temperat
 
 # ---- per-question rows -------------------------------------------------------------------------------
 
+
 @struct.dataclass
 class Rows:
   """Per-question arrays, every episode padded to one N (Q questions in all).
@@ -192,11 +213,11 @@ class Rows:
   precomputed.
   """
 
-  labels: Array        # [Q, N] bool
-  where: Array         # [Q, N] bool, real items of the question's episode
-  cos: Array           # [Q, N] cosine, -inf for masked items
-  positions: Array     # [Q, N] int32 write order
-  legs: tuple          # per leg: [Q, N] constant scores, or {name: [Q, ...]}
+  labels: Array  # [Q, N] bool
+  where: Array  # [Q, N] bool, real items of the question's episode
+  cos: Array  # [Q, N] cosine, -inf for masked items
+  positions: Array  # [Q, N] int32 write order
+  legs: tuple  # per leg: [Q, N] constant scores, or {name: [Q, ...]}
 
 
 def _stack(parts: Sequence[np.ndarray], fill: Any) -> np.ndarray:
@@ -209,8 +230,9 @@ def _stack(parts: Sequence[np.ndarray], fill: Any) -> np.ndarray:
   return np.concatenate(out)
 
 
-def build_rows(problem: Problem, pipe: Pipeline, episodes: Sequence[Episode], arrays: Sequence[EpisodeArrays], *,
-               seed: int) -> Rows:
+def build_rows(
+  problem: Problem, pipe: Pipeline, episodes: Sequence[Episode], arrays: Sequence[EpisodeArrays], *, seed: int
+) -> Rows:
   """Precompute the per-question rows of ``problem`` for every question of ``episodes`` (in order).
 
   Constant legs are computed by the hard leg functions of ``pipe`` (keys as in
@@ -218,8 +240,7 @@ def build_rows(problem: Problem, pipe: Pipeline, episodes: Sequence[Episode], ar
   """
   n_pad = max(a.docs.shape[0] for a in arrays)
   base_key = jax.random.key(seed)
-  const_fns = {l: jax.jit(spec.score) for l, (spec, leg) in enumerate(zip(pipe.legs, problem.legs))
-               if not leg.fitted}
+  const_fns = {l: jax.jit(spec.score) for l, (spec, leg) in enumerate(zip(pipe.legs, problem.legs)) if not leg.fitted}
   base: dict[str, list] = {f: [] for f in ('labels', 'where', 'cos', 'positions')}
   per_leg: list[list] = [[] for _ in problem.legs]
   for e, (ep, arr) in enumerate(zip(episodes, arrays)):
@@ -243,12 +264,17 @@ def build_rows(problem: Problem, pipe: Pipeline, episodes: Sequence[Episode], ar
       fill = leg.operator.soft.fill
       names = per_leg[l][0].keys()
       legs.append({k: jnp.asarray(_stack([r[k] for r in per_leg[l]], fill.get(k, 0))) for k in names})
-  return Rows(labels=jnp.asarray(np.concatenate(base['labels'])), where=jnp.asarray(np.concatenate(base['where'])),
-              cos=jnp.asarray(np.concatenate(base['cos']), jnp.float32),
-              positions=jnp.asarray(np.concatenate(base['positions']), jnp.int32), legs=tuple(legs))
+  return Rows(
+    labels=jnp.asarray(np.concatenate(base['labels'])),
+    where=jnp.asarray(np.concatenate(base['where'])),
+    cos=jnp.asarray(np.concatenate(base['cos']), jnp.float32),
+    positions=jnp.asarray(np.concatenate(base['positions']), jnp.int32),
+    legs=tuple(legs),
+  )
 
 
 # ---- the soft pipeline -----------------------------------------------------------------------------------------
+
 
 def leg_values(leg: LegInfo, vals: Mapping[str, Array]) -> dict[str, Any]:
   """Knob values of ``leg`` for its soft twin: static knobs as Python values, the others by path from ``vals``."""
@@ -266,16 +292,18 @@ def soft_leg(problem: Problem, l: int, vals: Mapping[str, Array], rows: Rows, sc
   if not leg.fitted:
     return rows.legs[l], None
   temps = problem.temperatures.scaled(scale)
-  ctx = SoftContext(where=rows.where, cos=rows.cos, positions=rows.positions, temperatures=temps,
-                    settings=problem.settings)
+  ctx = SoftContext(
+    where=rows.where, cos=rows.cos, positions=rows.positions, temperatures=temps, settings=problem.settings
+  )
   out = leg.operator.soft.scores(rows.legs[l], leg_values(leg, vals), ctx)
   if isinstance(out, SoftSelection):
     return out, None
   return out, temps.rank * relax.gap_scale(out, k=leg.depth, where=rows.where)
 
 
-def soft_scores(problem: Problem, vals: Mapping[str, Array], rows: Rows, scale: ArrayLike = 1.0, *,
-                soft_constant: Sequence[int] = ()) -> Array:
+def soft_scores(
+  problem: Problem, vals: Mapping[str, Array], rows: Rows, scale: ArrayLike = 1.0, *, soft_constant: Sequence[int] = ()
+) -> Array:
   """The soft pipeline's final scores ``[B, N]`` on a batch of rows, given every knob's value by path, every
   temperature times ``scale`` (1 = as set; an annealing schedule lowers it towards the hard pipeline).
 
@@ -296,12 +324,21 @@ def soft_scores(problem: Problem, vals: Mapping[str, Array], rows: Rows, scale: 
   weights = jnp.stack([vals[f'legs.{leg.name}.weight'] for leg in problem.legs])
   if problem.normalise_weights:
     weights = weights * (problem.initial_weight_mean / jnp.mean(weights))
-  fitted_depths = [leg.depth for l, leg in enumerate(problem.legs)
-                   if (leg.fitted and not leg.operator.soft.selection) or l in soft_constant]
-  return soft_rrf_fuse([o for o, _ in outs], weights=weights, depths=[leg.depth for leg in problem.legs],
-                       where=rows.where, k0=vals['k0'], temperature=[tp for _, tp in outs],
-                       depth_temperature=problem.temperatures.depth * scale,
-                       candidates=max(fitted_depths, default=0) + problem.settings.candidates)
+  fitted_depths = [
+    leg.depth
+    for l, leg in enumerate(problem.legs)
+    if (leg.fitted and not leg.operator.soft.selection) or l in soft_constant
+  ]
+  return soft_rrf_fuse(
+    [o for o, _ in outs],
+    weights=weights,
+    depths=[leg.depth for leg in problem.legs],
+    where=rows.where,
+    k0=vals['k0'],
+    temperature=[tp for _, tp in outs],
+    depth_temperature=problem.temperatures.depth * scale,
+    candidates=max(fitted_depths, default=0) + problem.settings.candidates,
+  )
 
 
 def effective_values(problem: Problem, raw: Mapping[str, Array], fixed: Mapping[str, Array]) -> dict[str, Array]:

@@ -19,9 +19,9 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from engram_jax.core import relax
+from engram_jax.fit.folds import DEFAULT_SEED, check_disjoint
 from engram_jax.fit.knobs import Knobs
 from engram_jax.fit.problem import Problem, Rows, effective_values, soft_scores
-from engram_jax.fit.folds import DEFAULT_SEED, check_disjoint
 
 
 @struct.dataclass
@@ -33,19 +33,29 @@ class TrainState:
   step: Array
 
 
-def soft_ndcg(vals: Mapping[str, Array], rows: Rows, *, problem: Problem, max_gold: int,
-              scale: ArrayLike = 1.0) -> Array:
+def soft_ndcg(
+  vals: Mapping[str, Array], rows: Rows, *, problem: Problem, max_gold: int, scale: ArrayLike = 1.0
+) -> Array:
   """Approx-NDCG@k ``[B]`` of the soft pipeline on a batch of rows, knob values by path, temperatures times
   ``scale``."""
   s = soft_scores(problem, vals, rows, scale)
   t = problem.temperatures.scaled(scale)
   temp = t.final * relax.gap_scale(s, k=problem.k, where=rows.where)
-  return relax.approx_ndcg(s, rows.labels, k=problem.k, where=rows.where, temperature=temp,
-                           cutoff_temperature=t.cutoff, max_gold=max_gold)
+  return relax.approx_ndcg(
+    s, rows.labels, k=problem.k, where=rows.where, temperature=temp, cutoff_temperature=t.cutoff, max_gold=max_gold
+  )
 
 
-def loss_fn(raw: Mapping[str, Array], fixed: Mapping[str, Array], rows: Rows, weight: Array, scale: ArrayLike = 1.0,
-            *, problem: Problem, max_gold: int) -> Array:
+def loss_fn(
+  raw: Mapping[str, Array],
+  fixed: Mapping[str, Array],
+  rows: Rows,
+  weight: Array,
+  scale: ArrayLike = 1.0,
+  *,
+  problem: Problem,
+  max_gold: int,
+) -> Array:
   r"""``1 - weighted mean approx-NDCG@k`` of the soft pipeline over a batch of rows (weight 0 = padding), every
   temperature times ``scale``."""
   vals = dict(fixed)
@@ -91,7 +101,7 @@ class FitResult:
   losses: list[float]
   train_rows: int
   wall_s: float
-  scales: list[float] = dataclasses.field(default_factory=list)      # temperature factor per step
+  scales: list[float] = dataclasses.field(default_factory=list)  # temperature factor per step
   monitor: list[dict[str, float]] = dataclasses.field(default_factory=list)  # what ``monitor`` returned, by step
 
 
@@ -122,10 +132,23 @@ def fitted_values(problem: Problem, vals: Mapping[str, Array]) -> dict[str, floa
   return out
 
 
-def fit(problem: Problem, knobs: Knobs, fixed: Mapping[str, float], rows: Rows, train: np.ndarray, *,
-        optimizer: optax.GradientTransformation, steps: int, batch_size: int, seed: int = DEFAULT_SEED,
-        step_fn: Callable | None = None, max_gold: int | None = None, anneal: tuple[float, float] = (1.0, 1.0),
-        monitor: Monitor | None = None, monitor_steps: Sequence[int] = ()) -> FitResult:
+def fit(
+  problem: Problem,
+  knobs: Knobs,
+  fixed: Mapping[str, float],
+  rows: Rows,
+  train: np.ndarray,
+  *,
+  optimizer: optax.GradientTransformation,
+  steps: int,
+  batch_size: int,
+  seed: int = DEFAULT_SEED,
+  step_fn: Callable | None = None,
+  max_gold: int | None = None,
+  anneal: tuple[float, float] = (1.0, 1.0),
+  monitor: Monitor | None = None,
+  monitor_steps: Sequence[int] = (),
+) -> FitResult:
   """Fit ``knobs`` on rows ``train`` (indices) by ``steps`` optax steps on minibatches of ``batch_size``.
 
   Minibatches are drawn without replacement by ``numpy.random.default_rng(seed)`` (all training rows,
@@ -147,8 +170,7 @@ def fit(problem: Problem, knobs: Knobs, fixed: Mapping[str, float], rows: Rows, 
   for t in range(steps + 1):
     scale = anneal_scale(min(t, steps - 1), steps, anneal)
     if monitor is not None and t in monitor_steps:
-      watched.append({'step': t, 'scale': scale,
-                      **monitor(t, scale, effective_values(problem, state.raw, fixed_j))})
+      watched.append({'step': t, 'scale': scale, **monitor(t, scale, effective_values(problem, state.raw, fixed_j))})
     if t == steps:
       break
     idx, w = minibatch(rng, train, batch_size)
@@ -158,8 +180,14 @@ def fit(problem: Problem, knobs: Knobs, fixed: Mapping[str, float], rows: Rows, 
   out = fitted_values(problem, effective_values(problem, state.raw, fixed_j))
   if not all(np.isfinite(v) for v in out.values()) or not np.all(np.isfinite(np.asarray(losses))):
     raise FloatingPointError(f'fit of {problem.name} diverged (non-finite loss or knobs): {out}')
-  return FitResult(values=out, losses=[float(x) for x in losses], train_rows=len(train),
-                   wall_s=time.perf_counter() - t0, scales=scales, monitor=watched)
+  return FitResult(
+    values=out,
+    losses=[float(x) for x in losses],
+    train_rows=len(train),
+    wall_s=time.perf_counter() - t0,
+    scales=scales,
+    monitor=watched,
+  )
 
 
 def fold_label(fold: Sequence[str], show: int = 3) -> str:
@@ -168,12 +196,24 @@ def fold_label(fold: Sequence[str], show: int = 3) -> str:
   return ','.join(fold) if len(fold) <= show else f'{",".join(fold[:show])} ... ({len(fold)} episodes)'
 
 
-def crossfit(problem: Problem, knobs: Knobs, fixed: Mapping[str, float], rows: Rows, *,
-             row_episodes: Sequence[str], question_ids: Sequence[str], folds: Sequence[Sequence[str]],
-             optimizer: optax.GradientTransformation, steps: int, batch_size: int, seed: int = DEFAULT_SEED,
-             log: Callable[[str], None] | None = None, anneal: tuple[float, float] = (1.0, 1.0),
-             monitor: Callable[[int, np.ndarray], Monitor] | None = None,
-             monitor_steps: Sequence[int] = ()) -> list[FitResult]:
+def crossfit(
+  problem: Problem,
+  knobs: Knobs,
+  fixed: Mapping[str, float],
+  rows: Rows,
+  *,
+  row_episodes: Sequence[str],
+  question_ids: Sequence[str],
+  folds: Sequence[Sequence[str]],
+  optimizer: optax.GradientTransformation,
+  steps: int,
+  batch_size: int,
+  seed: int = DEFAULT_SEED,
+  log: Callable[[str], None] | None = None,
+  anneal: tuple[float, float] = (1.0, 1.0),
+  monitor: Callable[[int, np.ndarray], Monitor] | None = None,
+  monitor_steps: Sequence[int] = (),
+) -> list[FitResult]:
   """One fit per fold on the rows of every other fold, asserted disjoint (by question id) from the fold's
   rows. Folds share one compiled step; fold f draws minibatches with seed ``seed + f``. ``monitor(f, train rows)``
   gives fold f's monitor (see :func:`fit`)."""
@@ -185,12 +225,27 @@ def crossfit(problem: Problem, knobs: Knobs, fixed: Mapping[str, float], rows: R
     scored = np.flatnonzero(np.isin(row_episodes, list(fold)))
     train = np.flatnonzero(~np.isin(row_episodes, list(fold)))
     check_disjoint(question_ids, train, scored)
-    res = fit(problem, knobs, fixed, rows, train, optimizer=optimizer, steps=steps, batch_size=batch_size,
-              seed=seed + f, step_fn=step_fn, max_gold=max_gold, anneal=anneal,
-              monitor=None if monitor is None else monitor(f, train), monitor_steps=monitor_steps)
+    res = fit(
+      problem,
+      knobs,
+      fixed,
+      rows,
+      train,
+      optimizer=optimizer,
+      steps=steps,
+      batch_size=batch_size,
+      seed=seed + f,
+      step_fn=step_fn,
+      max_gold=max_gold,
+      anneal=anneal,
+      monitor=None if monitor is None else monitor(f, train),
+      monitor_steps=monitor_steps,
+    )
     if log:
-      log(f'fold {f} ({fold_label(fold)}): {len(train)} training questions, loss {res.losses[0]:.4f} -> '
-          f'{np.mean(res.losses[-10:]):.4f} in {res.wall_s:.1f}s; {res.values}')
+      log(
+        f'fold {f} ({fold_label(fold)}): {len(train)} training questions, loss {res.losses[0]:.4f} -> '
+        f'{np.mean(res.losses[-10:]):.4f} in {res.wall_s:.1f}s; {res.values}'
+      )
     out.append(res)
   return out
 
@@ -207,14 +262,15 @@ def make_soft_eval(problem: Problem, *, max_gold: int) -> Callable:
   return run
 
 
-def soft_ndcg_rows(soft_eval: Callable, vals: Mapping[str, Array], rows: Rows, idx: np.ndarray, *, scale: float,
-                   batch_size: int) -> np.ndarray:
+def soft_ndcg_rows(
+  soft_eval: Callable, vals: Mapping[str, Array], rows: Rows, idx: np.ndarray, *, scale: float, batch_size: int
+) -> np.ndarray:
   """Approx-NDCG@k ``[len(idx)]`` of rows ``idx`` in batches of ``batch_size`` (the last one padded)."""
   idx = np.asarray(idx)
   out = []
   for lo in range(0, len(idx), batch_size):
-    chunk = idx[lo:lo + batch_size]
+    chunk = idx[lo : lo + batch_size]
     padded = np.concatenate([chunk, np.full(batch_size - len(chunk), chunk[0])])
     nd = soft_eval(dict(vals), rows, jnp.asarray(padded), jnp.float32(scale))
-    out.append(np.asarray(nd)[:len(chunk)])
+    out.append(np.asarray(nd)[: len(chunk)])
   return np.concatenate(out) if out else np.zeros(0)

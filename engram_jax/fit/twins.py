@@ -32,8 +32,8 @@ from engram_jax.ops import pools
 from engram_jax.ops.greedy import SoftSelection
 from engram_jax.ops.registry import Operator
 
-COLD = 1e-9    # every temperature of the fit times this: the twin's cold limit (far below float32 score gaps)
-RTOL = 1e-4    # score tolerance: |soft - hard| <= ATOL + RTOL |hard| on the hard top-k
+COLD = 1e-9  # every temperature of the fit times this: the twin's cold limit (far below float32 score gaps)
+RTOL = 1e-4  # score tolerance: |soft - hard| <= ATOL + RTOL |hard| on the hard top-k
 ATOL = 1e-5
 
 
@@ -73,10 +73,18 @@ class TwinGap:
   def message(self) -> str:
     """One line naming the operator, the leg, the knob values and the gap."""
     what = 'pick order' if self.selection else f'top-{self.k} ids'
-    score = '' if self.selection else (f'; scores off on {self.n_off} questions, max |soft - hard| {self.max_diff:.3g} '
-                                       f'over the hard top-{self.k} (tolerance {ATOL:g} + {RTOL:g} |hard|)')
-    return (f'operator {self.op} (leg {self.leg}, {self.at} knob values): cold soft twin != hard leg: {what} differ '
-            f'on {self.n_differ}/{self.n_questions} questions{score} (first at row {self.worst})')
+    score = (
+      ''
+      if self.selection
+      else (
+        f'; scores off on {self.n_off} questions, max |soft - hard| {self.max_diff:.3g} '
+        f'over the hard top-{self.k} (tolerance {ATOL:g} + {RTOL:g} |hard|)'
+      )
+    )
+    return (
+      f'operator {self.op} (leg {self.leg}, {self.at} knob values): cold soft twin != hard leg: {what} differ '
+      f'on {self.n_differ}/{self.n_questions} questions{score} (first at row {self.worst})'
+    )
 
 
 def leg_options(problem: Problem, l: int, vals: Mapping[str, Any]) -> dict[str, Any]:
@@ -116,12 +124,22 @@ def _cached(op: Operator, key: tuple, make):
 
 def hard_fn(op: Operator, static: tuple[tuple[str, Any], ...]):
   """Operator ``op``'s jitted hard leg ``(arr, key, traced knob values) -> [Q, N]`` with its static knobs fixed."""
-  return _cached(op, ('hard', static), lambda: jax.jit(lambda arr, key, traced: op.leg(arr, key, **dict(static),
-                                                                                       **traced)))
+  return _cached(
+    op, ('hard', static), lambda: jax.jit(lambda arr, key, traced: op.leg(arr, key, **dict(static), **traced))
+  )
 
 
-def hard_rows(problem: Problem, l: int, arrays: Sequence[EpisodeArrays], n_questions: Sequence[int],
-              episode_index: Sequence[int], options: Mapping[str, Any], *, n_pad: int, seed: int) -> np.ndarray:
+def hard_rows(
+  problem: Problem,
+  l: int,
+  arrays: Sequence[EpisodeArrays],
+  n_questions: Sequence[int],
+  episode_index: Sequence[int],
+  options: Mapping[str, Any],
+  *,
+  n_pad: int,
+  seed: int,
+) -> np.ndarray:
   """The hard leg's scores ``[Q, n_pad]`` of leg ``l`` at ``options`` for the questions of the episodes
   ``episode_index`` (in order), each episode scored alone with the key :func:`engram_jax.fit.problem.build_rows`
   gives it (``-inf`` on padded items). Non-static knobs are traced (one compilation per static setting)."""
@@ -132,26 +150,32 @@ def hard_rows(problem: Problem, l: int, arrays: Sequence[EpisodeArrays], n_quest
   out = []
   for e in episode_index:
     key = jax.random.split(jax.random.fold_in(base_key, e), len(problem.legs))[l]
-    s = np.asarray(fn(arrays[e], key, traced))[:n_questions[e]]
+    s = np.asarray(fn(arrays[e], key, traced))[: n_questions[e]]
     out.append(pools.pad_items(s, n_pad, -np.inf))
   return np.concatenate(out) if out else np.zeros((0, n_pad))
 
 
 def soft_fn(problem: Problem, l: int):
   """Jitted ``(vals, rows, scale) ->`` leg ``l``'s soft output (:func:`engram_jax.fit.problem.soft_leg`)."""
-  return _cached(problem.legs[l].operator, ('soft', problem, l),
-                 lambda: jax.jit(lambda v, r, scale: soft_leg(problem, l, v, r, scale)[0]))
+  return _cached(
+    problem.legs[l].operator,
+    ('soft', problem, l),
+    lambda: jax.jit(lambda v, r, scale: soft_leg(problem, l, v, r, scale)[0]),
+  )
 
 
-def soft_rows(problem: Problem, l: int, vals: Mapping[str, Any], rows: Rows, *, scale: float = COLD,
-              batch_size: int = 256):
+def soft_rows(
+  problem: Problem, l: int, vals: Mapping[str, Any], rows: Rows, *, scale: float = COLD, batch_size: int = 256
+):
   """Leg ``l``'s soft twin on ``rows`` (batches of ``batch_size`` questions) with every temperature times ``scale``:
   ``[Q, N]`` scores, or a :class:`SoftSelection` with ``probs [Q, K, N]``."""
   jvals = {p: jnp.asarray(v, jnp.float32) for p, v in vals.items()}
   fn = soft_fn(problem, l)
   n = rows.where.shape[0]
-  parts = [fn(jvals, jax.tree_util.tree_map(lambda x, i=i: x[i:i + batch_size], rows), jnp.float32(scale))
-           for i in range(0, n, batch_size)]
+  parts = [
+    fn(jvals, jax.tree_util.tree_map(lambda x, i=i: x[i : i + batch_size], rows), jnp.float32(scale))
+    for i in range(0, n, batch_size)
+  ]
   return jax.tree_util.tree_map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]), *parts)
 
 
@@ -179,8 +203,18 @@ def hard_pick_order(hard: np.ndarray, k: int) -> np.ndarray:
   return np.where(np.isfinite(vals), idx, -1)
 
 
-def compare(soft, hard: np.ndarray, where: np.ndarray, *, k: int, leg: str, op: str, at: str,
-            rtol: float = RTOL, atol: float = ATOL) -> TwinGap:
+def compare(
+  soft,
+  hard: np.ndarray,
+  where: np.ndarray,
+  *,
+  k: int,
+  leg: str,
+  op: str,
+  at: str,
+  rtol: float = RTOL,
+  atol: float = ATOL,
+) -> TwinGap:
   """The :class:`TwinGap` of soft output ``soft`` (scores ``[Q, N]`` or a :class:`SoftSelection`) against the hard
   leg's scores ``hard [Q, N]`` (real items ``where [Q, N]``)."""
   n_q = hard.shape[0]
@@ -188,15 +222,25 @@ def compare(soft, hard: np.ndarray, where: np.ndarray, *, k: int, leg: str, op: 
     s_pick = pick_order(soft)
     h_pick = hard_pick_order(hard, s_pick.shape[-1])
     differ = np.any(s_pick != h_pick, axis=-1)
-    return TwinGap(leg=leg, op=op, at=at, n_questions=n_q, n_differ=int(differ.sum()), n_off=0, max_diff=0.0,
-                   worst=int(np.argmax(differ)) if differ.any() else -1, k=s_pick.shape[-1], selection=True)
+    return TwinGap(
+      leg=leg,
+      op=op,
+      at=at,
+      n_questions=n_q,
+      n_differ=int(differ.sum()),
+      n_off=0,
+      max_diff=0.0,
+      worst=int(np.argmax(differ)) if differ.any() else -1,
+      k=s_pick.shape[-1],
+      selection=True,
+    )
   soft = np.where(where, np.asarray(soft, np.float64), -np.inf)
   hard = np.where(where, np.asarray(hard, np.float64), -np.inf)
   kk = min(k, hard.shape[-1])
   h_idx, h_val = top_k(hard, kk)
   s_idx, s_val = top_k(soft, kk)
-  h_at_s = np.take_along_axis(hard, s_idx, axis=-1)      # the hard score of the twin's item at each rank
-  s_at_h = np.take_along_axis(soft, h_idx, axis=-1)      # the twin's score of the hard leg's item at each rank
+  h_at_s = np.take_along_axis(hard, s_idx, axis=-1)  # the hard score of the twin's item at each rank
+  s_at_h = np.take_along_axis(soft, h_idx, axis=-1)  # the twin's score of the hard leg's item at each rank
   real = np.isfinite(h_val)
   tol = atol + rtol * np.abs(np.where(real, h_val, 0.0))
   tie = real & np.isfinite(h_at_s) & (np.abs(h_at_s - np.where(real, h_val, 0.0)) <= tol)
@@ -207,8 +251,17 @@ def compare(soft, hard: np.ndarray, where: np.ndarray, *, k: int, leg: str, op: 
   diff = np.where(real & ~np.isfinite(s_at_h), np.inf, diff)
   off = np.any(diff > tol, axis=-1)
   bad = differ | off
-  return TwinGap(leg=leg, op=op, at=at, n_questions=n_q, n_differ=int(differ.sum()), n_off=int(off.sum()),
-                 max_diff=float(diff.max(initial=0.0)), worst=int(np.argmax(bad)) if bad.any() else -1, k=kk)
+  return TwinGap(
+    leg=leg,
+    op=op,
+    at=at,
+    n_questions=n_q,
+    n_differ=int(differ.sum()),
+    n_off=int(off.sum()),
+    max_diff=float(diff.max(initial=0.0)),
+    worst=int(np.argmax(bad)) if bad.any() else -1,
+    k=kk,
+  )
 
 
 def moved_values(problem: Problem, l: int, vals: Mapping[str, Any]) -> dict[str, Any]:
@@ -232,10 +285,20 @@ def move(transform: str | None, value: float) -> float:
   return value + 0.3
 
 
-def cold_twin_gaps(problem: Problem, rows: Rows, arrays: Sequence[EpisodeArrays],
-                   n_questions: Sequence[int], vals: Mapping[str, Any], *, seed: int, at: str = 'hand-set',
-                   episode_index: Sequence[int] | None = None, rtol: float = RTOL, atol: float = ATOL,
-                   batch_size: int = 256) -> list[TwinGap]:
+def cold_twin_gaps(
+  problem: Problem,
+  rows: Rows,
+  arrays: Sequence[EpisodeArrays],
+  n_questions: Sequence[int],
+  vals: Mapping[str, Any],
+  *,
+  seed: int,
+  at: str = 'hand-set',
+  episode_index: Sequence[int] | None = None,
+  rtol: float = RTOL,
+  atol: float = ATOL,
+  batch_size: int = 256,
+) -> list[TwinGap]:
   """Every fitted leg's cold soft twin against its hard leg on the rows of the episodes ``episode_index`` (all by
   default), at knob values ``vals`` (by path, as :func:`engram_jax.fit.problem.make_problem` returns them).
 
@@ -258,10 +321,10 @@ def cold_twin_gaps(problem: Problem, rows: Rows, arrays: Sequence[EpisodeArrays]
   for l, leg in enumerate(problem.legs):
     if not leg.fitted:
       continue
-    hard = hard_rows(problem, l, arrays, n_questions, episode_index, leg_options(problem, l, vals), n_pad=n_pad,
-                     seed=seed)
+    hard = hard_rows(
+      problem, l, arrays, n_questions, episode_index, leg_options(problem, l, vals), n_pad=n_pad, seed=seed
+    )
     soft = soft_rows(problem, l, vals, sub, batch_size=batch_size)
     k = problem.legs[l].depth if isinstance(soft, SoftSelection) else problem.k
-    gaps.append(compare(soft, hard, np.asarray(sub.where), k=k, leg=leg.name, op=leg.op, at=at, rtol=rtol,
-                        atol=atol))
+    gaps.append(compare(soft, hard, np.asarray(sub.where), k=k, leg=leg.name, op=leg.op, at=at, rtol=rtol, atol=atol))
   return gaps

@@ -99,8 +99,9 @@ class ParentIndex:
     self.parent_tokens = {p: sum(self.tokens[i] for i in ids) for p, ids in self.children.items()}
 
 
-def expand_to_parents(retrieved: Sequence[str], index: ParentIndex, *, max_parent_tokens: int | None,
-                      budget: int | None = None) -> Expansion:
+def expand_to_parents(
+  retrieved: Sequence[str], index: ParentIndex, *, max_parent_tokens: int | None, budget: int | None = None
+) -> Expansion:
   """Bounded parent expansion: a retrieved item brings its whole parent when the parent fits.
 
   Policy: the retrieved items are always in the packet (their tokens are spent first). Then, in rank order of
@@ -137,8 +138,7 @@ def expand_to_parents(retrieved: Sequence[str], index: ParentIndex, *, max_paren
       expanded.append(p)
     else:
       skipped.append(p)
-  return Expansion(ids=tuple(packet), tokens=spent, base_tokens=base, expanded=tuple(expanded),
-                   skipped=tuple(skipped))
+  return Expansion(ids=tuple(packet), tokens=spent, base_tokens=base, expanded=tuple(expanded), skipped=tuple(skipped))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,10 +155,15 @@ class BoundaryScores:
   same_budget_short: list[float] | None = None  # 1 where the ranked list ran out before ``tokens`` was reached
 
 
-def boundary_scores(records: Sequence[tuple[Episode, Question, Sequence[str]]], *, k: int,
-                    max_parent_tokens: int | None, budget: int | None = None,
-                    count_tokens: TokenCount = whitespace_tokens,
-                    indexes: Mapping[str, ParentIndex] | None = None) -> BoundaryScores:
+def boundary_scores(
+  records: Sequence[tuple[Episode, Question, Sequence[str]]],
+  *,
+  k: int,
+  max_parent_tokens: int | None,
+  budget: int | None = None,
+  count_tokens: TokenCount = whitespace_tokens,
+  indexes: Mapping[str, ParentIndex] | None = None,
+) -> BoundaryScores:
   """Exact, parent and expanded-exact recall and tokens spent for ``(episode, question, ranked ids)`` rows.
 
   The top ``k`` of each ranking is the retrieved set. When every ranking is longer than ``k``, the same-budget

@@ -96,8 +96,15 @@ def mrr_at_k(topk: Array, labels: Array, *, k: int) -> Array:
   return xp.max(rr, axis=-1, initial=0.0)
 
 
-METRICS = {'ndcg': ndcg_at_k, 'recall': recall_at_k, 'hit': hit_at_k, 'recall_all': recall_all_at_k,
-           'mrr': mrr_at_k, 'recall_any': hit_at_k, 'ndcg_any': ndcg_any_at_k}
+METRICS = {
+  'ndcg': ndcg_at_k,
+  'recall': recall_at_k,
+  'hit': hit_at_k,
+  'recall_all': recall_all_at_k,
+  'mrr': mrr_at_k,
+  'recall_any': hit_at_k,
+  'ndcg_any': ndcg_any_at_k,
+}
 
 
 def parse_metric(name: str, extra: tuple[str, ...] = ()) -> tuple[str, int]:

@@ -40,6 +40,7 @@ LONGMEMEVAL_KS = (1, 3, 5, 10, 30, 50)
 
 class RetrievalScores(NamedTuple):
   """One question's official retrieval scores at one cutoff."""
+
   recall_any: float
   recall_all: float
   ndcg_any: float
@@ -67,8 +68,7 @@ def dcg_any(relevances: Sequence[float], *, k: int) -> float:
   return float(rel[0] + np.sum(rel[1:] / np.log2(np.arange(2, rel.size + 1))))
 
 
-def ndcg_any(rankings: Sequence[int], correct_docs: Collection[str], corpus_ids: Sequence[str], *,
-             k: int) -> float:
+def ndcg_any(rankings: Sequence[int], correct_docs: Collection[str], corpus_ids: Sequence[str], *, k: int) -> float:
   """LongMemEval ``ndcg``: :func:`dcg_any` of the ranked binary relevances over the ideal ordering of the whole
   corpus (every corpus entry whose id is in ``correct_docs`` is relevant, duplicates included).
 
@@ -88,8 +88,9 @@ def ndcg_any(rankings: Sequence[int], correct_docs: Collection[str], corpus_ids:
   return dcg_any([relevances[i] for i in rankings[:k]], k=k) / ideal
 
 
-def evaluate_retrieval(rankings: Sequence[int], correct_docs: Collection[str], corpus_ids: Sequence[str], *,
-                       k: int) -> RetrievalScores:
+def evaluate_retrieval(
+  rankings: Sequence[int], correct_docs: Collection[str], corpus_ids: Sequence[str], *, k: int
+) -> RetrievalScores:
   """LongMemEval ``evaluate_retrieval``: recall_any@k, recall_all@k, ndcg_any@k for one question.
 
   ``recall_any`` = 1 if any gold id is among the ids of ``rankings[:k]``; ``recall_all`` = 1 if every gold id is;
@@ -130,15 +131,18 @@ def turn2session_k(rankings: Sequence[int], session_ids: Sequence[str], *, k: in
   seen = {session_ids[i] for i in rankings[:eff]}
   while eff <= n and len(seen) < k:
     if eff >= len(rankings) and len(rankings) < n:
-      raise ValueError(f'turn->session at k={k}: the ranking has {len(rankings)} of {n} entries and covers only '
-                       f'{len(seen)} sessions; pass a longer ranking (upstream ranks the whole corpus)')
+      raise ValueError(
+        f'turn->session at k={k}: the ranking has {len(rankings)} of {n} entries and covers only '
+        f'{len(seen)} sessions; pass a longer ranking (upstream ranks the whole corpus)'
+      )
     eff += 1
     seen = {session_ids[i] for i in rankings[:eff]}
   return eff
 
 
-def evaluate_retrieval_turn2session(rankings: Sequence[int], correct_docs: Collection[str],
-                                    corpus_ids: Sequence[str], *, k: int) -> RetrievalScores:
+def evaluate_retrieval_turn2session(
+  rankings: Sequence[int], correct_docs: Collection[str], corpus_ids: Sequence[str], *, k: int
+) -> RetrievalScores:
   """LongMemEval ``evaluate_retrieval_turn2session``: session-level scores from a turn-level ranking.
 
   Turn ids and gold ids are mapped with :func:`turn_to_session_id` (so a ``noans_<x>_<t>`` turn maps to
@@ -188,8 +192,9 @@ def official_skip_reason(question_id: str, corpus_ids: Sequence[str]) -> str | N
   return None
 
 
-def longmemeval_scores(rankings: Sequence[int], corpus_ids: Sequence[str], *, level: str,
-                       ks: Sequence[int] = LONGMEMEVAL_KS) -> dict[str, dict[str, float]]:
+def longmemeval_scores(
+  rankings: Sequence[int], corpus_ids: Sequence[str], *, level: str, ks: Sequence[int] = LONGMEMEVAL_KS
+) -> dict[str, dict[str, float]]:
   """All official per-question scores, keyed as upstream's ``retrieval_results['metrics']``.
 
   ``level='session'`` fills ``'session'``; ``level='turn'`` fills ``'turn'`` and, via the turn->session conversion,
@@ -210,8 +215,9 @@ def longmemeval_scores(rankings: Sequence[int], corpus_ids: Sequence[str], *, le
     out[level].update({f'recall_any@{k}': s.recall_any, f'recall_all@{k}': s.recall_all, f'ndcg_any@{k}': s.ndcg_any})
     if level == 'turn':
       s = evaluate_retrieval_turn2session(rankings, correct, corpus_ids, k=k)
-      out['session'].update({f'recall_any@{k}': s.recall_any, f'recall_all@{k}': s.recall_all,
-                             f'ndcg_any@{k}': s.ndcg_any})
+      out['session'].update(
+        {f'recall_any@{k}': s.recall_any, f'recall_all@{k}': s.recall_all, f'ndcg_any@{k}': s.ndcg_any}
+      )
   return out
 
 
@@ -264,8 +270,10 @@ def subem(prediction: str, answers: str | Sequence[str] | Sequence[Sequence[str]
 def parse_output(output: str, prefix: str = 'Answer:') -> str | None:
   """HELMET/MemoryAgentBench ``parse_output``: everything after the first ``prefix`` (case-insensitive, newlines
   included), else the whole output; stripped, with one repeated leading ``prefix`` removed."""
-  for pattern in (re.compile(f'(?:{prefix})(.*)', flags=re.IGNORECASE | re.DOTALL),
-                  re.compile(r'(?:^)(.*)', flags=re.IGNORECASE | re.DOTALL)):
+  for pattern in (
+    re.compile(f'(?:{prefix})(.*)', flags=re.IGNORECASE | re.DOTALL),
+    re.compile(r'(?:^)(.*)', flags=re.IGNORECASE | re.DOTALL),
+  ):
     m = pattern.search(output)
     if m is not None:
       return re.sub(f'^{re.escape(prefix)}', '', m[1].strip(), flags=re.IGNORECASE).strip()
@@ -300,8 +308,9 @@ def answer_in_top1(ranked_texts: Sequence[str], answers: str | Sequence[str]) ->
   return answer_in_topk(ranked_texts, answers, k=1)
 
 
-def newest_outranks_superseded(ranked_ids: Sequence[str], *, newest: str, superseded: Collection[str],
-                               k: int | None = None) -> bool | None:
+def newest_outranks_superseded(
+  ranked_ids: Sequence[str], *, newest: str, superseded: Collection[str], k: int | None = None
+) -> bool | None:
   """Whether the newest version of the asked fact is ranked above every superseded version.
 
   "Versions of the asked fact" are the facts of one (subject, relation) slot, e.g. ``"X is married to A."`` (older)
@@ -323,7 +332,7 @@ def newest_outranks_superseded(ranked_ids: Sequence[str], *, newest: str, supers
   ranked = list(ranked_ids if k is None else ranked_ids[:k])
   if newest not in ranked:
     return False
-  before = set(ranked[:ranked.index(newest)])
+  before = set(ranked[: ranked.index(newest)])
   return not any(s in before for s in superseded)
 
 
@@ -334,8 +343,7 @@ def newest_outranks_superseded(ranked_ids: Sequence[str], *, newest: str, supers
 class Reader(Protocol):
   """Answer-level (Tier 1) reader: question and retrieved contexts (best first) -> answer text."""
 
-  def __call__(self, question: str, contexts: list[str]) -> str:
-    ...
+  def __call__(self, question: str, contexts: list[str]) -> str: ...
 
 
 class FirstContextReader:

@@ -5,15 +5,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
-
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from engram_jax.metrics import stats
 from engram_jax.eval.evaluation import EvalResult
-
+from engram_jax.metrics import stats
 
 BINARY = ('hit', 'recall_any', 'recall_all', 'answer', 'newest_first')
 
@@ -48,8 +46,7 @@ def category_label(cat: int | str, names: Mapping[Any, str]) -> str:
   return f'{name} ({cat})' if name else str(cat)
 
 
-def _intervals(vectors: Sequence[tuple[str, np.ndarray]], *, seed: int, n_resamples: int
-               ) -> list[stats.Interval]:
+def _intervals(vectors: Sequence[tuple[str, np.ndarray]], *, seed: int, n_resamples: int) -> list[stats.Interval]:
   """Intervals of ``(metric, values [Q])`` pairs of one question subset: Wilson for 0/1 metrics, one batched
   bootstrap (:func:`engram_jax.metrics.stats.bootstrap_cis`) for the others."""
   out: list[stats.Interval | None] = [None] * len(vectors)
@@ -83,8 +80,14 @@ def _run(tasks: Sequence[Callable[[], Any]]) -> list[Any]:
     return [f.result() for f in [pool.submit(t) for t in tasks]]
 
 
-def summarize(result: EvalResult, *, category_names: Mapping[Any, str], seed: int, n_resamples: int = 10_000,
-              baselines: Sequence[str] = ()) -> dict[str, Any]:
+def summarize(
+  result: EvalResult,
+  *,
+  category_names: Mapping[Any, str],
+  seed: int,
+  n_resamples: int = 10_000,
+  baselines: Sequence[str] = (),
+) -> dict[str, Any]:
   """Means with 95% intervals (bootstrap; Wilson for 0/1 metrics), overall and per category, and paired tests
   against ``baselines`` (bootstrap CI of the difference, sign-flip p; McNemar p too for 0/1 metrics).
 
@@ -100,11 +103,13 @@ def summarize(result: EvalResult, *, category_names: Mapping[Any, str], seed: in
   cats = np.asarray([str(c) for c in result.categories])
   order = sorted(set(result.categories), key=lambda c: (str(type(c)), c))
   keys = [(name, m) for name, per_metric in result.scores.items() for m in per_metric]
-  pairs = [(name, base, m) for name, m in keys for base in baselines
-           if base != name and base in result.scores]
+  pairs = [(name, base, m) for name, m in keys for base in baselines if base != name and base in result.scores]
   # rows of the all-question pass: those with a bootstrap interval, and both sides of every pair
-  rows = list(dict.fromkeys([k for k in keys if not is_binary(k[1])]
-                            + [(n, m) for n, _, m in pairs] + [(b, m) for _, b, m in pairs]))
+  rows = list(
+    dict.fromkeys(
+      [k for k in keys if not is_binary(k[1])] + [(n, m) for n, _, m in pairs] + [(b, m) for _, b, m in pairs]
+    )
+  )
   row_of = {k: i for i, k in enumerate(rows)}
   values = np.stack([result.scores[n][m] for n, m in rows]) if rows else np.zeros((0, len(cats)))
   a = np.stack([result.scores[n][m] for n, _, m in pairs]) if pairs else np.zeros((0, len(cats)))
@@ -112,10 +117,13 @@ def summarize(result: EvalResult, *, category_names: Mapping[Any, str], seed: in
   sels = [cats == str(c) for c in order]
   by_size = sorted(range(len(sels)), key=lambda i: -int(sels[i].sum()))  # largest category first: balanced threads
   tasks: list[Callable[[], Any]] = [
-      lambda: stats.bootstrap_means(values, seed=seed, n_resamples=n_resamples) if rows else None,
-      lambda: stats.sign_flip_pvalues(a - b, seed=seed + 1, n_resamples=n_resamples) if pairs else None]
-  tasks += [lambda sel=sels[i]: _intervals([(m, result.scores[n][m][sel]) for n, m in keys], seed=seed,
-                                           n_resamples=n_resamples) for i in by_size]
+    lambda: stats.bootstrap_means(values, seed=seed, n_resamples=n_resamples) if rows else None,
+    lambda: stats.sign_flip_pvalues(a - b, seed=seed + 1, n_resamples=n_resamples) if pairs else None,
+  ]
+  tasks += [
+    lambda sel=sels[i]: _intervals([(m, result.scores[n][m][sel]) for n, m in keys], seed=seed, n_resamples=n_resamples)
+    for i in by_size
+  ]
   reps, pvalues, *done = _run(tasks)
   cat_cis = [done[by_size.index(i)] for i in range(len(sels))]
 
@@ -146,23 +154,33 @@ def summarize(result: EvalResult, *, category_names: Mapping[Any, str], seed: in
 def per_question(result: EvalResult) -> list[dict[str, Any]]:
   """One record per question: ids, category, gold count, each pipeline's metrics and retrieved ids."""
   # each score row converted once (``tolist`` gives the Python floats of ``float(v[i])``)
-  scores = [(p, [(m, np.asarray(v, np.float64).tolist()) for m, v in ms.items()])
-            for p, ms in result.scores.items()]
+  scores = [(p, [(m, np.asarray(v, np.float64).tolist()) for m, v in ms.items()]) for p, ms in result.scores.items()]
   retrieved = list(result.retrieved.items())
-  return [{'id': qid, 'episode': result.episode_ids[i], 'category': result.categories[i],
-           'n_gold': result.n_gold[i],
-           'scores': {p: {m: v[i] for m, v in ms} for p, ms in scores},
-           'retrieved': {p: ids[i] for p, ids in retrieved}}
-          for i, qid in enumerate(result.question_ids)]
+  return [
+    {
+      'id': qid,
+      'episode': result.episode_ids[i],
+      'category': result.categories[i],
+      'n_gold': result.n_gold[i],
+      'scores': {p: {m: v[i] for m, v in ms} for p, ms in scores},
+      'retrieved': {p: ids[i] for p, ids in retrieved},
+    }
+    for i, qid in enumerate(result.question_ids)
+  ]
 
 
 def _fmt(mean: float, ci: Sequence[float]) -> str:
   return f'{mean:.4f} [{ci[0]:.4f}, {ci[1]:.4f}]'
 
 
-def markdown_table(summary: Mapping[str, Any], *, metrics: Sequence[str], title: str = '',
-                   reference: Mapping[str, Mapping[str, float]] | None = None,
-                   reference_label: str = 'published') -> str:
+def markdown_table(
+  summary: Mapping[str, Any],
+  *,
+  metrics: Sequence[str],
+  title: str = '',
+  reference: Mapping[str, Mapping[str, float]] | None = None,
+  reference_label: str = 'published',
+) -> str:
   """Markdown: overall means with CIs (+ a labelled reference column), per-category means, paired tests."""
   lines = [f'### {title}', ''] if title else []
   ref_cols = [f'{m} ({reference_label})' for m in metrics] if reference else []
@@ -182,22 +200,30 @@ def markdown_table(summary: Mapping[str, Any], *, metrics: Sequence[str], title:
     lines += ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
     for name, e in summary.items():
       lines.append('| ' + ' | '.join([name] + [f'{e["by_category"][c][m]:.4f}' for c in cats]) + ' |')
-  tests = [(name, vs, m, r) for name, e in summary.items() for vs, ms in e['paired'].items()
-            for m, r in ms.items()]
+  tests = [(name, vs, m, r) for name, e in summary.items() for vs, ms in e['paired'].items() for m, r in ms.items()]
   if tests:
-    lines += ['', 'Paired differences (row minus baseline; bootstrap 95% CI; sign-flip permutation p; '
-              'McNemar p for 0/1 metrics)', '',
-              '| pipeline | baseline | metric | delta | 95% CI | p | McNemar p |', '|---|---|---|---|---|---|---|']
+    lines += [
+      '',
+      'Paired differences (row minus baseline; bootstrap 95% CI; sign-flip permutation p; McNemar p for 0/1 metrics)',
+      '',
+      '| pipeline | baseline | metric | delta | 95% CI | p | McNemar p |',
+      '|---|---|---|---|---|---|---|',
+    ]
     for name, vs, m, r in tests:
       mc = f'{r["mcnemar_p"]:.4f}' if 'mcnemar_p' in r else ''
-      lines.append(f'| {name} | {vs[3:]} | {m} | {r["delta"]:+.4f} | [{r["lo"]:+.4f}, {r["hi"]:+.4f}] '
-                   f'| {r["p"]:.4f} | {mc} |')
+      lines.append(
+        f'| {name} | {vs[3:]} | {m} | {r["delta"]:+.4f} | [{r["lo"]:+.4f}, {r["hi"]:+.4f}] | {r["p"]:.4f} | {mc} |'
+      )
   return '\n'.join(lines) + '\n'
 
 
-def combined_table(per_dataset: Mapping[str, Mapping[str, Any]], *, order: Sequence[str],
-                   reference: Mapping[str, Mapping[str, Any]] | None = None,
-                   reference_label: str = 'published') -> str:
+def combined_table(
+  per_dataset: Mapping[str, Mapping[str, Any]],
+  *,
+  order: Sequence[str],
+  reference: Mapping[str, Mapping[str, Any]] | None = None,
+  reference_label: str = 'published',
+) -> str:
   """One row per pipeline, one column per (dataset, metric): mean [95% CI]; 'n/a' where a pipeline was not run.
 
   ``reference`` (``{row: {column: value}}``, columns named ``<dataset> <metric>``) adds labelled reference rows.
@@ -221,6 +247,7 @@ def fits_markdown(fits: Mapping[str, Mapping[str, Any]]) -> str:
   lines = ['', 'Parameters fit on training questions (disjoint from every scored set, asserted):', '']
   for name, f in fits.items():
     grid = ', '.join(f'{v.split("[")[-1].rstrip("]")}: {m:.4f}' for v, m in f['grid'].items())
-    lines.append(f'- {name}: chose {f["chosen"]} on {f["train_sets"]} ({f["n_train_questions"]} questions); '
-                 f'grid {grid}')
+    lines.append(
+      f'- {name}: chose {f["chosen"]} on {f["train_sets"]} ({f["n_train_questions"]} questions); grid {grid}'
+    )
   return '\n'.join(lines) + '\n'

@@ -85,7 +85,7 @@ def _tables(dev: np.ndarray) -> list[tuple[slice, np.ndarray]]:
   for start in range(0, m, width):
     rows = slice(start, min(start + width, m))
     table = np.zeros((q, width), np.float32)
-    table[:, :rows.stop - start] = dev[rows].T
+    table[:, : rows.stop - start] = dev[rows].T
     out.append((rows, table))
   return out
 
@@ -122,6 +122,7 @@ def bootstrap_draws(seed: int, q: int, n_resamples: int) -> tuple[np.ndarray, ..
   """The index blocks of :func:`bootstrap_means`: ``rng = default_rng(seed)``, then per block of ``c =``
   :func:`chunk_size` ``(q)`` resamples (the last shorter) ``rng.integers(0, q, size=(q, c), dtype=index_dtype(q))``.
   Cached in the process by ``(seed, q, n_resamples)`` (read-only arrays, at most 128 MB in all)."""
+
   def make() -> tuple[np.ndarray, ...]:
     rng = np.random.default_rng(seed)
     c, dtype = chunk_size(q), index_dtype(q)
@@ -131,6 +132,7 @@ def bootstrap_draws(seed: int, q: int, n_resamples: int) -> tuple[np.ndarray, ..
       a.flags.writeable = False
       out.append(a)
     return tuple(out)
+
   return _draw_cache().get((int(seed), int(q), int(n_resamples)), make)
 
 
@@ -165,12 +167,11 @@ def bootstrap_means(values: np.ndarray, *, seed: int, n_resamples: int = 10_000)
     for rows, table in tables:
       np.take(table, idx, axis=0, out=g, mode='clip')  # indices are in range: 'clip' skips the check
       s = np.add.reduce(g, axis=0)  # [r, W]: sum over the questions
-      sums[rows, start:start + r] = s[:, :rows.stop - rows.start].T
+      sums[rows, start : start + r] = s[:, : rows.stop - rows.start].T
   return centers[:, None] + sums / q
 
 
-def percentile_intervals(values: np.ndarray, replicates: np.ndarray, *, confidence: float = 0.95
-                         ) -> list[Interval]:
+def percentile_intervals(values: np.ndarray, replicates: np.ndarray, *, confidence: float = 0.95) -> list[Interval]:
   """Means of the rows of ``values [M, Q]`` with percentile intervals of their bootstrap ``replicates [M, R]``.
 
   A constant row (or ``Q == 1``) gets the degenerate interval ``[mean, mean]``; ``Q == 0`` gives NaNs.
@@ -185,12 +186,15 @@ def percentile_intervals(values: np.ndarray, replicates: np.ndarray, *, confiden
   alpha = (1 - confidence) / 2
   lo, hi = np.percentile(reps, [100 * alpha, 100 * (1 - alpha)], axis=1)
   constant = np.all(v == v[:, :1], axis=1)
-  return [Interval(float(mu), float(mu), float(mu)) if c else Interval(float(mu), float(a), float(b))
-          for mu, a, b, c in zip(means, lo, hi, constant)]
+  return [
+    Interval(float(mu), float(mu), float(mu)) if c else Interval(float(mu), float(a), float(b))
+    for mu, a, b, c in zip(means, lo, hi, constant)
+  ]
 
 
-def bootstrap_cis(values: np.ndarray, *, seed: int, n_resamples: int = 10_000,
-                  confidence: float = 0.95) -> list[Interval]:
+def bootstrap_cis(
+  values: np.ndarray, *, seed: int, n_resamples: int = 10_000, confidence: float = 0.95
+) -> list[Interval]:
   """Means of the rows of ``values [M, Q]`` with percentile bootstrap intervals, all from one shared draw
   (:func:`bootstrap_means`, :func:`percentile_intervals`).
 
@@ -200,8 +204,7 @@ def bootstrap_cis(values: np.ndarray, *, seed: int, n_resamples: int = 10_000,
   return percentile_intervals(v, bootstrap_means(v, seed=seed, n_resamples=n_resamples), confidence=confidence)
 
 
-def bootstrap_ci(values: np.ndarray, *, seed: int, n_resamples: int = 10_000,
-                 confidence: float = 0.95) -> Interval:
+def bootstrap_ci(values: np.ndarray, *, seed: int, n_resamples: int = 10_000, confidence: float = 0.95) -> Interval:
   """Mean of ``values [Q]`` with a percentile bootstrap interval (:func:`bootstrap_cis` of one row)."""
   return bootstrap_cis(_check(values)[None], seed=seed, n_resamples=n_resamples, confidence=confidence)[0]
 
@@ -242,8 +245,10 @@ def sign_flip_pvalues(diffs: np.ndarray, *, seed: int, n_resamples: int = 10_000
   nb = -(-q // 8)
   padded = np.zeros((-(-p_rows // SIGN_LANES) * SIGN_LANES, q))
   padded[:p_rows] = d
-  tables = [(slice(s, min(s + SIGN_LANES, p_rows)), sign_table(padded[s:s + SIGN_LANES]))
-            for s in range(0, p_rows, SIGN_LANES)]
+  tables = [
+    (slice(s, min(s + SIGN_LANES, p_rows)), sign_table(padded[s : s + SIGN_LANES]))
+    for s in range(0, p_rows, SIGN_LANES)
+  ]
   offsets = 256 * np.arange(nb, dtype=np.intp)[:, None]
   rng = np.random.default_rng(seed)
   greater = np.zeros(p_rows, np.int64)
@@ -259,15 +264,16 @@ def sign_flip_pvalues(diffs: np.ndarray, *, seed: int, n_resamples: int = 10_000
       g = gathered[r] = np.empty((nb, r, SIGN_LANES))
     for rows, table in tables:
       np.take(table, flat, axis=0, out=g, mode='clip')
-      null = np.add.reduce(g, axis=0)[:, :rows.stop - rows.start] / q  # [r, rows]
+      null = np.add.reduce(g, axis=0)[:, : rows.stop - rows.start] / q  # [r, rows]
       greater[rows] += np.sum(null >= observed[rows] - tol[rows], axis=0)
       less[rows] += np.sum(null <= observed[rows] + tol[rows], axis=0)
   p = np.minimum(1.0, 2.0 * np.minimum((greater + 1) / (n_resamples + 1), (less + 1) / (n_resamples + 1)))
   return np.where(np.all(d == 0, axis=1), 1.0, p)
 
 
-def paired_results(diffs: np.ndarray, replicates: np.ndarray, pvalues: np.ndarray, *,
-                   confidence: float = 0.95) -> list[PairedResult]:
+def paired_results(
+  diffs: np.ndarray, replicates: np.ndarray, pvalues: np.ndarray, *, confidence: float = 0.95
+) -> list[PairedResult]:
   """Paired comparisons from the differences ``diffs [P, Q]`` (``a - b``), bootstrap replicates of their means
   ``[P, R]`` (e.g. differences of :func:`bootstrap_means` rows of ``a`` and ``b``) and p-values ``[P]``.
 
@@ -278,13 +284,17 @@ def paired_results(diffs: np.ndarray, replicates: np.ndarray, pvalues: np.ndarra
   if d.shape[1] == 0:
     return [PairedResult(*(4 * [float('nan')]), 0) for _ in d]
   cis = percentile_intervals(d, replicates, confidence=confidence)
-  return [PairedResult(0.0, 0.0, 0.0, 1.0, d.shape[1]) if np.all(row == 0)
-          else PairedResult(ci.mean, ci.lo, ci.hi, float(p), d.shape[1])
-          for row, ci, p in zip(d, cis, np.asarray(pvalues, np.float64))]
+  return [
+    PairedResult(0.0, 0.0, 0.0, 1.0, d.shape[1])
+    if np.all(row == 0)
+    else PairedResult(ci.mean, ci.lo, ci.hi, float(p), d.shape[1])
+    for row, ci, p in zip(d, cis, np.asarray(pvalues, np.float64))
+  ]
 
 
-def paired_tests(a: np.ndarray, b: np.ndarray, *, seed: int, n_resamples: int = 10_000,
-                 confidence: float = 0.95) -> list[PairedResult]:
+def paired_tests(
+  a: np.ndarray, b: np.ndarray, *, seed: int, n_resamples: int = 10_000, confidence: float = 0.95
+) -> list[PairedResult]:
   """Paired comparisons of the rows of ``a [P, Q]`` and ``b [P, Q]`` (same questions), in one batched pass.
 
   The interval is a percentile bootstrap of ``mean(a - b)`` over questions: replicates ``mean(a[idx]) -
@@ -298,11 +308,12 @@ def paired_tests(a: np.ndarray, b: np.ndarray, *, seed: int, n_resamples: int = 
   reps = bootstrap_means(np.concatenate([a, b]), seed=seed, n_resamples=n_resamples)
   d = a - b
   ps = sign_flip_pvalues(d, seed=seed + 1, n_resamples=n_resamples)
-  return paired_results(d, reps[:len(a)] - reps[len(a):], ps, confidence=confidence)
+  return paired_results(d, reps[: len(a)] - reps[len(a) :], ps, confidence=confidence)
 
 
-def paired_test(a: np.ndarray, b: np.ndarray, *, seed: int, n_resamples: int = 10_000,
-                confidence: float = 0.95) -> PairedResult:
+def paired_test(
+  a: np.ndarray, b: np.ndarray, *, seed: int, n_resamples: int = 10_000, confidence: float = 0.95
+) -> PairedResult:
   """Paired comparison of two methods on the same questions ``a [Q]``, ``b [Q]`` (:func:`paired_tests` of one
   row)."""
   a, b = _check(a), _check(b)
@@ -318,7 +329,8 @@ def wilson_ci(successes: np.ndarray, *, confidence: float = 0.95) -> Interval:
     raise ValueError('wilson_ci expects 0/1 outcomes')
   if len(s) == 0:
     return Interval(float('nan'), float('nan'), float('nan'))
-  from statsmodels.stats.proportion import proportion_confint  # pylint: disable=import-outside-toplevel
+  from statsmodels.stats.proportion import proportion_confint
+
   lo, hi = proportion_confint(int(s.sum()), len(s), alpha=1 - confidence, method='wilson')
   return Interval(float(s.mean()), float(lo), float(hi))
 
@@ -326,6 +338,7 @@ def wilson_ci(successes: np.ndarray, *, confidence: float = 0.95) -> Interval:
 def mcnemar_test(a: np.ndarray, b: np.ndarray) -> float:
   """Exact McNemar p-value for paired 0/1 outcomes (statsmodels)."""
   a, b = _check(a).astype(bool), _check(b).astype(bool)
-  from statsmodels.stats.contingency_tables import mcnemar  # pylint: disable=import-outside-toplevel
+  from statsmodels.stats.contingency_tables import mcnemar
+
   table = [[np.sum(a & b), np.sum(a & ~b)], [np.sum(~a & b), np.sum(~a & ~b)]]
   return float(mcnemar(table, exact=True).pvalue)

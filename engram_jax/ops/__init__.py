@@ -6,8 +6,18 @@ Families: :mod:`~engram_jax.ops.cosine`, :mod:`~engram_jax.ops.bm25`, :mod:`~eng
 :mod:`~engram_jax.ops.rrf`. Importing this package registers every built-in operator.
 """
 
-from engram_jax.ops import (bm25, cfs, cfsr, controls, cosine, mmr, rrf, tcfsr, tcfsr_learned,  # noqa: F401
-                            tide)  # (importing registers)
+from engram_jax.ops import (  # noqa: F401
+  bm25,
+  cfs,
+  cfsr,
+  controls,
+  cosine,
+  mmr,
+  rrf,
+  tcfsr,
+  tcfsr_learned,
+  tide,  # (importing registers)
+)
 from engram_jax.ops.registry import OPERATORS, Knob, Operator, SoftTwin, get, register
 
 __all__ = ['OPERATORS', 'Knob', 'Operator', 'SoftTwin', 'get', 'register']

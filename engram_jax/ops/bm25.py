@@ -34,18 +34,29 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from engram_jax.core.batch import EpisodeArrays
+
 # The tokenizers and the Lexicon live in engram_jax.core.lexicon (built by engram_jax.core.batch, which imports no operator);
 # re-exported here, where BM25's users look for them.
-from engram_jax.core.lexicon import (TOKENIZERS, Lexicon, build_lexicon, build_vocab, flat_tokenize,  # noqa: F401
-                                get_tokenizer, term_counts, tokenize)
+from engram_jax.core.lexicon import (  # noqa: F401
+  TOKENIZERS,
+  Lexicon,
+  build_lexicon,
+  build_vocab,
+  flat_tokenize,
+  get_tokenizer,
+  term_counts,
+  tokenize,
+)
 from engram_jax.ops import pools
 from engram_jax.ops.registry import Knob, Operator, SoftTwin, knob_defaults, register
 
 # The declaration of BM25's knobs: the one place their defaults are written (signatures below read _D).
-KNOBS = (Knob('k1', 1.5, transform='log', check='>0', doc='BM25 term saturation'),
-         Knob('b', 0.75, transform='logit', check='[0,1]', doc='BM25 length normalisation'),
-         Knob('epsilon', 0.25, static=True, check='>=0', doc='BM25 idf floor factor'),
-         Knob('tokenizer', 'words', static=True, check=tuple(TOKENIZERS), doc='term tokenizer'))
+KNOBS = (
+  Knob('k1', 1.5, transform='log', check='>0', doc='BM25 term saturation'),
+  Knob('b', 0.75, transform='logit', check='[0,1]', doc='BM25 length normalisation'),
+  Knob('epsilon', 0.25, static=True, check='>=0', doc='BM25 idf floor factor'),
+  Knob('tokenizer', 'words', static=True, check=tuple(TOKENIZERS), doc='term tokenizer'),
+)
 _D = knob_defaults(KNOBS)
 
 
@@ -64,9 +75,15 @@ def _idf(df: Array, n: Array, epsilon: ArrayLike) -> Array:
 GATHER_BUDGET = 1 << 24
 
 
-def bm25_sparse_scores(lex: Lexicon, *, where: Array | None = None, k1: ArrayLike = _D['k1'],
-                       b: ArrayLike = _D['b'], epsilon: ArrayLike = _D['epsilon'],
-                       batch_size: int | None = 32) -> Array:
+def bm25_sparse_scores(
+  lex: Lexicon,
+  *,
+  where: Array | None = None,
+  k1: ArrayLike = _D['k1'],
+  b: ArrayLike = _D['b'],
+  epsilon: ArrayLike = _D['epsilon'],
+  batch_size: int | None = 32,
+) -> Array:
   r"""Okapi BM25 scores from sparse term statistics; equal to :func:`bm25_scores` on the dense counts (tested) and
   to ``rank_bm25.BM25Okapi``.
 
@@ -102,8 +119,9 @@ def bm25_sparse_scores(lex: Lexicon, *, where: Array | None = None, k1: ArrayLik
   def chunk(args):
     q_terms, q_counts = args  # [B, T]
     cols = jnp.arange(q_terms.shape[0])[None, :]
-    q_rows = jnp.zeros((v, q_terms.shape[0]), weight.dtype).at[q_terms.T, cols].add(
-        q_counts.T.astype(weight.dtype))  # [V, B]: a question's count of each term, questions contiguous
+    q_rows = (
+      jnp.zeros((v, q_terms.shape[0]), weight.dtype).at[q_terms.T, cols].add(q_counts.T.astype(weight.dtype))
+    )  # [V, B]: a question's count of each term, questions contiguous
     return jnp.einsum('nlb,nl->bn', q_rows[terms], weight)  # [B, N]
 
   q_terms, q_counts = jnp.asarray(lex.query_terms), jnp.asarray(lex.query_counts)
@@ -120,8 +138,15 @@ def bm25_sparse_scores(lex: Lexicon, *, where: Array | None = None, k1: ArrayLik
   return jnp.where(real, s, -jnp.inf)
 
 
-def bm25_scores(query_tf: Array, doc_tf: Array, *, where: Array | None = None, k1: ArrayLike = _D['k1'],
-                b: ArrayLike = _D['b'], epsilon: ArrayLike = _D['epsilon']) -> Array:
+def bm25_scores(
+  query_tf: Array,
+  doc_tf: Array,
+  *,
+  where: Array | None = None,
+  k1: ArrayLike = _D['k1'],
+  b: ArrayLike = _D['b'],
+  epsilon: ArrayLike = _D['epsilon'],
+) -> Array:
   r"""Okapi BM25 scores, equal to ``rank_bm25.BM25Okapi(corpus).get_scores(query)``.
 
   Definition:
@@ -154,6 +179,7 @@ def bm25_scores(query_tf: Array, doc_tf: Array, *, where: Array | None = None, k
 
 # ---- soft twin: BM25 from per-question term statistics ------------------------------------------------------
 
+
 def term_stats(ep: EpisodeArrays, n_q: int, epsilon: float, n_terms: int | None = None):
   """Per question: (term counts [Q, T, N], count x idf [Q, T], dl/avgdl [N]) with rank_bm25's idf; T = the most
   distinct in-vocabulary query terms of any question (or ``n_terms``). Read from the ``'words'`` :class:`Lexicon`
@@ -163,9 +189,11 @@ def term_stats(ep: EpisodeArrays, n_q: int, epsilon: float, n_terms: int | None 
   terms = np.asarray(lex.doc_terms)
   counts = np.asarray(lex.doc_counts, np.float64) * where[:, None]
   n_items, width = terms.shape
-  import scipy.sparse  # pylint: disable=import-outside-toplevel  # only when term counts are built (start-up cost)
-  tf = scipy.sparse.csc_matrix((counts.ravel(), (np.repeat(np.arange(n_items), width), terms.ravel())),
-                               shape=(n_items, lex.vocab_where.shape[-1]))  # duplicate (padding) entries add 0
+  import scipy.sparse  # only when term counts are built (start-up cost)
+
+  tf = scipy.sparse.csc_matrix(
+    (counts.ravel(), (np.repeat(np.arange(n_items), width), terms.ravel())), shape=(n_items, lex.vocab_where.shape[-1])
+  )  # duplicate (padding) entries add 0
   n = float(np.sum(where))
   dl = counts.sum(-1)
   avgdl = dl.sum() / max(n, 1.0)
@@ -184,8 +212,8 @@ def term_stats(ep: EpisodeArrays, n_q: int, epsilon: float, n_terms: int | None 
     cols, qc = q_terms[i][keep[i]], q_counts[i][keep[i]]
     if len(cols) > n_terms:
       raise ValueError(f'question {i} has {len(cols)} distinct terms > {n_terms}')
-    out_tf[i, :len(cols)] = tf[:, cols].toarray().T
-    out_w[i, :len(cols)] = qc * idf[cols]
+    out_tf[i, : len(cols)] = tf[:, cols].toarray().T
+    out_w[i, : len(cols)] = qc * idf[cols]
   return out_tf, out_w, (dl / (avgdl if avgdl > 0 else 1.0)).astype(np.float32)
 
 
@@ -198,9 +226,15 @@ def bm25_from_stats(tf: Array, wq: Array, dlr: Array, *, k1: Array, b: Array) ->
   return jnp.einsum('...t,...tn->...n', wq, sat)
 
 
-
-def bm25_leg(ep: EpisodeArrays, key: Array, *, k1: float = _D['k1'], b: float = _D['b'],
-             epsilon: float = _D['epsilon'], tokenizer: str = _D['tokenizer']) -> Array:
+def bm25_leg(
+  ep: EpisodeArrays,
+  key: Array,
+  *,
+  k1: float = _D['k1'],
+  b: float = _D['b'],
+  epsilon: float = _D['epsilon'],
+  tokenizer: str = _D['tokenizer'],
+) -> Array:
   """BM25Okapi scores ``[Q, N]`` over the term counts of ``tokenizer`` (``'words'``, or ``'flat'`` for
   LongMemEval's official flat-bm25).
 
@@ -209,8 +243,10 @@ def bm25_leg(ep: EpisodeArrays, key: Array, *, k1: float = _D['k1'], b: float = 
   """
   del key
   if tokenizer not in ep.lexicons:
-    raise ValueError(f'bm25: tokenizer {tokenizer!r} has no term counts in these arrays (built with '
-                     f'{list(ep.lexicons)}); pass tokenizers=[..., {tokenizer!r}] to episode_arrays')
+    raise ValueError(
+      f'bm25: tokenizer {tokenizer!r} has no term counts in these arrays (built with '
+      f'{list(ep.lexicons)}); pass tokenizers=[..., {tokenizer!r}] to episode_arrays'
+    )
   return bm25_sparse_scores(ep.lexicons[tokenizer], where=ep.where, k1=k1, b=b, epsilon=epsilon)
 
 
@@ -221,8 +257,11 @@ def term_rows(ep: EpisodeArrays, n_questions: int, n_pad: int, options, settings
   if options['tokenizer'] != 'words':
     raise ValueError(f"fitting BM25 is supported with the 'words' tokenizer, got {options['tokenizer']!r}")
   tf, w, dlr = term_stats(ep, n_questions, float(options['epsilon']))
-  return {'tf': pools.pad_items(tf, n_pad, 0.0), 'w': w,
-          'dlr': pools.pad_items(np.broadcast_to(dlr, (n_questions, dlr.shape[0])), n_pad, 1.0)}
+  return {
+    'tf': pools.pad_items(tf, n_pad, 0.0),
+    'w': w,
+    'dlr': pools.pad_items(np.broadcast_to(dlr, (n_questions, dlr.shape[0])), n_pad, 1.0),
+  }
 
 
 def term_scores(rows, values) -> Array:
@@ -238,7 +277,13 @@ def _soft(rows, values, ctx) -> Array:
   return jnp.where(ctx.where, s, -jnp.inf)
 
 
-BM25 = register(Operator(
-    name='bm25', leg=bm25_leg, doc="Okapi BM25 (rank_bm25's BM25Okapi semantics)", knobs=KNOBS,
+BM25 = register(
+  Operator(
+    name='bm25',
+    leg=bm25_leg,
+    doc="Okapi BM25 (rank_bm25's BM25Okapi semantics)",
+    knobs=KNOBS,
     soft=SoftTwin(rows=term_rows, scores=_soft, fill=TERM_FILL),
-    needs=lambda options: {'tokenizers': (options['tokenizer'],)}))
+    needs=lambda options: {'tokenizers': (options['tokenizer'],)},
+  )
+)

@@ -7,32 +7,52 @@ RRF leg scores (:func:`engram_jax.ops.greedy.selection_scores`), so CFS is used 
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
 from engram_jax.core import relax
 from engram_jax.core.batch import EpisodeArrays
 from engram_jax.ops import pools
-from engram_jax.ops.greedy import (Selection, SoftSelection, episode_gram, greedy, map_pool_batch, map_queries,
-                                   pool_inputs, scatter_pool_selection, scatter_probs, selection_scores,
-                                   soft_greedy, soft_pool_inputs)
+from engram_jax.ops.greedy import (
+  Selection,
+  SoftSelection,
+  episode_gram,
+  greedy,
+  map_pool_batch,
+  map_queries,
+  pool_inputs,
+  scatter_pool_selection,
+  scatter_probs,
+  selection_scores,
+  soft_greedy,
+  soft_pool_inputs,
+)
 from engram_jax.ops.registry import Knob, Operator, SoftTwin, knob_defaults, register
 
 # The declaration of CFS's knobs: the one place their defaults are written (signatures below read _D).
-KNOBS = (Knob('k', 10, static=True, check='int>=1', doc='number of picks'),
-         Knob('beta', 0.20, transform='log', check='>0', doc='field strength'),
-         Knob('sigma', 0.40, transform='log', check='>0', doc='a Gaussian width'),
-         Knob('floor', 1e-6, static=True, check='>0', doc='cosine floor under the log'),
-         Knob('pool', None, static=True, check='int>=1', doc='cosine prefilter (None = all items)'))
+KNOBS = (
+  Knob('k', 10, static=True, check='int>=1', doc='number of picks'),
+  Knob('beta', 0.20, transform='log', check='>0', doc='field strength'),
+  Knob('sigma', 0.40, transform='log', check='>0', doc='a Gaussian width'),
+  Knob('floor', 1e-6, static=True, check='>0', doc='cosine floor under the log'),
+  Knob('pool', None, static=True, check='int>=1', doc='cosine prefilter (None = all items)'),
+)
 _D = knob_defaults(KNOBS)
 
 
-def cfs_select(query: Array, docs: Array, *, k: int, beta: ArrayLike = _D['beta'], sigma: ArrayLike = _D['sigma'],
-               where: Array | None = None, floor: float = _D['floor'], pool: int | None = None,
-               gram: Array | None = None) -> Selection:
+def cfs_select(
+  query: Array,
+  docs: Array,
+  *,
+  k: int,
+  beta: ArrayLike = _D['beta'],
+  sigma: ArrayLike = _D['sigma'],
+  where: Array | None = None,
+  floor: float = _D['floor'],
+  pool: int | None = None,
+  gram: Array | None = None,
+) -> Selection:
   r"""Conditional Field Subtraction: greedy picks under a summed Gaussian coverage field.
 
   Definition:
@@ -65,6 +85,7 @@ def cfs_select(query: Array, docs: Array, *, k: int, beta: ArrayLike = _D['beta'
 
   Not differentiable (argmax); ``soft_cfs_select`` (to come) is its relaxed twin.
   """
+
   def one(q, d, wh, g):
     rel, valid, idx, sq, sims = pool_inputs(q, d, wh, g, pool)
     beta_ = jnp.asarray(beta, rel.dtype)
@@ -79,17 +100,24 @@ def cfs_select(query: Array, docs: Array, *, k: int, beta: ArrayLike = _D['beta'
       del count
       s, pick_sq = s_and_norm
       d2 = jnp.maximum(sq + pick_sq - 2.0 * s, 0.0)
-      return field + jnp.exp(-d2 / (2.0 * sigma_ ** 2))
+      return field + jnp.exp(-d2 / (2.0 * sigma_**2))
 
-    return greedy(rel, valid, idx, sims_and_norm, k=k, init=jnp.zeros_like(rel),
-                   objective=objective, update=update)
+    return greedy(rel, valid, idx, sims_and_norm, k=k, init=jnp.zeros_like(rel), objective=objective, update=update)
 
   return map_queries(one, query, docs, where, gram)
 
 
-def soft_cfs_select_gram(rel: Array, gram: Array, *, k: int, beta: ArrayLike = _D['beta'],
-                         sigma: ArrayLike = _D['sigma'], temperature: ArrayLike = 0.1, where: Array | None = None,
-                         floor: float = _D['floor']) -> SoftSelection:
+def soft_cfs_select_gram(
+  rel: Array,
+  gram: Array,
+  *,
+  k: int,
+  beta: ArrayLike = _D['beta'],
+  sigma: ArrayLike = _D['sigma'],
+  temperature: ArrayLike = 0.1,
+  where: Array | None = None,
+  floor: float = _D['floor'],
+) -> SoftSelection:
   r"""Relaxed CFS from relevance ``rel [..., P]`` and item inner products ``gram [..., P, P]``.
 
   The relaxed field after picks :math:`p_1..p_t` is :math:`\sum_{u \le t} K p_u` with
@@ -100,7 +128,6 @@ def soft_cfs_select_gram(rel: Array, gram: Array, *, k: int, beta: ArrayLike = _
   rel = jnp.asarray(rel)
   where = jnp.ones(rel.shape, bool) if where is None else jnp.broadcast_to(jnp.asarray(where, bool), rel.shape)
   batch = rel.shape[:-1]
-  p = rel.shape[-1]
   temperature = jnp.broadcast_to(jnp.asarray(temperature, rel.dtype), batch)
 
   def one(r, g, wh, t):
@@ -108,22 +135,30 @@ def soft_cfs_select_gram(rel: Array, gram: Array, *, k: int, beta: ArrayLike = _
     sigma_ = jnp.asarray(sigma, r.dtype)
     logf = jnp.log(jnp.maximum(r, jnp.asarray(floor, r.dtype)))
     sq = jnp.diagonal(g)
-    kern = jnp.exp(-jnp.maximum(sq[:, None] + sq[None, :] - 2.0 * g, 0.0) / (2.0 * sigma_ ** 2))
+    kern = jnp.exp(-jnp.maximum(sq[:, None] + sq[None, :] - 2.0 * g, 0.0) / (2.0 * sigma_**2))
     kern = jnp.where(wh[None, :], kern, 0.0)
     objective = lambda field, count: logf - beta_ * field
     update = lambda field, pk, count: field + kern @ pk
-    probs, scores = soft_greedy(r, wh, k=k, temperature=t, init=jnp.zeros_like(r), objective=objective,
-                                 update=update)
+    probs, scores = soft_greedy(r, wh, k=k, temperature=t, init=jnp.zeros_like(r), objective=objective, update=update)
     return SoftSelection(probs, scores)
 
   return map_pool_batch(one, rel, gram, where, temperature)
 
 
-def soft_cfs_select(query: Array, docs: Array, *, k: int, beta: ArrayLike = _D['beta'],
-                    sigma: ArrayLike = _D['sigma'], temperature: ArrayLike = 0.1, where: Array | None = None,
-                    floor: float = _D['floor'],
-                    pool: int | None = None, gram: Array | None = None,
-                    batch_size: int | None = None) -> SoftSelection:
+def soft_cfs_select(
+  query: Array,
+  docs: Array,
+  *,
+  k: int,
+  beta: ArrayLike = _D['beta'],
+  sigma: ArrayLike = _D['sigma'],
+  temperature: ArrayLike = 0.1,
+  where: Array | None = None,
+  floor: float = _D['floor'],
+  pool: int | None = None,
+  gram: Array | None = None,
+  batch_size: int | None = None,
+) -> SoftSelection:
   r"""Relaxed twin of :func:`cfs_select` (softmax-relaxed greedy steps, see :func:`soft_cfs_select_gram`).
 
   Args: as :func:`cfs_select`, plus ``temperature`` (in log-relevance units, scalar; traced) and
@@ -132,23 +167,31 @@ def soft_cfs_select(query: Array, docs: Array, *, k: int, beta: ArrayLike = _D['
   Returns:
     :class:`SoftSelection` with ``probs [..., K, N]``; tends to the hard picks as ``temperature -> 0``.
   """
+
   def one(q, d, wh, g):
     rel, gp, valid, idx = soft_pool_inputs(q, d, wh, g, pool)
-    sel = soft_cfs_select_gram(rel, gp, k=k, beta=beta, sigma=sigma, temperature=temperature, where=valid,
-                               floor=floor)
+    sel = soft_cfs_select_gram(rel, gp, k=k, beta=beta, sigma=sigma, temperature=temperature, where=valid, floor=floor)
     return SoftSelection(scatter_probs(sel.probs, idx, d.shape[0]), sel.scores)
 
   return map_queries(one, query, docs, where, gram, batch_size=batch_size)
 
 
-
-def cfs_leg(ep: EpisodeArrays, key: Array, *, k: int = _D['k'], beta: float = _D['beta'],
-            sigma: float = _D['sigma'], floor: float = _D['floor'], pool: int | None = _D['pool']) -> Array:
+def cfs_leg(
+  ep: EpisodeArrays,
+  key: Array,
+  *,
+  k: int = _D['k'],
+  beta: float = _D['beta'],
+  sigma: float = _D['sigma'],
+  floor: float = _D['floor'],
+  pool: int | None = _D['pool'],
+) -> Array:
   """CFS picks as leg scores ``[Q, N]``; item similarities from the episode Gram up to
   :data:`engram_jax.ops.greedy.GRAM_ITEMS` items, from the pooled rows above it (never N x N)."""
   del key
-  sel = cfs_select(ep.queries, ep.docs, k=k, beta=beta, sigma=sigma, where=ep.where, floor=floor, pool=pool,
-                   gram=episode_gram(ep.docs))
+  sel = cfs_select(
+    ep.queries, ep.docs, k=k, beta=beta, sigma=sigma, where=ep.where, floor=floor, pool=pool, gram=episode_gram(ep.docs)
+  )
   return selection_scores(sel, n=ep.docs.shape[0])
 
 
@@ -160,11 +203,18 @@ def _soft(rows, values, ctx) -> SoftSelection:
   floor = float(values['floor'])
   rel = jnp.log(jnp.maximum(b, floor))
   temp = ctx.temperatures.greedy * relax.gap_scale(rel, k=k, where=valid)
-  sel = soft_cfs_select_gram(b, g, k=k, beta=values['beta'], sigma=values['sigma'], temperature=temp, where=valid,
-                             floor=floor)
+  sel = soft_cfs_select_gram(
+    b, g, k=k, beta=values['beta'], sigma=values['sigma'], temperature=temp, where=valid, floor=floor
+  )
   return scatter_pool_selection(sel, idx, ctx.where.shape[-1])
 
 
-CFS = register(Operator(
-    name='cfs', leg=cfs_leg, doc='Conditional Field Subtraction picks', knobs=KNOBS,
-    soft=SoftTwin(rows=pools.greedy_pool_rows, scores=_soft, selection=True)))
+CFS = register(
+  Operator(
+    name='cfs',
+    leg=cfs_leg,
+    doc='Conditional Field Subtraction picks',
+    knobs=KNOBS,
+    soft=SoftTwin(rows=pools.greedy_pool_rows, scores=_soft, selection=True),
+  )
+)

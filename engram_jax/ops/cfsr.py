@@ -28,17 +28,19 @@ from jax.typing import ArrayLike
 from engram_jax.core import ranking
 from engram_jax.core.batch import EpisodeArrays
 from engram_jax.ops import nnls_implicit, pools
-from engram_jax.ops.nnls import nnls_ridge_pg  # noqa: F401  (re-exported: the CFS-R solve)
 from engram_jax.ops.greedy import episode_gram, map_queries
+from engram_jax.ops.nnls import nnls_ridge_pg  # noqa: F401  (re-exported: the CFS-R solve)
 from engram_jax.ops.registry import Knob, Operator, SoftTwin, Stages, knob_defaults, register
 
 # The declaration of CFS-R's knobs: the one place their defaults are written (signatures below read _D; the
 # time-aware variants in engram_jax.ops.tcfsr reuse the first four).
-KNOBS = (Knob('pool', 150, static=True, check='int>=1', doc='cosine pool P'),
-         Knob('iterations', 80, static=True, check='int>=0', doc='projected-gradient steps'),
-         Knob('lam', 0.005, transform='log', check='>0', doc='ridge strength'),
-         Knob('w', 0.90, transform='logit', check='[0,1]', doc='blend weight'),
-         Knob('batch_size', 16, static=True, check=None, doc='queries solved at a time (None = all)'))
+KNOBS = (
+  Knob('pool', 150, static=True, check='int>=1', doc='cosine pool P'),
+  Knob('iterations', 80, static=True, check='int>=0', doc='projected-gradient steps'),
+  Knob('lam', 0.005, transform='log', check='>0', doc='ridge strength'),
+  Knob('w', 0.90, transform='logit', check='[0,1]', doc='blend weight'),
+  Knob('batch_size', 16, static=True, check=None, doc='queries solved at a time (None = all)'),
+)
 _D = knob_defaults(KNOBS)
 
 
@@ -52,9 +54,7 @@ def minmax(x: Array, valid: Array) -> Array:
   return jnp.where(ok, (x - jnp.where(ok, lo, 0.0)) / jnp.where(ok, span, 1.0), 0.0)
 
 
-
-def cosine_pool(q: Array, d: Array, wh: Array, g: Array | None, *, pool: int
-                ) -> tuple[Array, Array, Array, Array]:
+def cosine_pool(q: Array, d: Array, wh: Array, g: Array | None, *, pool: int) -> tuple[Array, Array, Array, Array]:
   """One query's cosine top-``pool`` and its Gram block.
 
   Args:
@@ -74,9 +74,19 @@ def cosine_pool(q: Array, d: Array, wh: Array, g: Array | None, *, pool: int
   return cos, idx, wh[idx], gp
 
 
-def cfsr_scores(query: Array, docs: Array, *, where: Array | None = None, gram: Array | None = None,
-                pool: int = _D['pool'], iterations: int = _D['iterations'], lam: ArrayLike = _D['lam'],
-                w: ArrayLike = _D['w'], power_iterations: int = 20, batch_size: int | None = None) -> Array:
+def cfsr_scores(
+  query: Array,
+  docs: Array,
+  *,
+  where: Array | None = None,
+  gram: Array | None = None,
+  pool: int = _D['pool'],
+  iterations: int = _D['iterations'],
+  lam: ArrayLike = _D['lam'],
+  w: ArrayLike = _D['w'],
+  power_iterations: int = 20,
+  batch_size: int | None = None,
+) -> Array:
   r"""CFS-R scores: non-negative reconstruction share blended with cosine, over a cosine pool.
 
   Definition:
@@ -114,12 +124,12 @@ def cfsr_scores(query: Array, docs: Array, *, where: Array | None = None, gram: 
   Returns:
     ``[..., N]`` scores in [0, 1] for pool items, ``-inf`` elsewhere (outside the pool or masked).
   """
+
   def one(q, d, wh, g):
     n = d.shape[0]
     cos, idx, valid, gp = cosine_pool(q, d, wh, g, pool=pool)
     b = cos[idx]
-    a = nnls_ridge_pg(gp, b, lam=lam, iterations=iterations, valid=valid,
-                      power_iterations=power_iterations)
+    a = nnls_ridge_pg(gp, b, lam=lam, iterations=iterations, valid=valid, power_iterations=power_iterations)
     w_ = jnp.asarray(w, cos.dtype)
     s = w_ * minmax(a, valid) + (1.0 - w_) * minmax(b, valid)
     s = jnp.where(valid, s, -jnp.inf)
@@ -133,6 +143,7 @@ def cfsr_scores(query: Array, docs: Array, *, where: Array | None = None, gram: 
 def _solve_pools(lam, b, g, valid, iterations, power_iterations, batch_size, tangent):
   """NNLS of every pool (flattened ``[B, P]``), ``batch_size`` at a time; with ``tangent`` also d a / d lam
   by forward mode (one extra tangent per solve, no stored iterates)."""
+
   def one(args):
     bi, gi, vi = args
     f = lambda l: nnls_ridge_pg(gi, bi, lam=l, iterations=iterations, valid=vi, power_iterations=power_iterations)
@@ -165,9 +176,18 @@ _solve_pools_lam.defvjp(_solve_pools_lam_fwd, _solve_pools_lam_bwd)
 LAM_GRADS = ('reverse', 'forward', 'implicit')
 
 
-def cfsr_pool_scores(b: Array, g: Array, *, valid: Array | None = None, lam: ArrayLike = _D['lam'],
-                     w: ArrayLike = _D['w'], iterations: int = _D['iterations'], power_iterations: int = 20,
-                     batch_size: int | None = None, lam_grad: str = 'reverse') -> Array:
+def cfsr_pool_scores(
+  b: Array,
+  g: Array,
+  *,
+  valid: Array | None = None,
+  lam: ArrayLike = _D['lam'],
+  w: ArrayLike = _D['w'],
+  iterations: int = _D['iterations'],
+  power_iterations: int = 20,
+  batch_size: int | None = None,
+  lam_grad: str = 'reverse',
+) -> Array:
   r"""CFS-R scores on a pool that is already gathered: ``b [..., P]`` pool cosines, ``g [..., P, P]`` pool Gram.
 
   The same computation as :func:`cfsr_scores` after its pool step (tested equal), for callers that
@@ -202,20 +222,30 @@ def cfsr_pool_scores(b: Array, g: Array, *, valid: Array | None = None, lam: Arr
   if lam_grad == 'reverse':
     a = _solve_pools(lam_, fb, fg, fv, iterations, power_iterations, batch_size, False)
   elif lam_grad == 'forward':
-    a = _solve_pools_lam(lam_, jax.lax.stop_gradient(fb), jax.lax.stop_gradient(fg), fv, iterations,
-                         power_iterations, batch_size)
+    a = _solve_pools_lam(
+      lam_, jax.lax.stop_gradient(fb), jax.lax.stop_gradient(fg), fv, iterations, power_iterations, batch_size
+    )
   elif lam_grad == 'implicit':
-    a = nnls_implicit.nnls_ridge_implicit(fg, fb, lam=lam_, iterations=iterations, valid=fv,
-                                          power_iterations=power_iterations, batch_size=batch_size)
+    a = nnls_implicit.nnls_ridge_implicit(
+      fg, fb, lam=lam_, iterations=iterations, valid=fv, power_iterations=power_iterations, batch_size=batch_size
+    )
   else:
-    raise ValueError(f"lam_grad must be one of {LAM_GRADS}, got {lam_grad!r}")
+    raise ValueError(f'lam_grad must be one of {LAM_GRADS}, got {lam_grad!r}')
   w_ = jnp.asarray(w, b.dtype)
   s = w_ * minmax(a, fv) + (1.0 - w_) * minmax(fb, fv)
   return jnp.where(fv, s, -jnp.inf).reshape(batch + (p,))
 
 
-def cfsr_leg(ep: EpisodeArrays, key: Array, *, pool: int = _D['pool'], iterations: int = _D['iterations'],
-             lam: float = _D['lam'], w: float = _D['w'], batch_size: int | None = _D['batch_size']) -> Array:
+def cfsr_leg(
+  ep: EpisodeArrays,
+  key: Array,
+  *,
+  pool: int = _D['pool'],
+  iterations: int = _D['iterations'],
+  lam: float = _D['lam'],
+  w: float = _D['w'],
+  batch_size: int | None = _D['batch_size'],
+) -> Array:
   """CFS-R scores ``[Q, N]`` (``-inf`` outside the cosine pool); queries solved in chunks of ``batch_size``
   (about 3x faster than one vmap over all queries on CPU; ``None`` = all at once, likely better on GPU).
 
@@ -223,32 +253,54 @@ def cfsr_leg(ep: EpisodeArrays, key: Array, *, pool: int = _D['pool'], iteration
   per query from the pooled rows above it (:func:`engram_jax.ops.greedy.episode_gram`): memory O(N D + Q P^2), never
   N x N."""
   del key
-  return cfsr_scores(ep.queries, ep.docs, where=ep.where, gram=episode_gram(ep.docs), pool=pool,
-                     iterations=iterations, lam=lam, w=w, batch_size=batch_size)
+  return cfsr_scores(
+    ep.queries,
+    ep.docs,
+    where=ep.where,
+    gram=episode_gram(ep.docs),
+    pool=pool,
+    iterations=iterations,
+    lam=lam,
+    w=w,
+    batch_size=batch_size,
+  )
 
 
 def cfsr_prepare(ep: EpisodeArrays, key: Array, *, pool: int, batch_size: int | None) -> dict[str, Array]:
   """The part of :func:`cfsr_leg` that ``lam`` and ``w`` do not change: each query's cosine pool
   (:func:`cosine_pool`), as ``{'b': [Q, P] pool cosines, 'idx': [Q, P], 'valid': [Q, P], 'gram': [Q, P, P]}``."""
   del key
+
   def one(q, d, wh, g):
     cos, idx, valid, gp = cosine_pool(q, d, wh, g, pool=pool)
     return {'b': cos[idx], 'idx': idx, 'valid': valid, 'gram': gp}
+
   return map_queries(one, ep.queries, ep.docs, ep.where, episode_gram(ep.docs), batch_size=batch_size)
 
 
-def cfsr_finish(ep: EpisodeArrays, prepared: dict[str, Array], key: Array, *, pool: int, iterations: int,
-                lam: ArrayLike, w: ArrayLike, batch_size: int | None) -> Array:
+def cfsr_finish(
+  ep: EpisodeArrays,
+  prepared: dict[str, Array],
+  key: Array,
+  *,
+  pool: int,
+  iterations: int,
+  lam: ArrayLike,
+  w: ArrayLike,
+  batch_size: int | None,
+) -> Array:
   """:func:`cfsr_leg` from :func:`cfsr_prepare`'s pools: the solve, the blend and the scatter (equal bit for bit,
   checked by ``check_operator``)."""
   del key, pool
   n = ep.docs.shape[-2]
+
   def one(b, idx, valid, gp):
     a = nnls_ridge_pg(gp, b, lam=lam, iterations=iterations, valid=valid, power_iterations=20)
     w_ = jnp.asarray(w, b.dtype)
     s = w_ * minmax(a, valid) + (1.0 - w_) * minmax(b, valid)
     s = jnp.where(valid, s, -jnp.inf)
     return jnp.full((n,), -jnp.inf, s.dtype).at[idx].set(s, unique_indices=True)
+
   args = (prepared['b'], prepared['idx'], prepared['valid'], prepared['gram'])
   if batch_size is None or args[0].shape[0] <= 1:  # as map_queries chunks cfsr_scores's queries
     return jax.vmap(one)(*args)
@@ -261,13 +313,26 @@ def _rows(ep: EpisodeArrays, n_questions: int, n_pad: int, options, settings) ->
 
 
 def _soft(rows, values, ctx) -> Array:
-  sp = cfsr_pool_scores(rows['pool_cos'], rows['pool_gram'], valid=rows['pool_valid'], lam=values['lam'],
-                        w=values['w'], iterations=int(values['iterations']), batch_size=ctx.settings.solve_batch,
-                        lam_grad=getattr(ctx.settings, 'cfsr_grad', 'forward'))
+  sp = cfsr_pool_scores(
+    rows['pool_cos'],
+    rows['pool_gram'],
+    valid=rows['pool_valid'],
+    lam=values['lam'],
+    w=values['w'],
+    iterations=int(values['iterations']),
+    batch_size=ctx.settings.solve_batch,
+    lam_grad=getattr(ctx.settings, 'cfsr_grad', 'forward'),
+  )
   return pools.scatter_rows(sp, rows['pool_idx'], ctx.where.shape[-1], -jnp.inf)
 
 
-CFSR = register(Operator(
-    name='cfsr', leg=cfsr_leg, doc='Conditional Field Reconstruction: NNLS share of the query over a cosine pool',
-    knobs=KNOBS, soft=SoftTwin(rows=_rows, scores=_soft),
-    stages=Stages(prepare=cfsr_prepare, finish=cfsr_finish, by=('pool', 'batch_size'))))
+CFSR = register(
+  Operator(
+    name='cfsr',
+    leg=cfsr_leg,
+    doc='Conditional Field Reconstruction: NNLS share of the query over a cosine pool',
+    knobs=KNOBS,
+    soft=SoftTwin(rows=_rows, scores=_soft),
+    stages=Stages(prepare=cfsr_prepare, finish=cfsr_finish, by=('pool', 'batch_size')),
+  )
+)

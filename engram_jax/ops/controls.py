@@ -22,15 +22,18 @@ from engram_jax.ops.bm25 import bm25_leg
 from engram_jax.ops.cosine import cosine_scores
 from engram_jax.ops.registry import Knob, Operator, knob_defaults, register
 
-
 # mem0/utils/scoring.py get_bm25_params: (upper bound on query terms, midpoint, steepness).
 MEM0_BM25_PARAMS = ((3, 5.0, 0.7), (6, 7.0, 0.6), (9, 9.0, 0.5), (15, 10.0, 0.5), (None, 12.0, 0.5))
 
 # The declarations of the controls' knobs: the one place their defaults are written (signatures below read them).
-COS2_KNOBS = (Knob('eps', 0.30, check='>=0', doc='noise scale'),
-              Knob('seed', 0, check='int>=0', doc='noise draw (traced: seeds share one compiled program)'))
-MEM0_KNOBS = (Knob('threshold', 0.1, check='[0,1]', doc='semantic gate'),
-              Knob('pool', 60, static=True, check='int>=1', doc='over-fetch of both searches'))
+COS2_KNOBS = (
+  Knob('eps', 0.30, check='>=0', doc='noise scale'),
+  Knob('seed', 0, check='int>=0', doc='noise draw (traced: seeds share one compiled program)'),
+)
+MEM0_KNOBS = (
+  Knob('threshold', 0.1, check='[0,1]', doc='semantic gate'),
+  Knob('pool', 60, static=True, check='int>=1', doc='over-fetch of both searches'),
+)
 _COS2, _MEM0 = knob_defaults(COS2_KNOBS), knob_defaults(MEM0_KNOBS)
 
 
@@ -88,8 +91,15 @@ def mem0_bm25_params(n_query_terms: Array) -> tuple[Array, Array]:
   return mid, steep
 
 
-def additive_fuse(semantic: Array, bm25: Array, n_query_terms: Array, *, where: Array | None = None,
-                  threshold: ArrayLike = _MEM0['threshold'], pool: int = _MEM0['pool']) -> Array:
+def additive_fuse(
+  semantic: Array,
+  bm25: Array,
+  n_query_terms: Array,
+  *,
+  where: Array | None = None,
+  threshold: ArrayLike = _MEM0['threshold'],
+  pool: int = _MEM0['pool'],
+) -> Array:
   r"""mem0-style additive fusion of semantic and sigmoid-normalised BM25 scores.
 
   Transcribes the semantics of mem0's hybrid search (``mem0/utils/scoring.py``: ``normalize_bm25``,
@@ -155,20 +165,23 @@ def cos2_leg(ep: EpisodeArrays, key: Array, *, eps: float = _COS2['eps'], seed: 
   return perturbed_cosine(ep.queries, ep.docs, key=jax.random.fold_in(key, seed), eps=eps, where=ep.where)
 
 
-def mem0_leg(ep: EpisodeArrays, key: Array, *, threshold: float = _MEM0['threshold'],
-             pool: int = _MEM0['pool']) -> Array:
+def mem0_leg(
+  ep: EpisodeArrays, key: Array, *, threshold: float = _MEM0['threshold'], pool: int = _MEM0['pool']
+) -> Array:
   """mem0-style additive fusion of cosine and sigmoid-normalised BM25 (one score, use with fusion none).
 
   mem0 may return fewer than k candidates (semantic gate, pool); for equal k the remaining real items
   follow every candidate in cosine order (a backfill that mem0 itself does not do).
   """
   cos = cosine_scores(ep.queries, ep.docs, where=ep.where)
-  fused = additive_fuse(cos, bm25_leg(ep, key), jnp.maximum(ep.query_len, 1), where=ep.where,
-                        threshold=threshold, pool=pool)
+  fused = additive_fuse(
+    cos, bm25_leg(ep, key), jnp.maximum(ep.query_len, 1), where=ep.where, threshold=threshold, pool=pool
+  )
   backfill = -10.0 + cos  # below any fused score (>= -1 for candidates, since cosine >= -1)
   return jnp.where(jnp.isneginf(fused) & ep.where, backfill, fused)
 
 
 COS2 = register(Operator(name='cos2', leg=cos2_leg, doc='control: cosine + eps Gaussian noise', knobs=COS2_KNOBS))
-MEM0 = register(Operator(name='mem0', leg=mem0_leg, doc='control: mem0-style additive fusion of cosine and BM25',
-                         knobs=MEM0_KNOBS))
+MEM0 = register(
+  Operator(name='mem0', leg=mem0_leg, doc='control: mem0-style additive fusion of cosine and BM25', knobs=MEM0_KNOBS)
+)

@@ -57,8 +57,16 @@ class SoftSelection(NamedTuple):
   scores: Array
 
 
-def map_queries(fn: Callable[..., object], query: Array, docs: Array, where: Array | None,
-                 gram: Array | None, *, batch_size: int | None = None, per_query: Sequence[Array] = ()):
+def map_queries(
+  fn: Callable[..., object],
+  query: Array,
+  docs: Array,
+  where: Array | None,
+  gram: Array | None,
+  *,
+  batch_size: int | None = None,
+  per_query: Sequence[Array] = (),
+):
   """Applies ``fn(q [D], docs [N, D], where [N], gram [N, N] | None, *per_query values)`` over broadcast batch
   axes.
 
@@ -84,7 +92,7 @@ def map_queries(fn: Callable[..., object], query: Array, docs: Array, where: Arr
       raise ValueError(f'Shape mismatch: gram {gram.shape} vs N={n}')
 
   parts = [(query, 1), (docs, 2), (where, 1)] + ([(gram, 2)] if gram is not None else [])
-  batch = jnp.broadcast_shapes(*[x.shape[:x.ndim - core] for x, core in parts])
+  batch = jnp.broadcast_shapes(*[x.shape[: x.ndim - core] for x, core in parts])
   size = 1
   for s in batch:
     size *= s
@@ -95,8 +103,8 @@ def map_queries(fn: Callable[..., object], query: Array, docs: Array, where: Arr
       args.append(x)
       axes.append(None)
     else:
-      x = jnp.broadcast_to(x, batch + x.shape[x.ndim - core:])
-      args.append(x.reshape((size,) + x.shape[len(batch):]))
+      x = jnp.broadcast_to(x, batch + x.shape[x.ndim - core :])
+      args.append(x.reshape((size,) + x.shape[len(batch) :]))
       axes.append(0)
   if gram is None:
     args.append(None)
@@ -104,7 +112,7 @@ def map_queries(fn: Callable[..., object], query: Array, docs: Array, where: Arr
   for x in per_query:
     x = jnp.asarray(x)
     if x.shape != query.shape[:-1]:
-      raise ValueError(f'Shape mismatch: a per-query value {x.shape} vs the queries\' batch {query.shape[:-1]}')
+      raise ValueError(f"Shape mismatch: a per-query value {x.shape} vs the queries' batch {query.shape[:-1]}")
     args.append(jnp.broadcast_to(x, batch).reshape((size,)))
     axes.append(0)
   if batch_size is None or size <= 1:
@@ -160,9 +168,17 @@ def argmax_later(crit: Array, eligible: Array, orig: Array) -> tuple[Array, Arra
   return pos, jnp.any(eligible)
 
 
-def greedy(rel: Array, valid: Array, orig: Array, sims: Callable[[Array], Array], *, k: int,
-            init: Array, objective: Callable[[Array, Array, Array], Array],
-            update: Callable[[Array, Array, Array], Array]) -> Selection:
+def greedy(
+  rel: Array,
+  valid: Array,
+  orig: Array,
+  sims: Callable[[Array], Array],
+  *,
+  k: int,
+  init: Array,
+  objective: Callable[[Array, Array, Array], Array],
+  update: Callable[[Array, Array, Array], Array],
+) -> Selection:
   """Generic greedy loop over a pool of P candidates.
 
   Args:
@@ -237,9 +253,16 @@ def selection_scores(selection: Selection, *, n: int) -> Array:
   return out.reshape(batch + (n,))
 
 
-def soft_greedy(rel: Array, valid: Array, *, k: int, temperature: Array, init: Array,
-                 objective: Callable[[Array, Array], Array],
-                 update: Callable[[Array, Array, Array], Array]) -> tuple[Array, Array]:
+def soft_greedy(
+  rel: Array,
+  valid: Array,
+  *,
+  k: int,
+  temperature: Array,
+  init: Array,
+  objective: Callable[[Array, Array], Array],
+  update: Callable[[Array, Array, Array], Array],
+) -> tuple[Array, Array]:
   r"""Softmax-relaxed greedy loop over a pool of P candidates (the relaxed twin of :func:`greedy`).
 
   Step t: :math:`p_t = \mathrm{softmax}(o_t / T + \log(1 - m_t))` over the eligible candidates, where
@@ -294,15 +317,15 @@ def scatter_probs(probs: Array, idx: Array, n: int) -> Array:
   return jnp.zeros(probs.shape[:-1] + (n,), probs.dtype).at[..., idx].add(probs, unique_indices=True)
 
 
-def map_pool_batch(one: Callable[..., SoftSelection], rel: Array, gram: Array, where: Array,
-                    temperature: Array) -> SoftSelection:
+def map_pool_batch(
+  one: Callable[..., SoftSelection], rel: Array, gram: Array, where: Array, temperature: Array
+) -> SoftSelection:
   """Apply ``one(rel [P], gram [P, P], where [P], temperature [])`` over the leading batch axes of ``rel``."""
   batch, p = rel.shape[:-1], rel.shape[-1]
   g = jnp.broadcast_to(jnp.asarray(gram, rel.dtype), batch + (p, p))
-  flat = lambda x: x.reshape((-1,) + x.shape[len(batch):]) if batch else x[None]
+  flat = lambda x: x.reshape((-1,) + x.shape[len(batch) :]) if batch else x[None]
   out = jax.vmap(one)(flat(rel), flat(g), flat(where), temperature.reshape(-1))
   return jax.tree_util.tree_map(lambda y: y.reshape(batch + y.shape[1:]), out)
-
 
 
 def scatter_pool_selection(sel: SoftSelection, idx: Array, n: int) -> SoftSelection:

@@ -9,27 +9,47 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
 from engram_jax.core import relax
 from engram_jax.core.batch import EpisodeArrays
 from engram_jax.ops import pools
-from engram_jax.ops.greedy import (Selection, SoftSelection, episode_gram, greedy, map_pool_batch, map_queries,
-                                   pool_inputs, scatter_pool_selection, scatter_probs, selection_scores,
-                                   soft_greedy, soft_pool_inputs)
+from engram_jax.ops.greedy import (
+  Selection,
+  SoftSelection,
+  episode_gram,
+  greedy,
+  map_pool_batch,
+  map_queries,
+  pool_inputs,
+  scatter_pool_selection,
+  scatter_probs,
+  selection_scores,
+  soft_greedy,
+  soft_pool_inputs,
+)
 from engram_jax.ops.registry import Knob, Operator, SoftTwin, knob_defaults, register
 
 # The declaration of MMR's knobs: the one place their defaults are written (signatures below read _D).
-KNOBS = (Knob('k', 10, static=True, check='int>=1', doc='number of picks'),
-         Knob('lam', 0.5, transform='logit', check='[0,1]', doc='MMR relevance/diversity trade-off'),
-         Knob('pool', None, static=True, check='int>=1', doc='cosine prefilter (None = all items)'))
+KNOBS = (
+  Knob('k', 10, static=True, check='int>=1', doc='number of picks'),
+  Knob('lam', 0.5, transform='logit', check='[0,1]', doc='MMR relevance/diversity trade-off'),
+  Knob('pool', None, static=True, check='int>=1', doc='cosine prefilter (None = all items)'),
+)
 _D = knob_defaults(KNOBS)
 
 
-def mmr_select(query: Array, docs: Array, *, k: int, lam: ArrayLike = _D['lam'], where: Array | None = None,
-               pool: int | None = None, gram: Array | None = None) -> Selection:
+def mmr_select(
+  query: Array,
+  docs: Array,
+  *,
+  k: int,
+  lam: ArrayLike = _D['lam'],
+  where: Array | None = None,
+  pool: int | None = None,
+  gram: Array | None = None,
+) -> Selection:
   r"""Maximal Marginal Relevance (Carbonell & Goldstein 1998), greedy.
 
   Definition:
@@ -54,19 +74,26 @@ def mmr_select(query: Array, docs: Array, *, k: int, lam: ArrayLike = _D['lam'],
     :class:`Selection` with ``indices [..., K]`` (ties go to the later item) and ``scores [..., K]``
     (the MMR objective at each pick; the first is :math:`\lambda \cos(q, c_1)`).
   """
+
   def one(q, d, wh, g):
     rel, valid, idx, _, sims = pool_inputs(q, d, wh, g, pool)
     lam_ = jnp.asarray(lam, rel.dtype)
     objective = lambda state, count: lam_ * rel - (1 - lam_) * jnp.where(count > 0, state, 0.0)
     update = lambda state, s, count: jnp.where(count > 0, jnp.maximum(state, s), s)
-    return greedy(rel, valid, idx, sims, k=k, init=jnp.zeros_like(rel), objective=objective,
-                   update=update)
+    return greedy(rel, valid, idx, sims, k=k, init=jnp.zeros_like(rel), objective=objective, update=update)
 
   return map_queries(one, query, docs, where, gram)
 
 
-def soft_mmr_select_gram(rel: Array, gram: Array, *, k: int, lam: ArrayLike = _D['lam'],
-                         temperature: ArrayLike = 0.01, where: Array | None = None) -> SoftSelection:
+def soft_mmr_select_gram(
+  rel: Array,
+  gram: Array,
+  *,
+  k: int,
+  lam: ArrayLike = _D['lam'],
+  temperature: ArrayLike = 0.01,
+  where: Array | None = None,
+) -> SoftSelection:
   r"""Relaxed MMR from relevance ``rel [..., P]`` and item similarities ``gram [..., P, P]``.
 
   The relaxed penalty after picks :math:`p_1..p_t` is :math:`\max_{u \le t} G p_u` (elementwise), the
@@ -76,7 +103,6 @@ def soft_mmr_select_gram(rel: Array, gram: Array, *, k: int, lam: ArrayLike = _D
   rel = jnp.asarray(rel)
   where = jnp.ones(rel.shape, bool) if where is None else jnp.broadcast_to(jnp.asarray(where, bool), rel.shape)
   batch = rel.shape[:-1]
-  p = rel.shape[-1]
   temperature = jnp.broadcast_to(jnp.asarray(temperature, rel.dtype), batch)
 
   def one(r, g, wh, t):
@@ -84,17 +110,24 @@ def soft_mmr_select_gram(rel: Array, gram: Array, *, k: int, lam: ArrayLike = _D
     r = jnp.where(wh, r, 0.0)  # padded slots may hold -inf; lam * -inf would poison d/d lam with 0 * inf = NaN
     objective = lambda state, count: lam_ * r - (1 - lam_) * jnp.where(count > 0, state, 0.0)
     update = lambda state, pk, count: jnp.where(count > 0, jnp.maximum(state, g @ pk), g @ pk)
-    probs, scores = soft_greedy(r, wh, k=k, temperature=t, init=jnp.zeros_like(r), objective=objective,
-                                 update=update)
+    probs, scores = soft_greedy(r, wh, k=k, temperature=t, init=jnp.zeros_like(r), objective=objective, update=update)
     return SoftSelection(probs, scores)
 
   return map_pool_batch(one, rel, gram, where, temperature)
 
 
-def soft_mmr_select(query: Array, docs: Array, *, k: int, lam: ArrayLike = _D['lam'],
-                    temperature: ArrayLike = 0.01,
-                    where: Array | None = None, pool: int | None = None, gram: Array | None = None,
-                    batch_size: int | None = None) -> SoftSelection:
+def soft_mmr_select(
+  query: Array,
+  docs: Array,
+  *,
+  k: int,
+  lam: ArrayLike = _D['lam'],
+  temperature: ArrayLike = 0.01,
+  where: Array | None = None,
+  pool: int | None = None,
+  gram: Array | None = None,
+  batch_size: int | None = None,
+) -> SoftSelection:
   r"""Relaxed twin of :func:`mmr_select` (softmax-relaxed greedy steps, see :func:`soft_mmr_select_gram`).
 
   Args: as :func:`mmr_select`, plus ``temperature`` (objective units, scalar; traced) and ``batch_size``.
@@ -103,6 +136,7 @@ def soft_mmr_select(query: Array, docs: Array, *, k: int, lam: ArrayLike = _D['l
     :class:`SoftSelection` with ``probs [..., K, N]``. As ``temperature -> 0`` (no ties), ``probs`` tends to
     the one-hot of the hard picks and ``scores`` to the hard scores.
   """
+
   def one(q, d, wh, g):
     rel, gp, valid, idx = soft_pool_inputs(q, d, wh, g, pool)
     sel = soft_mmr_select_gram(rel, gp, k=k, lam=lam, temperature=temperature, where=valid)
@@ -111,9 +145,9 @@ def soft_mmr_select(query: Array, docs: Array, *, k: int, lam: ArrayLike = _D['l
   return map_queries(one, query, docs, where, gram, batch_size=batch_size)
 
 
-
-def mmr_leg(ep: EpisodeArrays, key: Array, *, k: int = _D['k'], lam: float = _D['lam'],
-            pool: int | None = _D['pool']) -> Array:
+def mmr_leg(
+  ep: EpisodeArrays, key: Array, *, k: int = _D['k'], lam: float = _D['lam'], pool: int | None = _D['pool']
+) -> Array:
   """MMR picks as leg scores ``[Q, N]`` (picked items ranked in pick order, others ``-inf``); item similarities
   from the episode Gram up to :data:`engram_jax.ops.greedy.GRAM_ITEMS` items, from the pooled rows above it."""
   del key
@@ -131,6 +165,12 @@ def _soft(rows, values, ctx) -> SoftSelection:
   return scatter_pool_selection(sel, idx, ctx.where.shape[-1])
 
 
-MMR = register(Operator(
-    name='mmr', leg=mmr_leg, doc='Maximal Marginal Relevance picks', knobs=KNOBS,
-    soft=SoftTwin(rows=pools.greedy_pool_rows, scores=_soft, selection=True)))
+MMR = register(
+  Operator(
+    name='mmr',
+    leg=mmr_leg,
+    doc='Maximal Marginal Relevance picks',
+    knobs=KNOBS,
+    soft=SoftTwin(rows=pools.greedy_pool_rows, scores=_soft, selection=True),
+  )
+)

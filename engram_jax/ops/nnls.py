@@ -27,8 +27,9 @@ def _power_lmax(g: Array, valid: Array, iterations: int) -> Array:
   return v @ (g @ v)
 
 
-def nnls_ridge_pg(g: Array, b: Array, *, lam: ArrayLike, iterations: int, valid: Array | None = None,
-                  power_iterations: int = 20) -> Array:
+def nnls_ridge_pg(
+  g: Array, b: Array, *, lam: ArrayLike, iterations: int, valid: Array | None = None, power_iterations: int = 20
+) -> Array:
   r"""Non-negative ridge regression by projected gradient, on the normal equations.
 
   Definition (with :math:`G = C C^\top`, :math:`b = C z`):
@@ -55,6 +56,7 @@ def nnls_ridge_pg(g: Array, b: Array, *, lam: ArrayLike, iterations: int, valid:
     ``[..., P]`` non-negative coefficients after ``iterations`` steps (differentiable in ``lam``,
     ``g`` and ``b`` by unrolled reverse mode).
   """
+
   def one(g, b, valid):
     lam_ = jnp.asarray(lam, g.dtype)
     g = jnp.where(valid[:, None] & valid[None, :], g, 0.0)

@@ -57,8 +57,9 @@ def kkt_vjp(g: Array, a: Array, lam: Array, valid: Array, ct: Array) -> tuple[Ar
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def nnls_ridge_implicit_one(g: Array, b: Array, lam: Array, valid: Array, iterations: int,
-                            power_iterations: int) -> Array:
+def nnls_ridge_implicit_one(
+  g: Array, b: Array, lam: Array, valid: Array, iterations: int, power_iterations: int
+) -> Array:
   """One problem (``g [P, P]``, ``b [P]``, ``valid [P]``): the projected-gradient solution with an implicit VJP."""
   return _forward(g, b, lam, valid, iterations, power_iterations)
 
@@ -79,9 +80,16 @@ def _one_bwd(iterations, power_iterations, res, ct):
 nnls_ridge_implicit_one.defvjp(_one_fwd, _one_bwd)
 
 
-def nnls_ridge_implicit(g: ArrayLike, b: ArrayLike, *, lam: ArrayLike, iterations: int,
-                        valid: ArrayLike | None = None, power_iterations: int = 20,
-                        batch_size: int | None = None) -> Array:
+def nnls_ridge_implicit(
+  g: ArrayLike,
+  b: ArrayLike,
+  *,
+  lam: ArrayLike,
+  iterations: int,
+  valid: ArrayLike | None = None,
+  power_iterations: int = 20,
+  batch_size: int | None = None,
+) -> Array:
   r"""Non-negative ridge regression (the same solution as :func:`engram_jax.ops.nnls.nnls_ridge_pg`), differentiated
   implicitly through its KKT conditions in ``g``, ``b`` and ``lam``.
 

@@ -42,8 +42,9 @@ def write_time(positions: jax.Array, where: jax.Array) -> jax.Array:
   return jnp.where(where, t, 0.0)
 
 
-def cosine_pool_rows(ep: EpisodeArrays, n_questions: int, n_pad: int, pool: int, *,
-                     cos: np.ndarray | None = None, times: bool = False) -> dict[str, np.ndarray]:
+def cosine_pool_rows(
+  ep: EpisodeArrays, n_questions: int, n_pad: int, pool: int, *, cos: np.ndarray | None = None, times: bool = False
+) -> dict[str, np.ndarray]:
   """The cosine top-``pool`` of every real question of one episode.
 
   Returns ``{'pool_idx': [Q, P] int32, 'pool_valid': [Q, P] bool, 'pool_cos': [Q, P], 'pool_gram': [Q, P, P]}``
@@ -58,9 +59,12 @@ def cosine_pool_rows(ep: EpisodeArrays, n_questions: int, n_pad: int, pool: int,
   docs = np.asarray(ep.docs)
   docs = np.pad(docs, [(0, n_pad - docs.shape[0]), (0, 0)])
   gram = docs @ docs.T
-  out = {'pool_idx': idx.astype(np.int32), 'pool_valid': np.take_along_axis(where, idx, axis=-1),
-         'pool_cos': np.take_along_axis(cos, idx, axis=-1),
-         'pool_gram': gram[idx[:, :, None], idx[:, None, :]].astype(np.float32)}
+  out = {
+    'pool_idx': idx.astype(np.int32),
+    'pool_valid': np.take_along_axis(where, idx, axis=-1),
+    'pool_cos': np.take_along_axis(cos, idx, axis=-1),
+    'pool_gram': gram[idx[:, :, None], idx[:, None, :]].astype(np.float32),
+  }
   if times:
     t = pad_items(np.asarray(write_time(ep.positions, ep.where)), n_pad, 0.0)
     out['pool_t'] = t[idx]

@@ -100,13 +100,23 @@ class Knob:
       return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
       raise ValueError(f'{where}: {self.name} must be a number{what}, got {value!r}')
-    ok = {'>0': value > 0, '>=0': value >= 0, '[0,1]': 0 <= value <= 1,
-          'int>=1': value >= 1 and float(value).is_integer(), 'int>=0': value >= 0 and float(value).is_integer()}
+    ok = {
+      '>0': value > 0,
+      '>=0': value >= 0,
+      '[0,1]': 0 <= value <= 1,
+      'int>=1': value >= 1 and float(value).is_integer(),
+      'int>=0': value >= 0 and float(value).is_integer(),
+    }
     if c not in ok:
       raise ValueError(f'knob {self.name}: unknown check {c!r}')
     if not ok[c]:
-      allowed = {'>0': '> 0', '>=0': '>= 0', '[0,1]': 'in [0, 1]', 'int>=1': 'an integer >= 1',
-                 'int>=0': 'an integer >= 0'}[c]
+      allowed = {
+        '>0': '> 0',
+        '>=0': '>= 0',
+        '[0,1]': 'in [0, 1]',
+        'int>=1': 'an integer >= 1',
+        'int>=0': 'an integer >= 0',
+      }[c]
       raise ValueError(f'{where}: {self.name} must be {allowed}{what}, got {value!r}')
 
 
@@ -196,8 +206,10 @@ class Operator:
     """Every knob's value: ``given`` over the defaults, each validated; unknown names are a one-line error."""
     unknown = sorted(set(given) - {k.name for k in self.knobs})
     if unknown:
-      raise ValueError(f'{where}: operator {self.name} has no knob {unknown}; its knobs: '
-                       f'{[k.name for k in self.knobs]} (leg keys: {list(LEG_KEYS)})')
+      raise ValueError(
+        f'{where}: operator {self.name} has no knob {unknown}; its knobs: '
+        f'{[k.name for k in self.knobs]} (leg keys: {list(LEG_KEYS)})'
+      )
     out = self.defaults
     out.update(given)
     for k in self.knobs:

@@ -12,8 +12,9 @@ from engram_jax.core import ranking, relax
 from engram_jax.ops.greedy import SoftSelection
 
 
-def rrf_fuse(leg_scores: Array, *, weights: ArrayLike, depths: Sequence[int], where: Array | None = None,
-             k0: ArrayLike = 60.0) -> Array:
+def rrf_fuse(
+  leg_scores: Array, *, weights: ArrayLike, depths: Sequence[int], where: Array | None = None, k0: ArrayLike = 60.0
+) -> Array:
   r"""Weighted reciprocal rank fusion with a depth per leg.
 
   Definition:
@@ -56,6 +57,7 @@ def rrf_fuse(leg_scores: Array, *, weights: ArrayLike, depths: Sequence[int], wh
 
 # ---- soft twin (for fitting only; rrf_fuse is what is scored) ----------------------------------------
 
+
 def scatter_add(values: Array, idx: Array, shape: tuple[int, ...]) -> Array:
   """``[..., N]`` zeros plus ``values [..., C]`` at the distinct indices ``idx [..., C]`` of each list."""
   n = shape[-1]
@@ -63,10 +65,18 @@ def scatter_add(values: Array, idx: Array, shape: tuple[int, ...]) -> Array:
   rows = jnp.arange(flat_i.shape[0])[:, None]
   return jnp.zeros((flat_i.shape[0], n), values.dtype).at[rows, flat_i].add(flat_v, unique_indices=True).reshape(shape)
 
-def soft_rrf_fuse(leg_scores: Sequence[Array | SoftSelection] | Array, *, weights: ArrayLike,
-                  depths: Sequence[int], where: Array | None = None, k0: ArrayLike = 60.0,
-                  temperature: ArrayLike | None | Sequence[ArrayLike | None] = 1.0,
-                  depth_temperature: ArrayLike = 0.5, candidates: int | None = None) -> Array:
+
+def soft_rrf_fuse(
+  leg_scores: Sequence[Array | SoftSelection] | Array,
+  *,
+  weights: ArrayLike,
+  depths: Sequence[int],
+  where: Array | None = None,
+  k0: ArrayLike = 60.0,
+  temperature: ArrayLike | None | Sequence[ArrayLike | None] = 1.0,
+  depth_temperature: ArrayLike = 0.5,
+  candidates: int | None = None,
+) -> Array:
   r"""Relaxed twin of :func:`rrf_fuse`: soft ranks and a soft depth cutoff; differentiable in the
   weights, ``k0`` and (for soft legs) the leg scores.
 

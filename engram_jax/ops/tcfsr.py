@@ -48,9 +48,9 @@ from jax.typing import ArrayLike
 
 from engram_jax.core.batch import EpisodeArrays
 from engram_jax.ops import cfsr, pools
-from engram_jax.ops.pools import write_time
 from engram_jax.ops.cfsr import cosine_pool, minmax, nnls_ridge_pg
 from engram_jax.ops.greedy import episode_gram, map_queries
+from engram_jax.ops.pools import write_time
 from engram_jax.ops.registry import Knob, Operator, SoftTwin, knob_defaults, register
 
 
@@ -61,14 +61,19 @@ def cfsr_knobs() -> tuple[Knob, ...]:
 
 # The declarations of the variants' knobs: the one place their defaults are written (signatures below read them).
 _BATCH = cfsr.KNOBS[4]
-PRIOR_KNOBS = cfsr_knobs() + (Knob('gamma', 0.1, transform='identity', doc='recency weight', per_question=True),
-                              _BATCH)
-BASIS_KNOBS = cfsr_knobs() + (Knob('alpha', 0.2, transform='softplus', check='>=0', doc='time-feature scale'),
-                              Knob('anchor', 1.0, transform='identity', doc='target time'), _BATCH)
-GATED_KNOBS = cfsr_knobs() + (Knob('gamma', 0.2, transform='identity', doc='recency weight'),
-                              Knob('theta', 0.7, transform='logit', check='[0,1]', doc='near-duplicate cosine'),
-                              Knob('delta', 0.1, static=True, check='>=0', doc='relevance band below the best cosine'),
-                              Knob('rho0', 0.1, transform='logit', check='[0,1]', doc='gate threshold'), _BATCH)
+PRIOR_KNOBS = cfsr_knobs() + (Knob('gamma', 0.1, transform='identity', doc='recency weight', per_question=True), _BATCH)
+BASIS_KNOBS = cfsr_knobs() + (
+  Knob('alpha', 0.2, transform='softplus', check='>=0', doc='time-feature scale'),
+  Knob('anchor', 1.0, transform='identity', doc='target time'),
+  _BATCH,
+)
+GATED_KNOBS = cfsr_knobs() + (
+  Knob('gamma', 0.2, transform='identity', doc='recency weight'),
+  Knob('theta', 0.7, transform='logit', check='[0,1]', doc='near-duplicate cosine'),
+  Knob('delta', 0.1, static=True, check='>=0', doc='relevance band below the best cosine'),
+  Knob('rho0', 0.1, transform='logit', check='[0,1]', doc='gate threshold'),
+  _BATCH,
+)
 _C = knob_defaults(cfsr.KNOBS)
 _P, _B, _G = knob_defaults(PRIOR_KNOBS), knob_defaults(BASIS_KNOBS), knob_defaults(GATED_KNOBS)
 
@@ -76,24 +81,41 @@ _P, _B, _G = knob_defaults(PRIOR_KNOBS), knob_defaults(BASIS_KNOBS), knob_defaul
 class PoolSolve(NamedTuple):
   """One query's CFS-R pool and solution (shapes ``[P]``, ``[P, P]``)."""
 
-  idx: Array    # [P] item index of each pool slot
+  idx: Array  # [P] item index of each pool slot
   valid: Array  # [P] real pool slots
-  a: Array      # [P] non-negative coefficients
-  cos: Array    # [P] pool cosines
-  t: Array      # [P] write-order fractions
-  gram: Array   # [P, P] semantic pool Gram (without time features)
+  a: Array  # [P] non-negative coefficients
+  cos: Array  # [P] pool cosines
+  t: Array  # [P] write-order fractions
+  gram: Array  # [P, P] semantic pool Gram (without time features)
 
 
-def solve_pool(q: Array, d: Array, wh: Array, g: Array | None, t_all: Array, *, pool: int, iterations: int,
-           lam: ArrayLike, power_iterations: int, alpha: ArrayLike = 0.0,
-               anchor: ArrayLike = _B['anchor']) -> PoolSolve:
+def solve_pool(
+  q: Array,
+  d: Array,
+  wh: Array,
+  g: Array | None,
+  t_all: Array,
+  *,
+  pool: int,
+  iterations: int,
+  lam: ArrayLike,
+  power_iterations: int,
+  alpha: ArrayLike = 0.0,
+  anchor: ArrayLike = _B['anchor'],
+) -> PoolSolve:
   cos, idx, valid, gp = cosine_pool(q, d, wh, g, pool=pool)
   both = valid[:, None] & valid[None, :]
   gp = jnp.where(both, gp, 0.0)  # padded rows may hold junk or NaN: keep them out of every product
   b, tp = jnp.where(valid, cos[idx], 0.0), jnp.where(valid, t_all[idx], 0.0)
   a2 = jnp.square(jnp.asarray(alpha, cos.dtype))
-  a = nnls_ridge_pg(gp + a2 * tp[:, None] * tp[None, :], b + a2 * jnp.asarray(anchor, cos.dtype) * tp,
-                    lam=lam, iterations=iterations, valid=valid, power_iterations=power_iterations)
+  a = nnls_ridge_pg(
+    gp + a2 * tp[:, None] * tp[None, :],
+    b + a2 * jnp.asarray(anchor, cos.dtype) * tp,
+    lam=lam,
+    iterations=iterations,
+    valid=valid,
+    power_iterations=power_iterations,
+  )
   return PoolSolve(idx, valid, a, b, tp, gp)
 
 
@@ -109,8 +131,9 @@ def blend_pool(sol: PoolSolve, w: ArrayLike) -> Array:
 
 def check_corpus(docs: Array, positions: Array, pool: int, iterations: int) -> None:
   if jnp.ndim(docs) != 2:
-    raise ValueError(f'Shape mismatch: temporal CFS-R scores one shared corpus docs [N, D], got {jnp.shape(docs)}; '
-                     'vmap over episodes')
+    raise ValueError(
+      f'Shape mismatch: temporal CFS-R scores one shared corpus docs [N, D], got {jnp.shape(docs)}; vmap over episodes'
+    )
   if jnp.shape(positions) != jnp.shape(docs)[:1]:
     raise ValueError(f'Shape mismatch: positions {jnp.shape(positions)} vs N={jnp.shape(docs)[0]}')
   if pool < 1 or iterations < 0:
@@ -121,15 +144,32 @@ def _run(one, query, docs, positions, where, gram, batch_size, per_query=()):
   n = docs.shape[0]
   where = jnp.ones((n,), bool) if where is None else jnp.asarray(where, bool)
   t_all = write_time(positions, where)
-  return map_queries(lambda q, d, wh, g, *x: one(q, d, wh, g, t_all, *x), query, docs, where, gram,
-                     batch_size=batch_size, per_query=per_query)
+  return map_queries(
+    lambda q, d, wh, g, *x: one(q, d, wh, g, t_all, *x),
+    query,
+    docs,
+    where,
+    gram,
+    batch_size=batch_size,
+    per_query=per_query,
+  )
 
 
-def tcfsr_prior_scores(query: Array, docs: Array, positions: Array, *, where: Array | None = None,
-                       gram: Array | None = None, pool: int = _C['pool'], iterations: int = _C['iterations'],
-                       lam: ArrayLike = _C['lam'], w: ArrayLike = _C['w'], gamma: ArrayLike = _P['gamma'],
-                       power_iterations: int = 20,
-                       batch_size: int | None = None) -> Array:
+def tcfsr_prior_scores(
+  query: Array,
+  docs: Array,
+  positions: Array,
+  *,
+  where: Array | None = None,
+  gram: Array | None = None,
+  pool: int = _C['pool'],
+  iterations: int = _C['iterations'],
+  lam: ArrayLike = _C['lam'],
+  w: ArrayLike = _C['w'],
+  gamma: ArrayLike = _P['gamma'],
+  power_iterations: int = 20,
+  batch_size: int | None = None,
+) -> Array:
   r"""CFS-R with a recency prior inside the blend.
 
   Definition (pool :math:`\mathcal P` and :math:`a^\star` as :func:`~engram_jax.ops.cfsr.cfsr_scores`):
@@ -158,19 +198,29 @@ def tcfsr_prior_scores(query: Array, docs: Array, positions: Array, *, where: Ar
   per_query = jnp.ndim(gamma) > 0
 
   def one(q, d, wh, g, t_all, *gamma_q):
-    sol = solve_pool(q, d, wh, g, t_all, pool=pool, iterations=iterations, lam=lam,
-                     power_iterations=power_iterations)
+    sol = solve_pool(q, d, wh, g, t_all, pool=pool, iterations=iterations, lam=lam, power_iterations=power_iterations)
     gam = gamma_q[0] if per_query else gamma
     return scatter_pool(d.shape[0], sol, blend_pool(sol, w) + jnp.asarray(gam, sol.cos.dtype) * sol.t)
 
   return _run(one, query, docs, positions, where, gram, batch_size, per_query=(gamma,) if per_query else ())
 
 
-def tcfsr_basis_scores(query: Array, docs: Array, positions: Array, *, where: Array | None = None,
-                       gram: Array | None = None, pool: int = _C['pool'], iterations: int = _C['iterations'],
-                       lam: ArrayLike = _C['lam'], w: ArrayLike = _C['w'], alpha: ArrayLike = _B['alpha'],
-                       anchor: ArrayLike = _B['anchor'],
-                       power_iterations: int = 20, batch_size: int | None = None) -> Array:
+def tcfsr_basis_scores(
+  query: Array,
+  docs: Array,
+  positions: Array,
+  *,
+  where: Array | None = None,
+  gram: Array | None = None,
+  pool: int = _C['pool'],
+  iterations: int = _C['iterations'],
+  lam: ArrayLike = _C['lam'],
+  w: ArrayLike = _C['w'],
+  alpha: ArrayLike = _B['alpha'],
+  anchor: ArrayLike = _B['anchor'],
+  power_iterations: int = 20,
+  batch_size: int | None = None,
+) -> Array:
   r"""CFS-R over a time-augmented basis: reconstruct ``[z_q, alpha * anchor]`` from rows ``[c_i, alpha * t_i]``.
 
   Definition:
@@ -192,16 +242,27 @@ def tcfsr_basis_scores(query: Array, docs: Array, positions: Array, *, where: Ar
   check_corpus(docs, positions, pool, iterations)
 
   def one(q, d, wh, g, t_all):
-    sol = solve_pool(q, d, wh, g, t_all, pool=pool, iterations=iterations, lam=lam,
-                     power_iterations=power_iterations,
-                 alpha=alpha, anchor=anchor)
+    sol = solve_pool(
+      q,
+      d,
+      wh,
+      g,
+      t_all,
+      pool=pool,
+      iterations=iterations,
+      lam=lam,
+      power_iterations=power_iterations,
+      alpha=alpha,
+      anchor=anchor,
+    )
     return scatter_pool(d.shape[0], sol, blend_pool(sol, w))
 
   return _run(one, query, docs, positions, where, gram, batch_size)
 
 
-def revision_signal(sol: PoolSolve, *, theta: ArrayLike, delta: ArrayLike = _G['delta'],
-                    temperature: ArrayLike | None = None) -> Array:
+def revision_signal(
+  sol: PoolSolve, *, theta: ArrayLike, delta: ArrayLike = _G['delta'], temperature: ArrayLike | None = None
+) -> Array:
   r"""The revision detector's statistic for one query's pool (a scalar >= 0).
 
   .. math:: r = \max_{i \ne j \in \mathcal P} \rho_i \rho_j\, h(G_{ij} - \theta)\, |t_i - t_j|,
@@ -238,13 +299,29 @@ def masked_pool(b: Array, g: Array, t: Array, valid: Array) -> tuple[Array, Arra
   return jnp.where(both, g, 0.0), jnp.where(valid, b, 0.0), jnp.where(valid, t, 0.0)
 
 
-def _gated(query, docs, positions, *, where, gram, pool, iterations, lam, w, gamma, theta, delta, rho0,
-           power_iterations, batch_size, temperature):
+def _gated(
+  query,
+  docs,
+  positions,
+  *,
+  where,
+  gram,
+  pool,
+  iterations,
+  lam,
+  w,
+  gamma,
+  theta,
+  delta,
+  rho0,
+  power_iterations,
+  batch_size,
+  temperature,
+):
   check_corpus(docs, positions, pool, iterations)
 
   def one(q, d, wh, g, t_all):
-    sol = solve_pool(q, d, wh, g, t_all, pool=pool, iterations=iterations, lam=lam,
-                     power_iterations=power_iterations)
+    sol = solve_pool(q, d, wh, g, t_all, pool=pool, iterations=iterations, lam=lam, power_iterations=power_iterations)
     r = revision_signal(sol, theta=theta, delta=delta, temperature=temperature)
     x = r - jnp.asarray(rho0, r.dtype)
     gate = (x >= 0).astype(r.dtype) if temperature is None else jax.nn.sigmoid(x / temperature)
@@ -253,11 +330,24 @@ def _gated(query, docs, positions, *, where, gram, pool, iterations, lam, w, gam
   return _run(one, query, docs, positions, where, gram, batch_size)
 
 
-def tcfsr_gated_scores(query: Array, docs: Array, positions: Array, *, where: Array | None = None,
-                       gram: Array | None = None, pool: int = _C['pool'], iterations: int = _C['iterations'],
-                       lam: ArrayLike = _C['lam'], w: ArrayLike = _C['w'], gamma: ArrayLike = _G['gamma'],
-                       theta: ArrayLike = _G['theta'], delta: ArrayLike = _G['delta'], rho0: ArrayLike = _G['rho0'],
-                       power_iterations: int = 20, batch_size: int | None = None) -> Array:
+def tcfsr_gated_scores(
+  query: Array,
+  docs: Array,
+  positions: Array,
+  *,
+  where: Array | None = None,
+  gram: Array | None = None,
+  pool: int = _C['pool'],
+  iterations: int = _C['iterations'],
+  lam: ArrayLike = _C['lam'],
+  w: ArrayLike = _C['w'],
+  gamma: ArrayLike = _G['gamma'],
+  theta: ArrayLike = _G['theta'],
+  delta: ArrayLike = _G['delta'],
+  rho0: ArrayLike = _G['rho0'],
+  power_iterations: int = 20,
+  batch_size: int | None = None,
+) -> Array:
   r"""CFS-R plus a recency prior for queries whose pool shows a revised fact.
 
   Definition:
@@ -273,65 +363,176 @@ def tcfsr_gated_scores(query: Array, docs: Array, positions: Array, *, where: Ar
     best pool cosine an item still counts) and ``rho0`` (gate threshold on :math:`r_q`, in units of the
     write-order fraction).
   """
-  return _gated(query, docs, positions, where=where, gram=gram, pool=pool, iterations=iterations, lam=lam, w=w,
-                gamma=gamma, theta=theta, delta=delta, rho0=rho0, power_iterations=power_iterations,
-                batch_size=batch_size, temperature=None)
+  return _gated(
+    query,
+    docs,
+    positions,
+    where=where,
+    gram=gram,
+    pool=pool,
+    iterations=iterations,
+    lam=lam,
+    w=w,
+    gamma=gamma,
+    theta=theta,
+    delta=delta,
+    rho0=rho0,
+    power_iterations=power_iterations,
+    batch_size=batch_size,
+    temperature=None,
+  )
 
 
-def soft_tcfsr_gated_scores(query: Array, docs: Array, positions: Array, *, where: Array | None = None,
-                            gram: Array | None = None, pool: int = _C['pool'], iterations: int = _C['iterations'],
-                            lam: ArrayLike = _C['lam'], w: ArrayLike = _C['w'], gamma: ArrayLike = _G['gamma'],
-                            theta: ArrayLike = _G['theta'], delta: ArrayLike = _G['delta'],
-                            rho0: ArrayLike = _G['rho0'],
-                            temperature: ArrayLike = 0.05,
-                            power_iterations: int = 20, batch_size: int | None = None) -> Array:
+def soft_tcfsr_gated_scores(
+  query: Array,
+  docs: Array,
+  positions: Array,
+  *,
+  where: Array | None = None,
+  gram: Array | None = None,
+  pool: int = _C['pool'],
+  iterations: int = _C['iterations'],
+  lam: ArrayLike = _C['lam'],
+  w: ArrayLike = _C['w'],
+  gamma: ArrayLike = _G['gamma'],
+  theta: ArrayLike = _G['theta'],
+  delta: ArrayLike = _G['delta'],
+  rho0: ArrayLike = _G['rho0'],
+  temperature: ArrayLike = 0.05,
+  power_iterations: int = 20,
+  batch_size: int | None = None,
+) -> Array:
   r"""Relaxed :func:`tcfsr_gated_scores`: both steps become :math:`\sigma(x / T)` at ``temperature`` T > 0.
 
   Differentiable in ``lam``, ``w``, ``gamma``, ``theta``, ``rho0`` and ``temperature``; tends to the hard
   operator as ``temperature -> 0`` (away from exact ties at the thresholds).
   """
-  return _gated(query, docs, positions, where=where, gram=gram, pool=pool, iterations=iterations, lam=lam, w=w,
-                gamma=gamma, theta=theta, delta=delta, rho0=rho0, power_iterations=power_iterations,
-                batch_size=batch_size, temperature=jnp.asarray(temperature))
+  return _gated(
+    query,
+    docs,
+    positions,
+    where=where,
+    gram=gram,
+    pool=pool,
+    iterations=iterations,
+    lam=lam,
+    w=w,
+    gamma=gamma,
+    theta=theta,
+    delta=delta,
+    rho0=rho0,
+    power_iterations=power_iterations,
+    batch_size=batch_size,
+    temperature=jnp.asarray(temperature),
+  )
 
 
 # ---- legs -------------------------------------------------------------------------------------------
+
 
 def _leg_args(ep: EpisodeArrays) -> dict:
   return {'where': ep.where, 'gram': episode_gram(ep.docs)}
 
 
-def tcfsr_prior_leg(ep: EpisodeArrays, key: Array, *, pool: int = _P['pool'], iterations: int = _P['iterations'],
-                    lam: float = _P['lam'], w: float = _P['w'], gamma: float | Array = _P['gamma'],
-                    batch_size: int | None = _P['batch_size']) -> Array:
+def tcfsr_prior_leg(
+  ep: EpisodeArrays,
+  key: Array,
+  *,
+  pool: int = _P['pool'],
+  iterations: int = _P['iterations'],
+  lam: float = _P['lam'],
+  w: float = _P['w'],
+  gamma: float | Array = _P['gamma'],
+  batch_size: int | None = _P['batch_size'],
+) -> Array:
   """:func:`tcfsr_prior_scores` as a leg ``[Q, N]``."""
   del key
-  return tcfsr_prior_scores(ep.queries, ep.docs, ep.positions, **_leg_args(ep), pool=pool, iterations=iterations,
-                            lam=lam, w=w, gamma=gamma, batch_size=batch_size)
+  return tcfsr_prior_scores(
+    ep.queries,
+    ep.docs,
+    ep.positions,
+    **_leg_args(ep),
+    pool=pool,
+    iterations=iterations,
+    lam=lam,
+    w=w,
+    gamma=gamma,
+    batch_size=batch_size,
+  )
 
 
-def tcfsr_basis_leg(ep: EpisodeArrays, key: Array, *, pool: int = _B['pool'], iterations: int = _B['iterations'],
-                    lam: float = _B['lam'], w: float = _B['w'], alpha: float = _B['alpha'],
-                    anchor: float = _B['anchor'], batch_size: int | None = _B['batch_size']) -> Array:
+def tcfsr_basis_leg(
+  ep: EpisodeArrays,
+  key: Array,
+  *,
+  pool: int = _B['pool'],
+  iterations: int = _B['iterations'],
+  lam: float = _B['lam'],
+  w: float = _B['w'],
+  alpha: float = _B['alpha'],
+  anchor: float = _B['anchor'],
+  batch_size: int | None = _B['batch_size'],
+) -> Array:
   """:func:`tcfsr_basis_scores` as a leg ``[Q, N]``."""
   del key
-  return tcfsr_basis_scores(ep.queries, ep.docs, ep.positions, **_leg_args(ep), pool=pool, iterations=iterations,
-                            lam=lam, w=w, alpha=alpha, anchor=anchor, batch_size=batch_size)
+  return tcfsr_basis_scores(
+    ep.queries,
+    ep.docs,
+    ep.positions,
+    **_leg_args(ep),
+    pool=pool,
+    iterations=iterations,
+    lam=lam,
+    w=w,
+    alpha=alpha,
+    anchor=anchor,
+    batch_size=batch_size,
+  )
 
 
-def tcfsr_gated_leg(ep: EpisodeArrays, key: Array, *, pool: int = _G['pool'], iterations: int = _G['iterations'],
-                    lam: float = _G['lam'], w: float = _G['w'], gamma: float = _G['gamma'], theta: float = _G['theta'],
-                    delta: float = _G['delta'], rho0: float = _G['rho0'],
-                    batch_size: int | None = _G['batch_size']) -> Array:
+def tcfsr_gated_leg(
+  ep: EpisodeArrays,
+  key: Array,
+  *,
+  pool: int = _G['pool'],
+  iterations: int = _G['iterations'],
+  lam: float = _G['lam'],
+  w: float = _G['w'],
+  gamma: float = _G['gamma'],
+  theta: float = _G['theta'],
+  delta: float = _G['delta'],
+  rho0: float = _G['rho0'],
+  batch_size: int | None = _G['batch_size'],
+) -> Array:
   """:func:`tcfsr_gated_scores` as a leg ``[Q, N]``."""
   del key
-  return tcfsr_gated_scores(ep.queries, ep.docs, ep.positions, **_leg_args(ep), pool=pool, iterations=iterations,
-                            lam=lam, w=w, gamma=gamma, theta=theta, delta=delta, rho0=rho0, batch_size=batch_size)
+  return tcfsr_gated_scores(
+    ep.queries,
+    ep.docs,
+    ep.positions,
+    **_leg_args(ep),
+    pool=pool,
+    iterations=iterations,
+    lam=lam,
+    w=w,
+    gamma=gamma,
+    theta=theta,
+    delta=delta,
+    rho0=rho0,
+    batch_size=batch_size,
+  )
 
 
-def revision_gate(ep: EpisodeArrays, *, pool: int = _G['pool'], iterations: int = _G['iterations'],
-                  lam: float = _G['lam'], theta: float = _G['theta'], delta: float = _G['delta'],
-                  rho0: float = _G['rho0']) -> Array:
+def revision_gate(
+  ep: EpisodeArrays,
+  *,
+  pool: int = _G['pool'],
+  iterations: int = _G['iterations'],
+  lam: float = _G['lam'],
+  theta: float = _G['theta'],
+  delta: float = _G['delta'],
+  rho0: float = _G['rho0'],
+) -> Array:
   """Per-question gate ``[Q]`` (1 where the revision detector opens), for analysis of the gated leg."""
   where = jnp.asarray(ep.where, bool)
   t_all = write_time(ep.positions, where)
@@ -345,11 +546,26 @@ def revision_gate(ep: EpisodeArrays, *, pool: int = _G['pool'], iterations: int 
 
 # ---- soft twins on precomputed pools (the fitter's rows) -------------------------------------------------
 
-def pool_scores(b: Array, g: Array, t: Array, valid: Array, *, variant: str, lam: ArrayLike, w: ArrayLike,
-                iterations: int, power_iterations: int = 20, gamma: ArrayLike = 0.0, alpha: ArrayLike = 0.0,
-                anchor: ArrayLike = _B['anchor'], theta: ArrayLike = _G['theta'], delta: ArrayLike = _G['delta'],
-                rho0: ArrayLike = _G['rho0'],
-                temperature: ArrayLike | None = None) -> Array:
+
+def pool_scores(
+  b: Array,
+  g: Array,
+  t: Array,
+  valid: Array,
+  *,
+  variant: str,
+  lam: ArrayLike,
+  w: ArrayLike,
+  iterations: int,
+  power_iterations: int = 20,
+  gamma: ArrayLike = 0.0,
+  alpha: ArrayLike = 0.0,
+  anchor: ArrayLike = _B['anchor'],
+  theta: ArrayLike = _G['theta'],
+  delta: ArrayLike = _G['delta'],
+  rho0: ArrayLike = _G['rho0'],
+  temperature: ArrayLike | None = None,
+) -> Array:
   """One variant's scores on gathered pools: ``b [B, P]`` pool cosines, ``g [B, P, P]`` pool Gram, ``t [B, P]``
   write-time fractions, ``valid [B, P]`` -> ``[B, P]`` (``-inf`` for invalid slots). The same computation as the
   hard operators after their pool step; ``temperature`` relaxes the gated variant's two steps (None = hard).
@@ -359,8 +575,14 @@ def pool_scores(b: Array, g: Array, t: Array, valid: Array, *, variant: str, lam
   def one(bi, gi, ti, vi, *gamma_b):
     gp, bb, tp = masked_pool(bi, gi, ti, vi)
     a2 = jnp.square(jnp.asarray(alpha if variant == 'basis' else 0.0, bb.dtype))
-    a = nnls_ridge_pg(gp + a2 * tp[:, None] * tp[None, :], bb + a2 * jnp.asarray(anchor, bb.dtype) * tp, lam=lam,
-                      iterations=iterations, valid=vi, power_iterations=power_iterations)
+    a = nnls_ridge_pg(
+      gp + a2 * tp[:, None] * tp[None, :],
+      bb + a2 * jnp.asarray(anchor, bb.dtype) * tp,
+      lam=lam,
+      iterations=iterations,
+      valid=vi,
+      power_iterations=power_iterations,
+    )
     sol = PoolSolve(jnp.zeros(bb.shape, jnp.int32), vi, a, bb, tp, gp)
     s = blend_pool(sol, w)
     if variant == 'prior':
@@ -383,19 +605,47 @@ def _rows(ep: EpisodeArrays, n_questions: int, n_pad: int, options, settings) ->
 def _soft(variant: str):
   def scores(rows, values, ctx) -> Array:
     extra = {name: values[name] for name in ('gamma', 'alpha', 'anchor', 'theta', 'delta', 'rho0') if name in values}
-    sp = pool_scores(rows['pool_cos'], rows['pool_gram'], rows['pool_t'], rows['pool_valid'], variant=variant,
-                     lam=values['lam'], w=values['w'], iterations=int(values['iterations']),
-                     temperature=ctx.temperatures.gate if variant == 'gated' else None, **extra)
+    sp = pool_scores(
+      rows['pool_cos'],
+      rows['pool_gram'],
+      rows['pool_t'],
+      rows['pool_valid'],
+      variant=variant,
+      lam=values['lam'],
+      w=values['w'],
+      iterations=int(values['iterations']),
+      temperature=ctx.temperatures.gate if variant == 'gated' else None,
+      **extra,
+    )
     return pools.scatter_rows(sp, rows['pool_idx'], ctx.where.shape[-1], -jnp.inf)
+
   return scores
 
 
-TCFSR_PRIOR = register(Operator(
-    name='tcfsr_prior', leg=tcfsr_prior_leg, doc='CFS-R + recency prior gamma * t in the blend', knobs=PRIOR_KNOBS,
-    soft=SoftTwin(rows=_rows, scores=_soft('prior'))))
-TCFSR_BASIS = register(Operator(
-    name='tcfsr_basis', leg=tcfsr_basis_leg, doc='CFS-R over a time-augmented basis', knobs=BASIS_KNOBS,
-    soft=SoftTwin(rows=_rows, scores=_soft('basis'))))
-TCFSR_GATED = register(Operator(
-    name='tcfsr_gated', leg=tcfsr_gated_leg, doc='CFS-R + recency gated by a revision detector', knobs=GATED_KNOBS,
-    soft=SoftTwin(rows=_rows, scores=_soft('gated'))))
+TCFSR_PRIOR = register(
+  Operator(
+    name='tcfsr_prior',
+    leg=tcfsr_prior_leg,
+    doc='CFS-R + recency prior gamma * t in the blend',
+    knobs=PRIOR_KNOBS,
+    soft=SoftTwin(rows=_rows, scores=_soft('prior')),
+  )
+)
+TCFSR_BASIS = register(
+  Operator(
+    name='tcfsr_basis',
+    leg=tcfsr_basis_leg,
+    doc='CFS-R over a time-augmented basis',
+    knobs=BASIS_KNOBS,
+    soft=SoftTwin(rows=_rows, scores=_soft('basis')),
+  )
+)
+TCFSR_GATED = register(
+  Operator(
+    name='tcfsr_gated',
+    leg=tcfsr_gated_leg,
+    doc='CFS-R + recency gated by a revision detector',
+    knobs=GATED_KNOBS,
+    soft=SoftTwin(rows=_rows, scores=_soft('gated')),
+  )
+)

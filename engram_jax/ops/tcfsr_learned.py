@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -43,25 +44,34 @@ from engram_jax.core.batch import EpisodeArrays
 from engram_jax.ops import pools
 from engram_jax.ops.cfsr import nnls_ridge_pg
 from engram_jax.ops.greedy import episode_gram, map_queries
-from engram_jax.ops.registry import Knob, Operator, SoftTwin, knob_defaults, register
-from engram_jax.ops.tcfsr import (PoolSolve, blend_pool, cfsr_knobs, check_corpus, masked_pool, revision_features,
-                                  scatter_pool, solve_pool)
 from engram_jax.ops.pools import write_time
-
+from engram_jax.ops.registry import Knob, Operator, SoftTwin, knob_defaults, register
+from engram_jax.ops.tcfsr import (
+  PoolSolve,
+  blend_pool,
+  cfsr_knobs,
+  check_corpus,
+  masked_pool,
+  revision_features,
+  scatter_pool,
+  solve_pool,
+)
 
 GATE_INPUTS: tuple[str, ...] = (*features.FEATURES, 'revision', 'topcos')
 WEIGHTS: tuple[str, ...] = tuple(f'u_{name}' for name in GATE_INPUTS)
 if WEIGHTS != ('u_current', 'u_when', 'u_count', 'u_bias', 'u_revision', 'u_topcos'):
-  raise ImportError(f'tcfsr_learned: the leg\'s gate keywords do not match the gate inputs {GATE_INPUTS}')
+  raise ImportError(f"tcfsr_learned: the leg's gate keywords do not match the gate inputs {GATE_INPUTS}")
 
 # The declaration of the knobs: the one place their defaults are written (signatures below read _L).
 KNOBS = cfsr_knobs() + (
-    Knob('gamma', 0.2, transform='identity', doc='recency weight'),
-    Knob('theta', 0.7, static=True, check='[0,1]', doc='revision detector: near-duplicate cosine'),
-    Knob('delta', 0.1, static=True, check='>=0', doc='revision detector: relevance band'),
-    *(Knob(name, 0.0, transform='identity', doc=f'gate weight of input {inp}')
-      for name, inp in zip(WEIGHTS, GATE_INPUTS)),
-    Knob('batch_size', 16, static=True, doc='queries solved at a time (None = all)'))
+  Knob('gamma', 0.2, transform='identity', doc='recency weight'),
+  Knob('theta', 0.7, static=True, check='[0,1]', doc='revision detector: near-duplicate cosine'),
+  Knob('delta', 0.1, static=True, check='>=0', doc='revision detector: relevance band'),
+  *(
+    Knob(name, 0.0, transform='identity', doc=f'gate weight of input {inp}') for name, inp in zip(WEIGHTS, GATE_INPUTS)
+  ),
+  Knob('batch_size', 16, static=True, doc='queries solved at a time (None = all)'),
+)
 _L = knob_defaults(KNOBS)
 
 
@@ -71,7 +81,7 @@ def recency_gate() -> type:
   ``x [..., F]`` (:data:`GATE_INPUTS`; the text features include a constant column, so there is no separate bias).
   Defined on first use: importing ``flax.linen`` costs ~0.2 s, and every process imports this module (the registry)
   while few run the operator."""
-  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  import flax.linen as nn
 
   class RecencyGate(nn.Module):
     @nn.compact
@@ -89,8 +99,9 @@ def gate_params(weights: ArrayLike) -> dict:
 
 def gate_inputs(text_features: Array, sol: PoolSolve, *, theta: ArrayLike, delta: ArrayLike) -> Array:
   """One question's gate inputs ``[F]``: its text features, the revision signal and the top pool cosine."""
-  return jnp.concatenate([text_features.astype(sol.cos.dtype),
-                          revision_features(sol, theta=theta, delta=delta).astype(sol.cos.dtype)])
+  return jnp.concatenate(
+    [text_features.astype(sol.cos.dtype), revision_features(sol, theta=theta, delta=delta).astype(sol.cos.dtype)]
+  )
 
 
 def _gated_blend(sol: PoolSolve, x: Array, *, w: ArrayLike, gamma: ArrayLike, weights: ArrayLike) -> Array:
@@ -98,12 +109,25 @@ def _gated_blend(sol: PoolSolve, x: Array, *, w: ArrayLike, gamma: ArrayLike, we
   return blend_pool(sol, w) + jnp.asarray(gamma, sol.cos.dtype) * g * sol.t
 
 
-def tcfsr_learned_scores(query: Array, docs: Array, positions: Array, query_features: Array, *,
-                         weights: ArrayLike, where: Array | None = None, gram: Array | None = None,
-                         pool: int = _L['pool'], iterations: int = _L['iterations'], lam: ArrayLike = _L['lam'],
-                         w: ArrayLike = _L['w'], gamma: ArrayLike = _L['gamma'], theta: float = _L['theta'],
-                         delta: float = _L['delta'], power_iterations: int = 20,
-                         batch_size: int | None = None) -> Array:
+def tcfsr_learned_scores(
+  query: Array,
+  docs: Array,
+  positions: Array,
+  query_features: Array,
+  *,
+  weights: ArrayLike,
+  where: Array | None = None,
+  gram: Array | None = None,
+  pool: int = _L['pool'],
+  iterations: int = _L['iterations'],
+  lam: ArrayLike = _L['lam'],
+  w: ArrayLike = _L['w'],
+  gamma: ArrayLike = _L['gamma'],
+  theta: float = _L['theta'],
+  delta: float = _L['delta'],
+  power_iterations: int = 20,
+  batch_size: int | None = None,
+) -> Array:
   r"""CFS-R plus a recency prior weighted by a learned, question-aware gate (module docstring).
 
   Args:
@@ -129,8 +153,7 @@ def tcfsr_learned_scores(query: Array, docs: Array, positions: Array, query_feat
   dim = query.shape[-1]
 
   def one(qf, d, wh, g):
-    sol = solve_pool(qf, d, wh, g, t_all, pool=pool, iterations=iterations, lam=lam,
-                     power_iterations=power_iterations)
+    sol = solve_pool(qf, d, wh, g, t_all, pool=pool, iterations=iterations, lam=lam, power_iterations=power_iterations)
     x = gate_inputs(qf[dim:], sol, theta=theta, delta=delta)
     return scatter_pool(d.shape[0], sol, _gated_blend(sol, x, w=w, gamma=gamma, weights=weights))
 
@@ -142,38 +165,90 @@ def _with_features(query: Array, docs: Array, query_features: Array) -> tuple[Ar
   per-query map carries each query's features while every cosine and Gram entry is unchanged."""
   query, docs = jnp.asarray(query), jnp.asarray(docs)
   f = jnp.asarray(query_features, query.dtype)
-  return (jnp.concatenate([query, f], axis=-1),
-          jnp.concatenate([docs, jnp.zeros(docs.shape[:-1] + f.shape[-1:], docs.dtype)], axis=-1))
+  return (
+    jnp.concatenate([query, f], axis=-1),
+    jnp.concatenate([docs, jnp.zeros(docs.shape[:-1] + f.shape[-1:], docs.dtype)], axis=-1),
+  )
 
 
 def _weights(options: Mapping[str, ArrayLike]) -> Array:
   return jnp.stack([jnp.asarray(options[name], jnp.float32) for name in WEIGHTS])
 
 
-def tcfsr_learned_leg(ep: EpisodeArrays, key: Array, *, pool: int = _L['pool'], iterations: int = _L['iterations'],
-                      lam: float = _L['lam'], w: float = _L['w'], gamma: float = _L['gamma'],
-                      theta: float = _L['theta'], delta: float = _L['delta'], u_current: float = _L['u_current'],
-                      u_when: float = _L['u_when'], u_count: float = _L['u_count'], u_bias: float = _L['u_bias'],
-                      u_revision: float = _L['u_revision'], u_topcos: float = _L['u_topcos'],
-                      batch_size: int | None = _L['batch_size']) -> Array:
+def tcfsr_learned_leg(
+  ep: EpisodeArrays,
+  key: Array,
+  *,
+  pool: int = _L['pool'],
+  iterations: int = _L['iterations'],
+  lam: float = _L['lam'],
+  w: float = _L['w'],
+  gamma: float = _L['gamma'],
+  theta: float = _L['theta'],
+  delta: float = _L['delta'],
+  u_current: float = _L['u_current'],
+  u_when: float = _L['u_when'],
+  u_count: float = _L['u_count'],
+  u_bias: float = _L['u_bias'],
+  u_revision: float = _L['u_revision'],
+  u_topcos: float = _L['u_topcos'],
+  batch_size: int | None = _L['batch_size'],
+) -> Array:
   """:func:`tcfsr_learned_scores` as a leg ``[Q, N]`` (gate weights ``u_*`` in :data:`GATE_INPUTS` order)."""
   del key
   if ep.query_features is None:
     raise ValueError('tcfsr_learned needs EpisodeArrays.query_features (built by engram_jax.core.batch.episode_arrays)')
-  weights = _weights({'u_current': u_current, 'u_when': u_when, 'u_count': u_count, 'u_bias': u_bias,
-                      'u_revision': u_revision, 'u_topcos': u_topcos})
-  return tcfsr_learned_scores(ep.queries, ep.docs, ep.positions, ep.query_features, weights=weights,
-                              where=ep.where, gram=episode_gram(ep.docs), pool=pool, iterations=iterations, lam=lam,
-                              w=w, gamma=gamma, theta=theta, delta=delta, batch_size=batch_size)
+  weights = _weights(
+    {
+      'u_current': u_current,
+      'u_when': u_when,
+      'u_count': u_count,
+      'u_bias': u_bias,
+      'u_revision': u_revision,
+      'u_topcos': u_topcos,
+    }
+  )
+  return tcfsr_learned_scores(
+    ep.queries,
+    ep.docs,
+    ep.positions,
+    ep.query_features,
+    weights=weights,
+    where=ep.where,
+    gram=episode_gram(ep.docs),
+    pool=pool,
+    iterations=iterations,
+    lam=lam,
+    w=w,
+    gamma=gamma,
+    theta=theta,
+    delta=delta,
+    batch_size=batch_size,
+  )
 
 
 # ---- soft twin on precomputed pools ------------------------------------------------------------------------
 
-def learned_pool_scores(b: Array, g: Array, t: Array, valid: Array, text_features: Array, *, weights: ArrayLike,
-                        lam: ArrayLike, w: ArrayLike, gamma: ArrayLike, iterations: int, theta: float = _L['theta'],
-                        delta: float = _L['delta'], power_iterations: int = 20) -> Array:
+
+def learned_pool_scores(
+  b: Array,
+  g: Array,
+  t: Array,
+  valid: Array,
+  text_features: Array,
+  *,
+  weights: ArrayLike,
+  lam: ArrayLike,
+  w: ArrayLike,
+  gamma: ArrayLike,
+  iterations: int,
+  theta: float = _L['theta'],
+  delta: float = _L['delta'],
+  power_iterations: int = 20,
+) -> Array:
   """The operator on gathered pools: ``b [B, P]``, ``g [B, P, P]``, ``t [B, P]``, ``valid [B, P]``,
   ``text_features [B, F_text]`` -> ``[B, P]`` (``-inf`` for invalid slots); equal to the hard operator."""
+
   def one(bi, gi, ti, vi, fi):
     gp, bb, tp = masked_pool(bi, gi, ti, vi)
     a = nnls_ridge_pg(gp, bb, lam=lam, iterations=iterations, valid=vi, power_iterations=power_iterations)
@@ -192,14 +267,29 @@ def _rows(ep: EpisodeArrays, n_questions: int, n_pad: int, options, settings) ->
 
 
 def _soft(rows, values, ctx) -> Array:
-  sp = learned_pool_scores(rows['pool_cos'], rows['pool_gram'], rows['pool_t'], rows['pool_valid'],
-                           rows['text_features'], weights=_weights(values), lam=values['lam'], w=values['w'],
-                           gamma=values['gamma'], iterations=int(values['iterations']), theta=values['theta'],
-                           delta=values['delta'])
+  sp = learned_pool_scores(
+    rows['pool_cos'],
+    rows['pool_gram'],
+    rows['pool_t'],
+    rows['pool_valid'],
+    rows['text_features'],
+    weights=_weights(values),
+    lam=values['lam'],
+    w=values['w'],
+    gamma=values['gamma'],
+    iterations=int(values['iterations']),
+    theta=values['theta'],
+    delta=values['delta'],
+  )
   return pools.scatter_rows(sp, rows['pool_idx'], ctx.where.shape[-1], -jnp.inf)
 
 
-TCFSR_LEARNED = register(Operator(
-    name='tcfsr_learned', leg=tcfsr_learned_leg,
-    doc='CFS-R + recency prior weighted by a learned question-aware gate (flax logistic unit)', knobs=KNOBS,
-    soft=SoftTwin(rows=_rows, scores=_soft)))
+TCFSR_LEARNED = register(
+  Operator(
+    name='tcfsr_learned',
+    leg=tcfsr_learned_leg,
+    doc='CFS-R + recency prior weighted by a learned question-aware gate (flax logistic unit)',
+    knobs=KNOBS,
+    soft=SoftTwin(rows=_rows, scores=_soft),
+  )
+)

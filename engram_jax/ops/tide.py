@@ -24,18 +24,19 @@ from engram_jax.ops import pools
 from engram_jax.ops.cosine import cosine_scores
 from engram_jax.ops.registry import Knob, Operator, SoftTwin, knob_defaults, register
 
-
 BASES = ('cosine', 'bm25')
 
 # The declaration of Tide's knobs: the one place their defaults are written (the leg's signature reads _D; a BM25
 # base's k1 / b / epsilon default to BM25's own declaration).
 _BM25 = knob_defaults(bm25_ops.KNOBS)
-KNOBS = (Knob('recency', 0.15, transform='identity', doc='recency weight w'),
-         Knob('pool', 10, static=True, check='int>=1', doc='base candidates re-scored'),
-         Knob('base', 'cosine', static=True, check=BASES, doc='base leg'),
-         Knob('k1', _BM25['k1'], static=True, check='>0', doc='BM25 term saturation of a BM25 base'),
-         Knob('b', _BM25['b'], static=True, check='[0,1]', doc='BM25 length normalisation of a BM25 base'),
-         Knob('epsilon', _BM25['epsilon'], static=True, check='>=0', doc='BM25 idf floor factor of a BM25 base'))
+KNOBS = (
+  Knob('recency', 0.15, transform='identity', doc='recency weight w'),
+  Knob('pool', 10, static=True, check='int>=1', doc='base candidates re-scored'),
+  Knob('base', 'cosine', static=True, check=BASES, doc='base leg'),
+  Knob('k1', _BM25['k1'], static=True, check='>0', doc='BM25 term saturation of a BM25 base'),
+  Knob('b', _BM25['b'], static=True, check='[0,1]', doc='BM25 length normalisation of a BM25 base'),
+  Knob('epsilon', _BM25['epsilon'], static=True, check='>=0', doc='BM25 idf floor factor of a BM25 base'),
+)
 _D = knob_defaults(KNOBS)
 
 
@@ -48,8 +49,7 @@ def _scatter_flags(idx: Array, flags: Array, n: int) -> Array:
   return out.reshape(batch + (n,))
 
 
-def tide_scores(base: Array, positions: Array, *, weight: ArrayLike, depth: int,
-                where: Array | None = None) -> Array:
+def tide_scores(base: Array, positions: Array, *, weight: ArrayLike, depth: int, where: Array | None = None) -> Array:
   r"""Tide: the base leg's top-``depth`` candidates plus a linear recency bonus.
 
   Definition:
@@ -93,7 +93,6 @@ def tide_scores(base: Array, positions: Array, *, weight: ArrayLike, depth: int,
   return jnp.where(cand, s, -jnp.inf)
 
 
-
 def base_scores(ep: EpisodeArrays, key: Array, *, base: str, k1: float, b: float, epsilon: float) -> Array:
   """The base leg's scores ``[Q, N]``: cosine, or BM25 with ``k1``/``b``/``epsilon``."""
   if base == 'cosine':
@@ -103,9 +102,17 @@ def base_scores(ep: EpisodeArrays, key: Array, *, base: str, k1: float, b: float
   raise ValueError(f'tide: unknown base {base!r}; allowed: {list(BASES)}')
 
 
-def tide_leg(ep: EpisodeArrays, key: Array, *, recency: float = _D['recency'], pool: int = _D['pool'],
-             base: str = _D['base'], k1: float = _D['k1'], b: float = _D['b'],
-             epsilon: float = _D['epsilon']) -> Array:
+def tide_leg(
+  ep: EpisodeArrays,
+  key: Array,
+  *,
+  recency: float = _D['recency'],
+  pool: int = _D['pool'],
+  base: str = _D['base'],
+  k1: float = _D['k1'],
+  b: float = _D['b'],
+  epsilon: float = _D['epsilon'],
+) -> Array:
   """Tide ``[Q, N]``: the base leg's (``cosine`` or ``bm25``) top-``pool`` re-scored with ``+ recency * position
   / (N - 1)``."""
   s = base_scores(ep, key, base=base, k1=k1, b=b, epsilon=epsilon)
@@ -117,16 +124,22 @@ _BASE_SCORES = jax.jit(base_scores, static_argnames=('base',))  # one compilatio
 
 def _rows(ep: EpisodeArrays, n_questions: int, n_pad: int, options: Mapping[str, Any], settings) -> dict:
   del settings
-  s = _BASE_SCORES(ep, jax.random.key(0), base=options['base'], k1=options['k1'], b=options['b'],
-                   epsilon=options['epsilon'])
+  s = _BASE_SCORES(
+    ep, jax.random.key(0), base=options['base'], k1=options['k1'], b=options['b'], epsilon=options['epsilon']
+  )
   return {'base': pools.pad_items(np.asarray(s)[:n_questions], n_pad, -np.inf)}
 
 
 def _soft(rows: Mapping[str, Array], values: Mapping[str, Array], ctx) -> Array:
-  return tide_scores(rows['base'], ctx.positions, weight=values['recency'], depth=int(values['pool']),
-                     where=ctx.where)
+  return tide_scores(rows['base'], ctx.positions, weight=values['recency'], depth=int(values['pool']), where=ctx.where)
 
 
-TIDE = register(Operator(
-    name='tide', leg=tide_leg, doc='base top-pool + recency * write-order fraction (Tide)', knobs=KNOBS,
-    soft=SoftTwin(rows=_rows, scores=_soft, fill={'base': -np.inf})))
+TIDE = register(
+  Operator(
+    name='tide',
+    leg=tide_leg,
+    doc='base top-pool + recency * write-order fraction (Tide)',
+    knobs=KNOBS,
+    soft=SoftTwin(rows=_rows, scores=_soft, fill={'base': -np.inf}),
+  )
+)

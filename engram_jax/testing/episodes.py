@@ -21,8 +21,9 @@ WORDS = tuple(f'w{i}' for i in range(40))
 CUE_WORDS = ('now', 'when', 'how many', 'currently', 'before', 'total')
 
 
-def random_episode(rng: np.random.Generator, n_items: int, n_questions: int, *, dim: int = 16,
-                   name: str = 'e') -> tuple[Episode, np.ndarray, np.ndarray]:
+def random_episode(
+  rng: np.random.Generator, n_items: int, n_questions: int, *, dim: int = 16, name: str = 'e'
+) -> tuple[Episode, np.ndarray, np.ndarray]:
   """``(episode, docs [n_items, dim], queries [n_questions, dim])`` float32 unit rows.
 
   A third of the items restate an earlier one (cosine about 0.85, written at least a third of the episode later);
@@ -40,27 +41,42 @@ def random_episode(rng: np.random.Generator, n_items: int, n_questions: int, *, 
   gold = rng.choice(n_items, size=n_questions, replace=n_questions > n_items)
   queries = docs[gold] + 0.6 * rng.normal(size=(n_questions, dim)) / np.sqrt(dim)
   queries /= np.linalg.norm(queries, axis=-1, keepdims=True)
-  items = tuple(Item(id=f'{name}:{i}', text=' '.join(t), parent=f'{name}:s{i // 5}', position=i)
-                for i, t in enumerate(texts))
+  items = tuple(
+    Item(id=f'{name}:{i}', text=' '.join(t), parent=f'{name}:s{i // 5}', position=i) for i, t in enumerate(texts)
+  )
   questions = []
   for j, g in enumerate(gold.tolist()):
     words = list(rng.choice(texts[g], size=2)) + list(rng.choice(WORDS, size=int(rng.integers(0, 3))))
     cue = [str(rng.choice(CUE_WORDS))] if rng.random() < 0.6 else []
-    questions.append(Question(id=f'{name}/q{j}', text=' '.join(cue + words), gold=(items[g].id,),
-                              gold_parents=(items[g].parent,), category=j % 2))
+    questions.append(
+      Question(
+        id=f'{name}/q{j}',
+        text=' '.join(cue + words),
+        gold=(items[g].id,),
+        gold_parents=(items[g].parent,),
+        category=j % 2,
+      )
+    )
   episode = Episode(id=name, items=items, questions=tuple(questions))
   return episode, docs.astype(np.float32), queries.astype(np.float32)
 
 
-def random_padded_episodes(seed: int = 0, *, sizes: Sequence[int] = (35, 47, 60),
-                           n_questions: Sequence[int] = (3, 4, 3), dim: int = 16,
-                           tokenizers: Sequence[str] = ('words',)) -> tuple[list[Episode], list[EpisodeArrays]]:
+def random_padded_episodes(
+  seed: int = 0,
+  *,
+  sizes: Sequence[int] = (35, 47, 60),
+  n_questions: Sequence[int] = (3, 4, 3),
+  dim: int = 16,
+  tokenizers: Sequence[str] = ('words',),
+) -> tuple[list[Episode], list[EpisodeArrays]]:
   """Episodes of ``sizes`` items and ``n_questions`` questions each, padded as :func:`engram_jax.core.batch.episode_arrays`
   pads, into one shape (N to 64, Q to 4, V to 64: one compilation per operator setting), so every episode has
   padded items and (with fewer than 4 questions) padded questions."""
   if not (32 < min(sizes) and max(sizes) <= 64 and 2 < min(n_questions) and max(n_questions) <= 4):
-    raise ValueError(f'random_padded_episodes: 33..64 items and 3..4 questions per episode (one padded shape), got '
-                     f'{sizes}, {n_questions}')
+    raise ValueError(
+      f'random_padded_episodes: 33..64 items and 3..4 questions per episode (one padded shape), got '
+      f'{sizes}, {n_questions}'
+    )
   if len(sizes) != len(n_questions) or min(n_questions) < 2:
     raise ValueError(f'random_padded_episodes: one question count (>= 2) per size, got {sizes}, {n_questions}')
   rng = np.random.default_rng(seed)
@@ -68,6 +84,7 @@ def random_padded_episodes(seed: int = 0, *, sizes: Sequence[int] = (35, 47, 60)
   for e, (n, q) in enumerate(zip(sizes, n_questions)):
     ep, docs, queries = random_episode(rng, n, q, dim=dim, name=f'r{seed}-{e}')
     episodes.append(ep)
-    arrays.append(batch.episode_arrays(ep, docs, queries, n_multiple=64, q_multiple=4, v_multiple=64,
-                                       tokenizers=tokenizers))
+    arrays.append(
+      batch.episode_arrays(ep, docs, queries, n_multiple=64, q_multiple=4, v_multiple=64, tokenizers=tokenizers)
+    )
   return episodes, arrays

@@ -49,7 +49,7 @@ from engram_jax.ops.greedy import SoftSelection
 from engram_jax.testing.episodes import random_padded_episodes
 
 STEPS = (0.05, 0.5, 1.5)  # knob steps in the unconstrained parametrisation, smallest first
-GRAD_STEP = 0.01         # the step over which a temperature-free twin's gradient must predict the hard change
+GRAD_STEP = 0.01  # the step over which a temperature-free twin's gradient must predict the hard change
 PER_QUESTION_RTOL = 1e-6  # per-question vs scalar value in the hard leg: float rounding only (XLA may fuse a
 # broadcast column and a scalar into different instructions, e.g. a fused multiply-add in one of them)
 
@@ -67,11 +67,14 @@ def check_declaration(op: registry.Operator) -> None:
   kw = {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
   names = [k.name for k in op.knobs]
   if names != list(kw):
-    _fail(op.name, f'knobs {names} do not match the leg\'s keyword arguments {list(kw)} (names and order)')
+    _fail(op.name, f"knobs {names} do not match the leg's keyword arguments {list(kw)} (names and order)")
   for k in op.knobs:
     if kw[k.name] is not inspect.Parameter.empty and kw[k.name] != k.default:
-      _fail(op.name, f'knob {k.name}: the leg\'s default {kw[k.name]!r} is not the declared {k.default!r} '
-                     '(derive it from the declaration: registry.knob_defaults)')
+      _fail(
+        op.name,
+        f"knob {k.name}: the leg's default {kw[k.name]!r} is not the declared {k.default!r} "
+        '(derive it from the declaration: registry.knob_defaults)',
+      )
     try:
       k.validate(k.default, where=f'operator {op.name}')
     except ValueError as e:
@@ -118,19 +121,31 @@ def check_stages(op: registry.Operator, arrays, options: Mapping[str, Any], *, s
     _fail(op.name, f'stages.by may name static knobs only (a sweep moves traced ones), got {traced}')
   key = jax.random.key(seed)
   whole = jax.jit(lambda arr: op.leg(arr, key, **options))
-  staged = jax.jit(lambda arr: st.finish(arr, st.prepare(arr, key, **{n: options[n] for n in st.by}), key,
-                                         **options))
+  staged = jax.jit(lambda arr: st.finish(arr, st.prepare(arr, key, **{n: options[n] for n in st.by}), key, **options))
   for i, arr in enumerate(arrays):
     a, b = np.asarray(whole(arr)), np.asarray(staged(arr))
     if not np.array_equal(a, b):
       both = np.isfinite(a) & np.isfinite(b)
       diff = np.abs(a[both] - b[both]).max(initial=0.0)
-      _fail(op.name, f'its stages (finish after prepare) differ from the leg on episode {i}: '
-                     f'{int((a != b).sum())} entries, max |difference| {diff:.3g}')
+      _fail(
+        op.name,
+        f'its stages (finish after prepare) differ from the leg on episode {i}: '
+        f'{int((a != b).sum())} entries, max |difference| {diff:.3g}',
+      )
 
 
-def check_per_question(op: registry.Operator, problem, arrays, n_questions, rows, every: Mapping[str, float],
-                       knob: str, *, n_pad: int, seed: int) -> None:
+def check_per_question(
+  op: registry.Operator,
+  problem,
+  arrays,
+  n_questions,
+  rows,
+  every: Mapping[str, float],
+  knob: str,
+  *,
+  n_pad: int,
+  seed: int,
+) -> None:
   """Part 4 for one ``per_question`` knob (module docstring), at the other knobs' declared defaults."""
   name, path = op.name, f'legs.{op.name}.{knob}'
   transform = op.knob(knob).transform
@@ -149,24 +164,36 @@ def check_per_question(op: registry.Operator, problem, arrays, n_questions, rows
       want = np.asarray(fn(arr, key, {**traced, knob: jnp.float32(v)}))
       rows_j = (pick == j) & (np.arange(len(pick)) < nq)
       a, b = got[rows_j], want[rows_j]
-      same_mask = np.array_equal(np.isfinite(a), np.isfinite(b)) and np.array_equal(a[~np.isfinite(a)],
-                                                                                  b[~np.isfinite(b)])
+      same_mask = np.array_equal(np.isfinite(a), np.isfinite(b)) and np.array_equal(
+        a[~np.isfinite(a)], b[~np.isfinite(b)]
+      )
       if not (same_mask and np.allclose(a[np.isfinite(a)], b[np.isfinite(b)], rtol=PER_QUESTION_RTOL, atol=0.0)):
         diff = np.abs(a[np.isfinite(a) & np.isfinite(b)] - b[np.isfinite(a) & np.isfinite(b)]).max(initial=0.0)
-        _fail(name, f'knob {knob} (per_question): the leg given one value per question differs from the leg given '
-                    f'{knob}={v:.4g} on episode {e}\'s questions {np.flatnonzero(rows_j).tolist()} (max |difference| '
-                    f'{diff:.3g})')
+        _fail(
+          name,
+          f'knob {knob} (per_question): the leg given one value per question differs from the leg given '
+          f"{knob}={v:.4g} on episode {e}'s questions {np.flatnonzero(rows_j).tolist()} (max |difference| "
+          f'{diff:.3g})',
+        )
     hard.append(pools.pad_items(got[:nq], n_pad, -np.inf))
     per_row.append(choices[pick[:nq]])
   vals = {p: jnp.asarray(v, jnp.float32) for p, v in every.items()}
   vals[path] = jnp.asarray(np.concatenate(per_row))
   soft = twins.soft_fn(problem, 0)(vals, rows, jnp.float32(twins.COLD))
   soft = jax.tree_util.tree_map(np.asarray, soft)
-  gap = twins.compare(soft, np.concatenate(hard), np.asarray(rows.where), k=10, leg=name, op=name,
-                      at=f'{knob} per question in {choices.tolist()}')
+  gap = twins.compare(
+    soft,
+    np.concatenate(hard),
+    np.asarray(rows.where),
+    k=10,
+    leg=name,
+    op=name,
+    at=f'{knob} per question in {choices.tolist()}',
+  )
   if not gap.ok:
-    _fail(name, f'knob {knob} (per_question): the twin given one value per row does not reproduce the leg: '
-                f'{gap.message()}')
+    _fail(
+      name, f'knob {knob} (per_question): the twin given one value per row does not reproduce the leg: {gap.message()}'
+    )
 
 
 def random_values(op: registry.Operator, rng: np.random.Generator) -> dict[str, float]:
@@ -228,8 +255,9 @@ def check_operator(name: str, *, seed: int = 0) -> None:
 
   def run(values: Mapping[str, float], scale: float = twins.COLD):
     vals = {**every, **{f'legs.{name}.{k}': v for k, v in values.items()}}
-    hard = twins.hard_rows(problem, 0, arrays, n_questions, range(len(arrays)), twins.leg_options(problem, 0, vals),
-                           n_pad=n_pad, seed=seed)
+    hard = twins.hard_rows(
+      problem, 0, arrays, n_questions, range(len(arrays)), twins.leg_options(problem, 0, vals), n_pad=n_pad, seed=seed
+    )
     return hard, twins.soft_rows(problem, 0, vals, rows, scale=scale)
 
   # 2. cold equality at the defaults and at random in-range draws
@@ -250,7 +278,8 @@ def check_operator(name: str, *, seed: int = 0) -> None:
   warm = twins.soft_rows(problem, 0, every, rows, scale=1.0)
   _, cold = run(base)
   smooth = not isinstance(warm, SoftSelection) and np.allclose(
-      np.where(np.isfinite(warm), warm, 0.0), np.where(np.isfinite(cold), cold, 0.0), rtol=1e-5, atol=1e-6)
+    np.where(np.isfinite(warm), warm, 0.0), np.where(np.isfinite(cold), cold, 0.0), rtol=1e-5, atol=1e-6
+  )
   f = lambda out: float(_functional(jax.tree_util.tree_map(jnp.asarray, out), u))
   hard0 = run(base)[0]
   f_hard0, f_cold0 = f(hard0), f(cold)
@@ -259,8 +288,9 @@ def check_operator(name: str, *, seed: int = 0) -> None:
     path = f'legs.{name}.{knob}'
     g = float(f_grad[path])
     if not np.isfinite(g) or g == 0.0:
-      _fail(name, f'knob {knob}: the gradient of F through the twin is {g} (must be finite and non-zero) '
-                  f'at {_fmt(base)}')
+      _fail(
+        name, f'knob {knob}: the gradient of F through the twin is {g} (must be finite and non-zero) at {_fmt(base)}'
+      )
     transform = op.knob(knob).transform
     raw0 = inverse(transform, base[knob])
     moved_hard = False
@@ -272,22 +302,31 @@ def check_operator(name: str, *, seed: int = 0) -> None:
         continue
       moved_hard = True
       if np.sign(d_hard) != np.sign(d_cold) or abs(d_cold) <= scale_f:
-        _fail(name, f'knob {knob}: moving it {base[knob]:.4g} -> {value:.4g} changes F of the hard leg by '
-                    f'{d_hard:+.4g} but of the cold twin by {d_cold:+.4g} (opposite ways)')
+        _fail(
+          name,
+          f'knob {knob}: moving it {base[knob]:.4g} -> {value:.4g} changes F of the hard leg by '
+          f'{d_hard:+.4g} but of the cold twin by {d_cold:+.4g} (opposite ways)',
+        )
       break
     if not moved_hard:
       value = _forward(transform, raw0 + STEPS[-1])
       d_cold = f(run({**base, knob: value})[1]) - f_cold0
       if abs(d_cold) > scale_f:
-        _fail(name, f'knob {knob}: moving it {base[knob]:.4g} -> {value:.4g} moves the twin (F by {d_cold:+.4g}) but '
-                    'never the hard leg')
+        _fail(
+          name,
+          f'knob {knob}: moving it {base[knob]:.4g} -> {value:.4g} moves the twin (F by {d_cold:+.4g}) but '
+          'never the hard leg',
+        )
     if smooth:
       value = _forward(transform, raw0 + GRAD_STEP)
       d_hard = f(run({**base, knob: value})[0]) - f_hard0
       predicted = g * (value - base[knob])
       if abs(d_hard) > scale_f and abs(predicted) > scale_f and np.sign(d_hard) != np.sign(predicted):
-        _fail(name, f'knob {knob}: the twin\'s gradient predicts F {predicted:+.4g} for {base[knob]:.4g} -> '
-                    f'{value:.4g}, the hard leg moves {d_hard:+.4g} (opposite ways)')
+        _fail(
+          name,
+          f"knob {knob}: the twin's gradient predicts F {predicted:+.4g} for {base[knob]:.4g} -> "
+          f'{value:.4g}, the hard leg moves {d_hard:+.4g} (opposite ways)',
+        )
 
   # 4. per-question knobs
   for k in op.knobs:
@@ -297,8 +336,14 @@ def check_operator(name: str, *, seed: int = 0) -> None:
 
 def _forward(transform: str, raw: float) -> float:
   """:data:`engram_jax.fit.knobs.FORWARD` in float64 NumPy (a knob's value from its unconstrained value)."""
-  return float({'log': np.exp, 'logit': lambda x: 1.0 / (1.0 + np.exp(-x)), 'softplus': lambda x: np.logaddexp(0.0, x),
-                'identity': lambda x: x}[transform](raw))
+  return float(
+    {
+      'log': np.exp,
+      'logit': lambda x: 1.0 / (1.0 + np.exp(-x)),
+      'softplus': lambda x: np.logaddexp(0.0, x),
+      'identity': lambda x: x,
+    }[transform](raw)
+  )
 
 
 def _fmt(values: Mapping[str, float]) -> str:

@@ -13,7 +13,11 @@ import math
 
 import numpy as np
 
-from engram_jax.ops import bm25 as _bm25_op, cfs as _cfs_op, cfsr as _cfsr_op, controls as _controls_op, mmr as _mmr_op
+from engram_jax.ops import bm25 as _bm25_op
+from engram_jax.ops import cfs as _cfs_op
+from engram_jax.ops import cfsr as _cfsr_op
+from engram_jax.ops import controls as _controls_op
+from engram_jax.ops import mmr as _mmr_op
 from engram_jax.ops.registry import knob_defaults
 
 # Default knob values come from the operators' declarations (the one place they are written); the computations below
@@ -76,7 +80,6 @@ def ndcg(ranked, gold, k):
 
 def recall(ranked, gold, k):
   return len(set(ranked[:k]) & set(gold)) / len(gold) if gold else 0.0
-
 
 
 def _real(n, where):
@@ -161,8 +164,9 @@ def mmr_select_ref(query, docs, *, k, lam=_MMR['lam'], where=None, pool=None):
   return np.array(idx, np.int64), np.array(scores, np.float64)
 
 
-def cfs_select_ref(query, docs, *, k, beta=_CFS['beta'], sigma=_CFS['sigma'], where=None, floor=_CFS['floor'],
-                   pool=None):
+def cfs_select_ref(
+  query, docs, *, k, beta=_CFS['beta'], sigma=_CFS['sigma'], where=None, floor=_CFS['floor'], pool=None
+):
   """CFS picks ``(indices [K], scores [K])``; -1 / -inf past the real candidates."""
   docs = np.asarray(docs, np.float64)
   query = np.asarray(query, np.float64)
@@ -179,7 +183,7 @@ def cfs_select_ref(query, docs, *, k, beta=_CFS['beta'], sigma=_CFS['sigma'], wh
     obj = {c: math.log(max(rel[c], floor)) - beta * field[c] for c in left}
     pick = argmax_later_wins(rel if not selected else obj, left)
     for c in left:
-      field[c] += math.exp(-float(np.sum((docs[c] - docs[pick]) ** 2)) / (2.0 * sigma ** 2))
+      field[c] += math.exp(-float(np.sum((docs[c] - docs[pick]) ** 2)) / (2.0 * sigma**2))
     selected.append(pick)
     scores.append(obj[pick])
   idx = selected + [-1] * (k - len(selected))
@@ -207,8 +211,17 @@ def _minmax_ref(x):
   return [0.0 for _ in x]
 
 
-def cfsr_scores_ref(query, docs, *, where=None, pool=_CFSR['pool'], iterations=_CFSR['iterations'], lam=_CFSR['lam'],
-                    w=_CFSR['w'], power_iterations=20):
+def cfsr_scores_ref(
+  query,
+  docs,
+  *,
+  where=None,
+  pool=_CFSR['pool'],
+  iterations=_CFSR['iterations'],
+  lam=_CFSR['lam'],
+  w=_CFSR['w'],
+  power_iterations=20,
+):
   """CFS-R scores ``[N]`` for one query (``-inf`` outside the pool).
 
   Solver: a_0 = 0, a <- max(0, a - grad / L), grad = 2 C (C^T a - z) + 2 lam a,
@@ -279,8 +292,7 @@ def mem0_bm25_params_ref(num_terms):
   return 12.0, 0.5
 
 
-def additive_fuse_ref(semantic, bm25, n_query_terms, *, where=None, threshold=_MEM0['threshold'],
-                      pool=_MEM0['pool']):
+def additive_fuse_ref(semantic, bm25, n_query_terms, *, where=None, threshold=_MEM0['threshold'], pool=_MEM0['pool']):
   """mem0 additive scoring for one query, in mem0's own dict-based shape (no entity, no recency)."""
   semantic = np.asarray(semantic, np.float64)
   bm25 = np.asarray(bm25, np.float64)
@@ -317,7 +329,7 @@ def pad(x, n_pad, d_pad=None):
   x = np.asarray(x)
   d_pad = x.shape[1] if d_pad is None else d_pad
   out = np.zeros((n_pad, d_pad), x.dtype)
-  out[:x.shape[0], :x.shape[1]] = x
+  out[: x.shape[0], : x.shape[1]] = x
   return out
 
 

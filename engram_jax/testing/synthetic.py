@@ -27,8 +27,15 @@ class EmbeddedEpisode(NamedTuple):
   queries: np.ndarray
 
 
-def synthetic_episodes(*, n_episodes: int = 10, n_queries: int = 200, dim: int = 384, seed: int = 0,
-                       vocab: int = 3000, n_items: tuple[int, int] = (370, 690)) -> list[EmbeddedEpisode]:
+def synthetic_episodes(
+  *,
+  n_episodes: int = 10,
+  n_queries: int = 200,
+  dim: int = 384,
+  seed: int = 0,
+  vocab: int = 3000,
+  n_items: tuple[int, int] = (370, 690),
+) -> list[EmbeddedEpisode]:
   """LoCoMo-sized random episodes: N in ``n_items`` (inclusive; LoCoMo: 370..690), ``n_queries`` questions.
 
   Items are unit vectors with a shared mean direction (cosines around 0.2, like sentence embeddings);
@@ -54,18 +61,26 @@ def synthetic_episodes(*, n_episodes: int = 10, n_queries: int = 200, dim: int =
     for s in src:
       own = list(rng.choice(doc_tokens[s], size=min(4, len(doc_tokens[s])), replace=False))
       query_tokens.append(own + list(rng.choice(words, size=int(rng.integers(2, 8)), p=zipf)))
-    items = tuple(Item(id=f's{e}:{i}', text=' '.join(t), parent=f's{e}:p{i // 20}', position=i)
-                  for i, t in enumerate(doc_tokens))
-    questions = tuple(Question(id=f's{e}/q{j}', text=' '.join(t), gold=(items[s].id,),
-                               gold_parents=(items[s].parent,), category=0)
-                      for j, (s, t) in enumerate(zip(src.tolist(), query_tokens)))
-    out.append(EmbeddedEpisode(Episode(id=f'synthetic-{e}', items=items, questions=questions),
-                            docs.astype(np.float32), queries.astype(np.float32)))
+    items = tuple(
+      Item(id=f's{e}:{i}', text=' '.join(t), parent=f's{e}:p{i // 20}', position=i) for i, t in enumerate(doc_tokens)
+    )
+    questions = tuple(
+      Question(id=f's{e}/q{j}', text=' '.join(t), gold=(items[s].id,), gold_parents=(items[s].parent,), category=0)
+      for j, (s, t) in enumerate(zip(src.tolist(), query_tokens))
+    )
+    out.append(
+      EmbeddedEpisode(
+        Episode(id=f'synthetic-{e}', items=items, questions=questions),
+        docs.astype(np.float32),
+        queries.astype(np.float32),
+      )
+    )
   return out
 
 
-def scale_episode(n_items: int, n_queries: int, *, dim: int = 384, vocab: int = 50_000, seed: int = 0,
-                  texts: bool = True) -> EmbeddedEpisode:
+def scale_episode(
+  n_items: int, n_queries: int, *, dim: int = 384, vocab: int = 50_000, seed: int = 0, texts: bool = True
+) -> EmbeddedEpisode:
   """One synthetic episode of ``n_items`` items and ``n_queries`` questions, built in O(N) array code.
 
   Embeddings as in :func:`synthetic_episodes` (unit vectors around a shared mean direction; each query a noisy copy
@@ -96,6 +111,8 @@ def scale_episode(n_items: int, n_queries: int, *, dim: int = 384, vocab: int = 
     q_ids = np.concatenate([own, zipf((n_queries, 4))], axis=1)
     query_texts = [' '.join(words[row]) for row in q_ids]
   items = tuple(Item(id=f'i{i}', text=t, parent=f'p{i // 20}', position=i) for i, t in enumerate(doc_texts))
-  questions = tuple(Question(id=f'q{j}', text=t, gold=(f'i{s}',), gold_parents=(f'p{s // 20}',), category=0)
-                    for j, (s, t) in enumerate(zip(src.tolist(), query_texts)))
+  questions = tuple(
+    Question(id=f'q{j}', text=t, gold=(f'i{s}',), gold_parents=(f'p{s // 20}',), category=0)
+    for j, (s, t) in enumerate(zip(src.tolist(), query_texts))
+  )
   return EmbeddedEpisode(Episode(id=f'scale-{n_items}', items=items, questions=questions), docs, queries)

@@ -37,47 +37,88 @@ from experiments.bench.operators import FUSION
 
 def parser() -> argparse.ArgumentParser:
   """The bench's command line (every tool's flags)."""
-  ap = argparse.ArgumentParser(prog='python -m experiments.bench', description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = argparse.ArgumentParser(
+    prog='python -m experiments.bench', description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   ap.add_argument('--data', choices=('synthetic', 'locomo'), default='synthetic')
   ap.add_argument('--root', default=None, help='data root for --data locomo')
   ap.add_argument('--cache-dir', default='.cache', help='embedding cache for --data locomo')
   ap.add_argument('--episodes', type=int, default=10, help='synthetic episodes (or the first E of LoCoMo)')
   ap.add_argument('--queries', type=int, default=200, help='synthetic queries per episode')
   ap.add_argument('--repeats', type=int, default=5, help='JAX calls per operator, episode and round (median)')
-  ap.add_argument('--rounds', type=int, default=5, help='interleaved rounds (JAX and reference back to back); the '
-                                                        'table gives the median and min-max over rounds')
+  ap.add_argument(
+    '--rounds',
+    type=int,
+    default=5,
+    help='interleaved rounds (JAX and reference back to back); the table gives the median and min-max over rounds',
+  )
   ap.add_argument('--no-peers', action='store_true', help='skip the BM25 peers (rank_bm25, bm25s)')
-  ap.add_argument('--ref-queries', type=int, default=40,
-                  help='reference-timed queries per episode (0: all), time scaled to all queries')
-  ap.add_argument('--cfsr-batch', type=int, default=None,
-                  help='batch_size knob of every operator that has one (the CFS-R family); 0: vmap all queries; '
-                       'default: the declarations\' default')
-  ap.add_argument('--ops', default=None, help=f'comma-separated operator names and/or {FUSION!r} (default: every '
-                                              'registered operator, then rrf)')
-  ap.add_argument('--ops-modules', default='', help='comma-separated modules to import first (they register '
-                                                    'operators)')
-  ap.add_argument('--set', action='append', default=[], metavar='OP.KNOB=VALUE',
-                  help='a knob value over the bench defaults (repeatable)')
-  ap.add_argument('--cfsr-floor', action='store_true',
-                  help='LoCoMo: the CFS-R leg against its arithmetic floor (pool step, solver alone, dense-matmul '
-                       'rate)')
-  ap.add_argument('--scale', action='store_true',
-                  help='the scale table instead: operator cost versus episode size N (one synthetic episode per N)')
-  ap.add_argument('--scale-n', default=','.join(str(n) for n in scale.SCALE_NS),
-                  help='comma-separated episode sizes N')
-  ap.add_argument('--scale-queries', type=int, default=64, help='questions per scale episode (a multiple of 64, '
-                                                                'the Q bucket, wastes nothing)')
-  ap.add_argument('--scale-ops', default=','.join(scale.SCALE_OPS),
-                  help=f'comma-separated operator names and/or {FUSION!r} (RRF of cosine and BM25)')
-  ap.add_argument('--dense-budget-gb', type=float, default=1.0,
-                  help='skip text operators where dense [N, V] term counts would exceed this')
+  ap.add_argument(
+    '--ref-queries',
+    type=int,
+    default=40,
+    help='reference-timed queries per episode (0: all), time scaled to all queries',
+  )
+  ap.add_argument(
+    '--cfsr-batch',
+    type=int,
+    default=None,
+    help='batch_size knob of every operator that has one (the CFS-R family); 0: vmap all queries; '
+    "default: the declarations' default",
+  )
+  ap.add_argument(
+    '--ops',
+    default=None,
+    help=f'comma-separated operator names and/or {FUSION!r} (default: every registered operator, then rrf)',
+  )
+  ap.add_argument('--ops-modules', default='', help='comma-separated modules to import first (they register operators)')
+  ap.add_argument(
+    '--set',
+    action='append',
+    default=[],
+    metavar='OP.KNOB=VALUE',
+    help='a knob value over the bench defaults (repeatable)',
+  )
+  ap.add_argument(
+    '--cfsr-floor',
+    action='store_true',
+    help='LoCoMo: the CFS-R leg against its arithmetic floor (pool step, solver alone, dense-matmul rate)',
+  )
+  ap.add_argument(
+    '--scale',
+    action='store_true',
+    help='the scale table instead: operator cost versus episode size N (one synthetic episode per N)',
+  )
+  ap.add_argument('--scale-n', default=','.join(str(n) for n in scale.SCALE_NS), help='comma-separated episode sizes N')
+  ap.add_argument(
+    '--scale-queries',
+    type=int,
+    default=64,
+    help='questions per scale episode (a multiple of 64, the Q bucket, wastes nothing)',
+  )
+  ap.add_argument(
+    '--scale-ops',
+    default=','.join(scale.SCALE_OPS),
+    help=f'comma-separated operator names and/or {FUSION!r} (RRF of cosine and BM25)',
+  )
+  ap.add_argument(
+    '--dense-budget-gb',
+    type=float,
+    default=1.0,
+    help='skip text operators where dense [N, V] term counts would exceed this',
+  )
   ap.add_argument('--check-n', type=int, default=scale.CHECK_N, help='N of the scale-path check (0: none)')
-  ap.add_argument('--out', default=None, help='also write the scale table (Markdown) here, and its rows as JSON '
-                                              'beside it')
-  ap.add_argument('--harness', nargs='*', default=None, metavar='OVERRIDE',
-                  help='time the whole evaluation path instead (experiments.evaluate with these Hydra overrides; '
-                       'none: the default LoCoMo job), --rounds times; prints the overhead ratio wall / retrieve')
+  ap.add_argument(
+    '--out', default=None, help='also write the scale table (Markdown) here, and its rows as JSON beside it'
+  )
+  ap.add_argument(
+    '--harness',
+    nargs='*',
+    default=None,
+    metavar='OVERRIDE',
+    help='time the whole evaluation path instead (experiments.evaluate with these Hydra overrides; '
+    'none: the default LoCoMo job), --rounds times; prints the overhead ratio wall / retrieve',
+  )
   return ap
 
 
@@ -87,8 +128,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]] | dict[str, 
   args = ap.parse_args(argv)
   if args.cfsr_floor:
     print('\n'.join(environment()))
-    result = floor.cfsr_floor(locomo_episodes(args.root, cache_dir=args.cache_dir)[:args.episodes],
-                              repeats=args.repeats, batch_size=args.cfsr_batch or 16)
+    result = floor.cfsr_floor(
+      locomo_episodes(args.root, cache_dir=args.cache_dir)[: args.episodes],
+      repeats=args.repeats,
+      batch_size=args.cfsr_batch or 16,
+    )
     print(floor.format_cfsr_floor(result))
     return [result]
   if args.harness is not None:
@@ -110,8 +154,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]] | dict[str, 
   except ValueError as e:
     ap.error(str(e))
   if set(overrides) - set(OPERATORS):
-    ap.error(f'--set names unknown operators {sorted(set(overrides) - set(OPERATORS))}; choose from '
-             f'{sorted(OPERATORS)}')
+    ap.error(
+      f'--set names unknown operators {sorted(set(overrides) - set(OPERATORS))}; choose from {sorted(OPERATORS)}'
+    )
   if args.cfsr_batch is not None:
     for name, op in OPERATORS.items():
       if any(k.name == 'batch_size' for k in op.knobs):
@@ -120,13 +165,21 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]] | dict[str, 
   if args.data == 'synthetic':
     episodes = synthetic_episodes(n_episodes=args.episodes, n_queries=args.queries)
   else:
-    episodes = locomo_episodes(args.root, cache_dir=args.cache_dir)[:args.episodes]
+    episodes = locomo_episodes(args.root, cache_dir=args.cache_dir)[: args.episodes]
   print(f'{len(episodes)} {args.data} episodes', file=sys.stderr)
-  rows = operators.time_operators(episodes, names, repeats=args.repeats, rounds=args.rounds,
-                                  ref_queries=args.ref_queries, overrides=overrides, peers=not args.no_peers,
-                                  log=lambda s: print(s, file=sys.stderr))
-  print(operators.format_table(rows, n_episodes=len(episodes),
-                               n_queries=sum(len(b.episode.questions) for b in episodes)))
+  rows = operators.time_operators(
+    episodes,
+    names,
+    repeats=args.repeats,
+    rounds=args.rounds,
+    ref_queries=args.ref_queries,
+    overrides=overrides,
+    peers=not args.no_peers,
+    log=lambda s: print(s, file=sys.stderr),
+  )
+  print(
+    operators.format_table(rows, n_episodes=len(episodes), n_queries=sum(len(b.episode.questions) for b in episodes))
+  )
   return rows
 
 
@@ -140,9 +193,17 @@ def scale_main(args: argparse.Namespace, ap: argparse.ArgumentParser) -> dict[st
   except ValueError as e:
     ap.error(str(e))
   print('\n'.join(environment()))
-  result = scale.time_scale(ns, names, n_queries=args.scale_queries, rounds=max(args.rounds, 3),
-                            repeats=args.repeats, dense_budget_gb=args.dense_budget_gb, overrides=overrides,
-                            check_n=args.check_n or None, log=lambda s: print(s, file=sys.stderr))
+  result = scale.time_scale(
+    ns,
+    names,
+    n_queries=args.scale_queries,
+    rounds=max(args.rounds, 3),
+    repeats=args.repeats,
+    dense_budget_gb=args.dense_budget_gb,
+    overrides=overrides,
+    check_n=args.check_n or None,
+    log=lambda s: print(s, file=sys.stderr),
+  )
   table = scale.format_scale(result)
   print(table)
   if args.out:

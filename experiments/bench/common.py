@@ -15,8 +15,9 @@ import numpy as np
 from engram_jax.testing.synthetic import EmbeddedEpisode
 
 
-def locomo_episodes(root: str | None = None, *, cache_dir: str = '.cache',
-                    model_id: str | None = None) -> list[EmbeddedEpisode]:
+def locomo_episodes(
+  root: str | None = None, *, cache_dir: str = '.cache', model_id: str | None = None
+) -> list[EmbeddedEpisode]:
   """The real LoCoMo episodes, item / question texts embedded through the cache (MiniLM by default)."""
   from engram_jax.data import embed
   from engram_jax.data.locomo import load_locomo
@@ -27,7 +28,7 @@ def locomo_episodes(root: str | None = None, *, cache_dir: str = '.cache',
   for ep in episodes:
     items = [it.text for it in ep.items]
     vecs = embed.embed_texts(items + [q.text for q in ep.questions], cache_dir=cache_dir, **kw)
-    out.append(EmbeddedEpisode(ep, vecs[:len(items)], vecs[len(items):]))
+    out.append(EmbeddedEpisode(ep, vecs[: len(items)], vecs[len(items) :]))
   return out
 
 
@@ -78,9 +79,12 @@ def parse_sets(items: Sequence[str]) -> dict[str, dict[str, Any]]:
 def environment() -> list[str]:
   """The JAX devices and the BLAS / XLA thread settings (what the times depend on)."""
   dev = jax.devices()[0]
-  return [f'jax {jax.__version__}, numpy {np.__version__}; device {dev} ({dev.platform}, '
-          f'{jax.device_count()} device(s)); x64 {bool(jax.config.jax_enable_x64)}', device_settings(),
-          thread_settings()]
+  return [
+    f'jax {jax.__version__}, numpy {np.__version__}; device {dev} ({dev.platform}, '
+    f'{jax.device_count()} device(s)); x64 {bool(jax.config.jax_enable_x64)}',
+    device_settings(),
+    thread_settings(),
+  ]
 
 
 def device_settings() -> str:
@@ -96,10 +100,13 @@ def thread_settings() -> str:
     usable = len(os.sched_getaffinity(0))
   except AttributeError:  # not on Linux
     usable = os.cpu_count()
-  env = ', '.join(f'{k}={os.environ.get(k, "unset")}' for k in ('XLA_FLAGS', 'OMP_NUM_THREADS',
-                                                                  'OPENBLAS_NUM_THREADS', 'MKL_NUM_THREADS'))
+  env = ', '.join(
+    f'{k}={os.environ.get(k, "unset")}'
+    for k in ('XLA_FLAGS', 'OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', 'MKL_NUM_THREADS')
+  )
   try:
     from threadpoolctl import threadpool_info
+
     pools = ', '.join(f'{p.get("internal_api")}={p.get("num_threads")}' for p in threadpool_info()) or 'none loaded'
   except ImportError:
     pools = 'unknown (threadpoolctl not installed)'

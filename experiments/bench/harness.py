@@ -23,9 +23,11 @@ def harness(overrides: Sequence[str], *, rounds: int, out_dir: str | None = None
   cache, retrieval, metrics, statistics, report files), the time inside the jitted retrieval calls (``retrieve``,
   compilation included), the XLA compilations and the overhead ratio ``wall / retrieve``.
   """
-  import tempfile  # pylint: disable=import-outside-toplevel
-  from hydra import compose, initialize_config_dir  # pylint: disable=import-outside-toplevel
-  from experiments import evaluate  # pylint: disable=import-outside-toplevel
+  import tempfile
+
+  from hydra import compose, initialize_config_dir
+
+  from experiments import evaluate
 
   conf = str(Path(__file__).resolve().parents[2] / 'conf')
   with initialize_config_dir(config_dir=conf, version_base='1.3'):
@@ -38,8 +40,16 @@ def harness(overrides: Sequence[str], *, rounds: int, out_dir: str | None = None
     wall = time.perf_counter() - t0
     t = json.loads((folder / 'run_info.json').read_text())['timing']
     retrieve = t['phases_s'].get('retrieve', 0.0)
-    rows.append({'round': r, 'wall_s': wall, 'retrieve_s': retrieve, 'phases_s': t['phases_s'],
-                 'xla_compilations': t['xla_compilations'], 'overhead_ratio': wall / retrieve if retrieve else None})
+    rows.append(
+      {
+        'round': r,
+        'wall_s': wall,
+        'retrieve_s': retrieve,
+        'phases_s': t['phases_s'],
+        'xla_compilations': t['xla_compilations'],
+        'overhead_ratio': wall / retrieve if retrieve else None,
+      }
+    )
   return rows
 
 
@@ -48,9 +58,12 @@ def format_harness(rows: Sequence[Mapping[str, Any]]) -> str:
   head = ['round', 'wall s', *[f'{p} s' for p in phases], 'XLA compilations', 'overhead ratio (wall / retrieve)']
   lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
   for r in rows:
-    ratio = f"{r['overhead_ratio']:.2f}" if r['overhead_ratio'] else 'n/a'
-    lines.append(f"| {r['round']} | {r['wall_s']:.2f} | " + ' | '.join(f"{r['phases_s'][p]:.2f}" for p in phases)
-                 + f" | {r['xla_compilations']} | {ratio} |")
+    ratio = f'{r["overhead_ratio"]:.2f}' if r['overhead_ratio'] else 'n/a'
+    lines.append(
+      f'| {r["round"]} | {r["wall_s"]:.2f} | '
+      + ' | '.join(f'{r["phases_s"][p]:.2f}' for p in phases)
+      + f' | {r["xla_compilations"]} | {ratio} |'
+    )
   warm = [r['overhead_ratio'] for r in rows[1:] if r['overhead_ratio']]
   if warm:
     lines.append(f'\nwarm rounds: median overhead ratio {statistics.median(warm):.2f} (round 0 warms the caches)')

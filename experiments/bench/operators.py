@@ -63,13 +63,16 @@ from experiments.bench.common import cell, spread, thread_settings, time_jax
 FUSION = 'rrf'  # the fusion row's name in --ops and in the table
 # Locked seed setups (the CFS / CFS-R / Tide pages) where they differ from the declarations' defaults.
 OVERRIDES: dict[str, dict[str, Any]] = {
-    'mmr': {'pool': 50},                    # greedy operators: cosine prefilter of 50
-    'cfs': {'pool': 50},
-    'tide': {'pool': 50, 'recency': 0.1},   # Tide page: base top-50, weight 0.1
+  'mmr': {'pool': 50},  # greedy operators: cosine prefilter of 50
+  'cfs': {'pool': 50},
+  'tide': {'pool': 50, 'recency': 0.1},  # Tide page: base top-50, weight 0.1
 }
 # The CFS-R page's stack whose legs RRF fuses (a pipeline's legs node).
-RRF_STACK: dict[str, dict[str, Any]] = {'cos': {'op': 'cosine'}, 'bm25': {'op': 'bm25'},
-                                        'cfsr': {'op': 'cfsr', 'depth': 50, 'weight': 3.0}}
+RRF_STACK: dict[str, dict[str, Any]] = {
+  'cos': {'op': 'cosine'},
+  'bm25': {'op': 'bm25'},
+  'cfsr': {'op': 'cfsr', 'depth': 50, 'weight': 3.0},
+}
 TOP = 10  # agreement compares the top-10 ids
 
 
@@ -81,18 +84,21 @@ TOP = 10  # agreement compares the top-10 ids
 class RefEpisode(NamedTuple):
   """One episode as the NumPy references take it (float64, real rows only)."""
 
-  docs: np.ndarray                  # [N, D]
-  queries: np.ndarray               # [Q, D]
-  doc_tokens: list[list[str]]       # N token lists ('words' tokenizer)
-  query_tokens: list[list[str]]     # Q token lists
-  positions: np.ndarray             # [N] write order
+  docs: np.ndarray  # [N, D]
+  queries: np.ndarray  # [Q, D]
+  doc_tokens: list[list[str]]  # N token lists ('words' tokenizer)
+  query_tokens: list[list[str]]  # Q token lists
+  positions: np.ndarray  # [N] write order
 
 
 def ref_episode(b: EmbeddedEpisode) -> RefEpisode:
-  return RefEpisode(docs=np.asarray(b.docs, np.float64), queries=np.asarray(b.queries, np.float64),
-                    doc_tokens=[bm25_ops.tokenize(it.text) for it in b.episode.items],
-                    query_tokens=[bm25_ops.tokenize(q.text) for q in b.episode.questions],
-                    positions=np.arange(b.episode.n_items, dtype=np.float64))
+  return RefEpisode(
+    docs=np.asarray(b.docs, np.float64),
+    queries=np.asarray(b.queries, np.float64),
+    doc_tokens=[bm25_ops.tokenize(it.text) for it in b.episode.items],
+    query_tokens=[bm25_ops.tokenize(q.text) for q in b.episode.questions],
+    positions=np.arange(b.episode.n_items, dtype=np.float64),
+  )
 
 
 def _bm25_ref(e: RefEpisode, i: int, o: Mapping[str, Any]) -> np.ndarray:
@@ -106,8 +112,11 @@ def _picks(sel: tuple[np.ndarray, np.ndarray], n: int) -> np.ndarray:
 
 
 def _tide_ref(e: RefEpisode, i: int, o: Mapping[str, Any]) -> np.ndarray:
-  base = (ref.cosine_scores_ref(e.queries[i], e.docs) if o['base'] == 'cosine'
-          else _bm25_ref(e, i, {'k1': o['k1'], 'b': o['b'], 'epsilon': o['epsilon']}))
+  base = (
+    ref.cosine_scores_ref(e.queries[i], e.docs)
+    if o['base'] == 'cosine'
+    else _bm25_ref(e, i, {'k1': o['k1'], 'b': o['b'], 'epsilon': o['epsilon']})
+  )
   return ref.tide_scores_ref(base, e.positions, weight=o['recency'], depth=o['pool'])
 
 
@@ -119,17 +128,22 @@ def _mem0_ref(e: RefEpisode, i: int, o: Mapping[str, Any]) -> np.ndarray:
 
 
 REFERENCES: dict[str, Callable[[RefEpisode, int, Mapping[str, Any]], np.ndarray]] = {
-    'cosine': lambda e, i, o: ref.cosine_scores_ref(e.queries[i], e.docs),
-    'bm25': _bm25_ref,
-    'mmr': lambda e, i, o: _picks(ref.mmr_select_ref(e.queries[i], e.docs, k=o['k'], lam=o['lam'], pool=o['pool']),
-                                  e.docs.shape[0]),
-    'cfs': lambda e, i, o: _picks(ref.cfs_select_ref(e.queries[i], e.docs, k=o['k'], beta=o['beta'],
-                                                     sigma=o['sigma'], floor=o['floor'], pool=o['pool']),
-                                  e.docs.shape[0]),
-    'cfsr': lambda e, i, o: ref.cfsr_scores_ref(e.queries[i], e.docs, pool=o['pool'], iterations=o['iterations'],
-                                                lam=o['lam'], w=o['w']),
-    'tide': _tide_ref,
-    'mem0': _mem0_ref,
+  'cosine': lambda e, i, o: ref.cosine_scores_ref(e.queries[i], e.docs),
+  'bm25': _bm25_ref,
+  'mmr': lambda e, i, o: _picks(
+    ref.mmr_select_ref(e.queries[i], e.docs, k=o['k'], lam=o['lam'], pool=o['pool']), e.docs.shape[0]
+  ),
+  'cfs': lambda e, i, o: _picks(
+    ref.cfs_select_ref(
+      e.queries[i], e.docs, k=o['k'], beta=o['beta'], sigma=o['sigma'], floor=o['floor'], pool=o['pool']
+    ),
+    e.docs.shape[0],
+  ),
+  'cfsr': lambda e, i, o: ref.cfsr_scores_ref(
+    e.queries[i], e.docs, pool=o['pool'], iterations=o['iterations'], lam=o['lam'], w=o['w']
+  ),
+  'tide': _tide_ref,
+  'mem0': _mem0_ref,
 }
 
 
@@ -161,6 +175,7 @@ def _rank_bm25_peer() -> Peer:
 
   def build(docs, k1, b, epsilon):
     return rank_bm25.BM25Okapi(docs, k1=k1, b=b, epsilon=epsilon).get_scores
+
   return Peer(name, build)
 
 
@@ -186,6 +201,7 @@ def _bm25s_peer() -> Peer:
     index.index(docs, show_progress=False)
     zeros = np.zeros(len(docs), np.float32)
     return lambda q: index.get_scores(q) if q else zeros
+
   return Peer(name, build)
 
 
@@ -216,15 +232,36 @@ def operator_options(name: str, overrides: Mapping[str, Mapping[str, Any]] | Non
 
 
 def _row(name: str, options: Mapping[str, Any], has_ref: bool, rounds: int) -> dict[str, Any]:
-  return {'op': name, 'options': dict(options), 'jax_s': 0.0, 'ref_s': 0.0 if has_ref else None, 'agree': 0,
-          'checked': 0, 'ratio': None, 'episodes': 0, 'queries': 0, 'peer_of': None, 'unavailable': None,
-          'jax_rounds': [0.0] * rounds, 'ref_rounds': [0.0] * rounds if has_ref else None, 'ratio_rounds': None}
+  return {
+    'op': name,
+    'options': dict(options),
+    'jax_s': 0.0,
+    'ref_s': 0.0 if has_ref else None,
+    'agree': 0,
+    'checked': 0,
+    'ratio': None,
+    'episodes': 0,
+    'queries': 0,
+    'peer_of': None,
+    'unavailable': None,
+    'jax_rounds': [0.0] * rounds,
+    'ref_rounds': [0.0] * rounds if has_ref else None,
+    'ratio_rounds': None,
+  }
 
 
-def time_operators(episodes: Sequence[EmbeddedEpisode], names: Sequence[str] | None = None, *, repeats: int = 5,
-                   rounds: int = 5, ref_queries: int = 40, overrides: Mapping[str, Mapping[str, Any]] | None = None,
-                   peers: bool = True, seed: int = 0,
-                   log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+def time_operators(
+  episodes: Sequence[EmbeddedEpisode],
+  names: Sequence[str] | None = None,
+  *,
+  repeats: int = 5,
+  rounds: int = 5,
+  ref_queries: int = 40,
+  overrides: Mapping[str, Mapping[str, Any]] | None = None,
+  peers: bool = True,
+  seed: int = 0,
+  log: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
   """Time operators (registered names, or :data:`FUSION` for RRF) on every episode; one row per name, then the
   BM25 peer rows.
 
@@ -266,11 +303,15 @@ def time_operators(episodes: Sequence[EmbeddedEpisode], names: Sequence[str] | N
     raise ValueError(f'knob overrides for unknown operators {unknown}; registered: {sorted(OPERATORS)}')
   rounds = max(int(rounds), 1)
   key = jax.random.key(seed)
-  legs = {n: pipeline.make_pipeline(name=n, legs={n: {'op': n, **operator_options(n, overrides)}}).legs[0]
-          for n in names if n != FUSION}
+  legs = {
+    n: pipeline.make_pipeline(name=n, legs={n: {'op': n, **operator_options(n, overrides)}}).legs[0]
+    for n in names
+    if n != FUSION
+  }
   stack = pipeline.make_pipeline(name=FUSION, fusion='rrf', legs=RRF_STACK) if FUSION in names else None
-  built = pipeline.build_options([pipeline.Pipeline(legs=(leg,)) for leg in legs.values()]
-                                 + ([stack] if stack is not None else []))
+  built = pipeline.build_options(
+    [pipeline.Pipeline(legs=(leg,)) for leg in legs.values()] + ([stack] if stack is not None else [])
+  )
   fns = {n: jax.jit(leg.score) for n, leg in legs.items()}
   rows = {n: _row(n, legs[n].options if n in legs else {}, n in REFERENCES or n == FUSION, rounds) for n in names}
   if stack is not None:
@@ -278,8 +319,12 @@ def time_operators(episodes: Sequence[EmbeddedEpisode], names: Sequence[str] | N
     weights = jnp.asarray([leg.weight for leg in stack.legs])
     depths = [leg.depth for leg in stack.legs]
     fuse = jax.jit(lambda s, where: rrf_ops.rrf_fuse(s, weights=weights, depths=depths, where=where, k0=stack.k0))
-    rows[FUSION]['options'] = {'legs': {leg.name: leg.op for leg in stack.legs}, 'weights': weights.tolist(),
-                               'depths': depths, 'k0': stack.k0}
+    rows[FUSION]['options'] = {
+      'legs': {leg.name: leg.op for leg in stack.legs},
+      'weights': weights.tolist(),
+      'depths': depths,
+      'k0': stack.k0,
+    }
   peer_list = available_peers() if peers and PEER_OF in legs else []
   peer_rows = {}
   for p in peer_list:
@@ -307,8 +352,9 @@ def time_operators(episodes: Sequence[EmbeddedEpisode], names: Sequence[str] | N
         stacked = jnp.stack([f(arr, key) for f in stack_fns])  # outside the timer
         s64 = np.asarray(stacked, np.float64)[:, :q, :n]
         thunk = (lambda st, w: lambda: fuse(st, w))(stacked, arr.where)
-        fn_ref = (lambda s: lambda i: ref.rrf_fuse_ref(s[:, i], [l.weight for l in stack.legs], depths,
-                                                      k0=stack.k0))(s64)
+        fn_ref = (lambda s: lambda i: ref.rrf_fuse_ref(s[:, i], [l.weight for l in stack.legs], depths, k0=stack.k0))(
+          s64
+        )
       else:
         thunk = (lambda f, a: lambda: f(a, key))(fns[name], arr)
         adapter = REFERENCES.get(name)
@@ -335,8 +381,10 @@ def time_operators(episodes: Sequence[EmbeddedEpisode], names: Sequence[str] | N
         scorers[p.name] = (lambda s, toks: lambda i: s(toks[i]))(score, e_ref.query_tokens)
     prepared.append((n, q, r_q, timed, scorers))
     if log is not None:
-      log(f'episode {e_i + 1}/{len(episodes)}: N={n} (padded {arr.docs.shape[0]}), Q={q} (padded '
-          f'{arr.queries.shape[0]}), reference on {r_q} queries')
+      log(
+        f'episode {e_i + 1}/{len(episodes)}: N={n} (padded {arr.docs.shape[0]}), Q={q} (padded '
+        f'{arr.queries.shape[0]}), reference on {r_q} queries'
+      )
 
   # Interleaved rounds.
   for r in range(rounds):
@@ -388,15 +436,19 @@ def time_operators(episodes: Sequence[EmbeddedEpisode], names: Sequence[str] | N
   return [rows[n] for n in names] + list(peer_rows.values())
 
 
-def format_table(rows: Sequence[Mapping[str, Any]], *, n_episodes: int, n_queries: int,
-                 threads: str | None = None) -> str:
+def format_table(
+  rows: Sequence[Mapping[str, Any]], *, n_episodes: int, n_queries: int, threads: str | None = None
+) -> str:
   """Markdown: one line per row, median over rounds with (min-max); ``n/a`` where an operator has no reference.
   A peer row (``peer_of`` set) compares the JAX row it names with the peer library; ``threads``
   (:func:`thread_settings` by default) is printed under the table."""
   n_rounds = max((len(r['jax_rounds'] or []) for r in rows), default=0)
-  lines = [f'{n_episodes} episodes, {n_queries} queries, {n_rounds} interleaved rounds; times are totals over all '
-           'queries, median (min-max) over rounds (JAX float32 jitted; NumPy float64 reference, or the peer library)',
-           '| op | JAX ms | reference / peer ms | ratio | agree |', '|---|---:|---:|---:|---:|']
+  lines = [
+    f'{n_episodes} episodes, {n_queries} queries, {n_rounds} interleaved rounds; times are totals over all '
+    'queries, median (min-max) over rounds (JAX float32 jitted; NumPy float64 reference, or the peer library)',
+    '| op | JAX ms | reference / peer ms | ratio | agree |',
+    '|---|---:|---:|---:|---:|',
+  ]
   for r in rows:
     if r.get('unavailable'):
       lines.append(f'| {r["op"]} | {cell(r["jax_rounds"])} | unavailable | n/a | n/a |')
@@ -406,16 +458,19 @@ def format_table(rows: Sequence[Mapping[str, Any]], *, n_episodes: int, n_querie
     jax_cell = cell(r['jax_rounds']) if r['jax_rounds'] is not None else 'n/a'
     if r.get('peer_of'):
       jax_cell = f'({r["peer_of"]}) {jax_cell}'
-    lines.append(f'| {r["op"]} | {jax_cell} | {cell(r["ref_rounds"])} | '
-                 f'{cell(r["ratio_rounds"], 1.0, "{:.1f}", "x")} | {agree} |')
+    lines.append(
+      f'| {r["op"]} | {jax_cell} | {cell(r["ref_rounds"])} | {cell(r["ratio_rounds"], 1.0, "{:.1f}", "x")} | {agree} |'
+    )
   notes = [f'- {r["op"]}: unavailable: {r["unavailable"]}' for r in rows if r.get('unavailable')]
   peer_rows = [r for r in rows if r.get('peer_of')]
   if peer_rows:
-    notes.append('- peer rows: ratio = peer time / JAX bm25 time on the same queries (all of them), index built '
-                 'outside the timer; agree = JAX top-10 ids equal to the peer\'s. bm25s: method=atire, '
-                 'idf_method=robertson, get_scores per query; it floors the idf of terms in more than half the '
-                 'documents at 0 (rank_bm25: epsilon x mean idf), so its scores equal rank_bm25\'s only on queries '
-                 f'without such terms; {peer_rows[0]["high_df_queries"]}/{peer_rows[0]["queries"]} queries here '
-                 'have one.')
+    notes.append(
+      '- peer rows: ratio = peer time / JAX bm25 time on the same queries (all of them), index built '
+      "outside the timer; agree = JAX top-10 ids equal to the peer's. bm25s: method=atire, "
+      'idf_method=robertson, get_scores per query; it floors the idf of terms in more than half the '
+      "documents at 0 (rank_bm25: epsilon x mean idf), so its scores equal rank_bm25's only on queries "
+      f'without such terms; {peer_rows[0]["high_df_queries"]}/{peer_rows[0]["queries"]} queries here '
+      'have one.'
+    )
   lines += notes + [threads if threads is not None else thread_settings()]
   return '\n'.join(lines)

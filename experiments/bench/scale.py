@@ -26,12 +26,12 @@ import jax
 import numpy as np
 
 from engram_jax.core import batch
+from engram_jax.core.types import Episode, Item, Question
 from engram_jax.eval import pipeline
 from engram_jax.ops import OPERATORS
 from engram_jax.ops import bm25 as bm25_ops
 from engram_jax.ops import greedy as greedy_ops
 from engram_jax.testing.synthetic import EmbeddedEpisode, scale_episode
-from engram_jax.core.types import Episode, Item, Question
 from experiments.bench.common import cell, spread, thread_settings, time_jax
 from experiments.bench.operators import FUSION, operator_options
 
@@ -43,8 +43,9 @@ CHECK_N = 1_000  # where the scale path is checked against the ordinary one
 TOP_K = 10
 
 
-def scale_pipelines(names: Sequence[str] = SCALE_OPS,
-                    overrides: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, pipeline.Pipeline]:
+def scale_pipelines(
+  names: Sequence[str] = SCALE_OPS, overrides: Mapping[str, Mapping[str, Any]] | None = None
+) -> dict[str, pipeline.Pipeline]:
   """The pipeline each scale row runs: a registered operator alone with the bench's knob values
   (:func:`operator_options`: Tide pool 50 / recency 0.1, CFS pool 50), or :data:`FUSION` = RRF of cosine and BM25
   (``rrf_cos_bm25``: depth 10 each, k0 60).
@@ -66,21 +67,25 @@ def scale_pipelines(names: Sequence[str] = SCALE_OPS,
 
 def reads_text(pipe: pipeline.Pipeline) -> bool:
   """Whether a pipeline reads the texts (a BM25 leg, or an operator built on BM25), not only the embeddings."""
-  return any(leg.op in TEXT_OPS or leg.operator.needs is not None or dict(leg.options).get('base') == 'bm25'
-             for leg in pipe.legs)
+  return any(
+    leg.op in TEXT_OPS or leg.operator.needs is not None or dict(leg.options).get('base') == 'bm25' for leg in pipe.legs
+  )
 
 
 class TermLayout(NamedTuple):
   """How :func:`engram_jax.core.batch.episode_arrays` stores BM25 term counts, read off a one-item probe."""
 
-  dense: bool    # a dense ``doc_tf [N, V]`` array (else a sparse layout, whose size does not grow with N x V)
+  dense: bool  # a dense ``doc_tf [N, V]`` array (else a sparse layout, whose size does not grow with N x V)
   itemsize: int  # bytes per dense entry (0 when not dense)
 
 
 def term_layout() -> TermLayout:
   """Probe the episode arrays' BM25 representation: dense ``[N, V]`` (then the scale table caps BM25's N) or not."""
-  probe = Episode(id='probe', items=(Item(id='a', text='w', parent='p', position=0),),
-                  questions=(Question(id='q', text='w', gold=('a',), gold_parents=('p',), category=0),))
+  probe = Episode(
+    id='probe',
+    items=(Item(id='a', text='w', parent='p', position=0),),
+    questions=(Question(id='q', text='w', gold=('a',), gold_parents=('p',), category=0),),
+  )
   arr = batch.episode_arrays(probe, np.ones((1, 4), np.float32), np.ones((1, 4), np.float32))
   tf = getattr(arr, 'doc_tf', None)
   dense = isinstance(tf, (np.ndarray, jax.Array)) and tf.ndim == 2 and tf.shape[0] == arr.docs.shape[0]
@@ -107,8 +112,11 @@ def xla_memory(compiled: Any) -> dict[str, int] | None:
     return None
   if m is None:
     return None
-  out = {'args': int(m.argument_size_in_bytes), 'temps': int(m.temp_size_in_bytes),
-         'outputs': int(m.output_size_in_bytes)}
+  out = {
+    'args': int(m.argument_size_in_bytes),
+    'temps': int(m.temp_size_in_bytes),
+    'outputs': int(m.output_size_in_bytes),
+  }
   out['peak'] = out['args'] + out['temps'] + out['outputs'] - int(getattr(m, 'alias_size_in_bytes', 0))
   return out
 
@@ -138,12 +146,14 @@ def padded_past_gram(b: EmbeddedEpisode, built: Mapping[str, Any]) -> batch.Epis
     arr = batch.episode_arrays(b.episode, b.docs, b.queries, n_multiple=multiple, **built)
     if arr.docs.shape[0] > greedy_ops.GRAM_ITEMS:
       return arr
-  raise ValueError(f'cannot pad {n} items past GRAM_ITEMS={greedy_ops.GRAM_ITEMS}; check at N >= '
-                   f'{greedy_ops.GRAM_ITEMS // 2 + 2}')
+  raise ValueError(
+    f'cannot pad {n} items past GRAM_ITEMS={greedy_ops.GRAM_ITEMS}; check at N >= {greedy_ops.GRAM_ITEMS // 2 + 2}'
+  )
 
 
-def check_scale_path(pipes: Mapping[str, pipeline.Pipeline], *, n_items: int = CHECK_N, n_queries: int = 64,
-                     dim: int = 384, seed: int = 0) -> dict[str, tuple[int, int]]:
+def check_scale_path(
+  pipes: Mapping[str, pipeline.Pipeline], *, n_items: int = CHECK_N, n_queries: int = 64, dim: int = 384, seed: int = 0
+) -> dict[str, tuple[int, int]]:
   """Top-10 ids of the scale path against the ordinary one, per pipeline, on one episode of ``n_items`` items.
 
   Ordinary: :func:`engram_jax.eval.pipeline.pipeline_topk` on :func:`engram_jax.core.batch.episode_arrays` with its default
@@ -168,10 +178,20 @@ def check_scale_path(pipes: Mapping[str, pipeline.Pipeline], *, n_items: int = C
   return out
 
 
-def time_scale(ns: Sequence[int] = SCALE_NS, names: Sequence[str] = SCALE_OPS, *, n_queries: int = 64,
-               dim: int = 384, rounds: int = 5, repeats: int = 3, dense_budget_gb: float = 1.0,
-               overrides: Mapping[str, Mapping[str, Any]] | None = None, check_n: int | None = CHECK_N,
-               seed: int = 0, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+def time_scale(
+  ns: Sequence[int] = SCALE_NS,
+  names: Sequence[str] = SCALE_OPS,
+  *,
+  n_queries: int = 64,
+  dim: int = 384,
+  rounds: int = 5,
+  repeats: int = 3,
+  dense_budget_gb: float = 1.0,
+  overrides: Mapping[str, Mapping[str, Any]] | None = None,
+  check_n: int | None = CHECK_N,
+  seed: int = 0,
+  log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
   """Operator cost versus episode size: for each N in ``ns`` one :func:`scale_episode`, and for each pipeline of
   :func:`scale_pipelines` the jitted top-10 of all its questions (:func:`engram_jax.eval.pipeline.pipeline_topk`, the
   evaluation's path: legs, fusion, cut).
@@ -195,7 +215,7 @@ def time_scale(ns: Sequence[int] = SCALE_NS, names: Sequence[str] = SCALE_OPS, *
   """
   pipes = scale_pipelines(names, overrides)
   layout = term_layout()
-  budget = dense_budget_gb * 2 ** 30
+  budget = dense_budget_gb * 2**30
   text = {name: reads_text(p) for name, p in pipes.items()}
   key = jax.random.key(seed)
   rows = []
@@ -205,15 +225,28 @@ def time_scale(ns: Sequence[int] = SCALE_NS, names: Sequence[str] = SCALE_OPS, *
     too_big = need > budget
     if too_big:
       b = scale_episode(n, n_queries, dim=dim, seed=seed, texts=False)
-    arr = jax.device_put(batch.episode_arrays(b.episode, b.docs, b.queries, **pipeline.build_options(
-        [p for name, p in pipes.items() if not (too_big and text[name])])))
+    arr = jax.device_put(
+      batch.episode_arrays(
+        b.episode,
+        b.docs,
+        b.queries,
+        **pipeline.build_options([p for name, p in pipes.items() if not (too_big and text[name])]),
+      )
+    )
     prepared = {}
     for name, pipe in pipes.items():
-      row = {'op': name, 'n': n, 'n_pad': int(arr.docs.shape[0]), 'per_query_rounds': [], 'per_query': None,
-             'memory': None, 'skipped': None}
+      row = {
+        'op': name,
+        'n': n,
+        'n_pad': int(arr.docs.shape[0]),
+        'per_query_rounds': [],
+        'per_query': None,
+        'memory': None,
+        'skipped': None,
+      }
       rows.append(row)
       if too_big and text[name]:
-        row['skipped'] = f'dense [N, V] term counts would need {need / 2 ** 30:.1f} GB (> {dense_budget_gb:g} GB)'
+        row['skipped'] = f'dense [N, V] term counts would need {need / 2**30:.1f} GB (> {dense_budget_gb:g} GB)'
         continue
       compiled = _topk_fn(pipe).lower(arr, key).compile()
       row['memory'] = xla_memory(compiled)
@@ -221,11 +254,13 @@ def time_scale(ns: Sequence[int] = SCALE_NS, names: Sequence[str] = SCALE_OPS, *
       jax.block_until_ready(thunk())  # warm-up
       prepared[name] = (row, thunk)
     if log is not None:
-      log(f'N={n} (padded {arr.docs.shape[0]}): compiled {list(prepared)}'
-          + (f'; dense [N, V] {need / 2 ** 30:.2f} GB' if layout.dense else ''))
+      log(
+        f'N={n} (padded {arr.docs.shape[0]}): compiled {list(prepared)}'
+        + (f'; dense [N, V] {need / 2**30:.2f} GB' if layout.dense else '')
+      )
     order = list(prepared)
     for r in range(max(int(rounds), 1)):
-      for name in (order if r % 2 == 0 else order[::-1]):
+      for name in order if r % 2 == 0 else order[::-1]:
         row, thunk = prepared[name]
         t, _ = time_jax(thunk, repeats)
         row['per_query_rounds'].append(t / n_queries)
@@ -236,54 +271,79 @@ def time_scale(ns: Sequence[int] = SCALE_NS, names: Sequence[str] = SCALE_OPS, *
   for name in pipes:
     done = [r for r in rows if r['op'] == name and r['per_query'] is not None]
     big = [r for r in done if r['n_pad'] > greedy_ops.GRAM_ITEMS]
-    ops[name] = {'exponent': growth_exponent([r['n'] for r in done], [r['per_query'] for r in done]),
-                 'fit_ns': [r['n'] for r in done],
-                 'exponent_large': growth_exponent([r['n'] for r in big], [r['per_query'] for r in big])}
+    ops[name] = {
+      'exponent': growth_exponent([r['n'] for r in done], [r['per_query'] for r in done]),
+      'fit_ns': [r['n'] for r in done],
+      'exponent_large': growth_exponent([r['n'] for r in big], [r['per_query'] for r in big]),
+    }
   check = None
   if check_n is not None:
     check = check_scale_path(pipes, n_items=check_n, n_queries=n_queries, dim=dim, seed=seed)
     if log is not None:
       log(f'checked the scale path at N={check_n}')
-  return {'rows': rows, 'ops': ops, 'check': check, 'check_n': check_n, 'n_queries': n_queries, 'dim': dim,
-          'rounds': max(int(rounds), 1), 'repeats': repeats, 'layout': layout._asdict(),
-          'options': {name: {leg.name: dict(leg.options) for leg in p.legs} for name, p in pipes.items()}}
+  return {
+    'rows': rows,
+    'ops': ops,
+    'check': check,
+    'check_n': check_n,
+    'n_queries': n_queries,
+    'dim': dim,
+    'rounds': max(int(rounds), 1),
+    'repeats': repeats,
+    'layout': layout._asdict(),
+    'options': {name: {leg.name: dict(leg.options) for leg in p.legs} for name, p in pipes.items()},
+  }
 
 
 def _mb(x: int | None) -> str:
-  return 'n/a' if x is None else f'{x / 2 ** 20:.1f}'
+  return 'n/a' if x is None else f'{x / 2**20:.1f}'
 
 
 def format_scale(result: Mapping[str, Any], *, threads: str | None = None) -> str:
   """Markdown: one line per operator and N (time per query, median (min-max) over rounds; XLA peak memory), then
   one line per operator (growth exponent, the check at ``check_n``), with the thread settings under them."""
-  lines = [f'Scale: one synthetic episode per N (D={result["dim"]}, {result["n_queries"]} questions, top-{TOP_K} '
-           f'by engram_jax.eval.pipeline.pipeline_topk, jitted); ms per query = one call over all questions / questions, '
-           f'median (min-max) over {result["rounds"]} rounds of the median of {result["repeats"]} calls, after '
-           'compile and warm-up. Memory: XLA peak = static buffer analysis of the compiled call '
-           '(arguments + temps + outputs, MB; arguments include the [N, D] embeddings); host RSS is not shown.',
-           '', '| op | N | N padded | ms / query | XLA peak MB | temps MB |', '|---|---:|---:|---:|---:|---:|']
+  lines = [
+    f'Scale: one synthetic episode per N (D={result["dim"]}, {result["n_queries"]} questions, top-{TOP_K} '
+    f'by engram_jax.eval.pipeline.pipeline_topk, jitted); ms per query = one call over all questions / questions, '
+    f'median (min-max) over {result["rounds"]} rounds of the median of {result["repeats"]} calls, after '
+    'compile and warm-up. Memory: XLA peak = static buffer analysis of the compiled call '
+    '(arguments + temps + outputs, MB; arguments include the [N, D] embeddings); host RSS is not shown.',
+    '',
+    '| op | N | N padded | ms / query | XLA peak MB | temps MB |',
+    '|---|---:|---:|---:|---:|---:|',
+  ]
   for r in result['rows']:
     if r['skipped']:
       lines.append(f'| {r["op"]} | {r["n"]} | {r["n_pad"]} | skipped: {r["skipped"]} | | |')
       continue
     m = r['memory'] or {}
-    lines.append(f'| {r["op"]} | {r["n"]} | {r["n_pad"]} | {cell(r["per_query_rounds"], 1e3, "{:.3f}")} | '
-                 f'{_mb(m.get("peak"))} | {_mb(m.get("temps"))} |')
+    lines.append(
+      f'| {r["op"]} | {r["n"]} | {r["n_pad"]} | {cell(r["per_query_rounds"], 1e3, "{:.3f}")} | '
+      f'{_mb(m.get("peak"))} | {_mb(m.get("temps"))} |'
+    )
   check = result.get('check')
   at = f'at N={result["check_n"]}' if check else '(not checked)'
-  lines += ['', f'| op | growth exponent | N fitted | exponent, N > {greedy_ops.GRAM_ITEMS} | top-{TOP_K} equal {at} |',
-            '|---|---:|---|---:|---:|']
+  lines += [
+    '',
+    f'| op | growth exponent | N fitted | exponent, N > {greedy_ops.GRAM_ITEMS} | top-{TOP_K} equal {at} |',
+    '|---|---:|---|---:|---:|',
+  ]
   fmt = lambda e: 'n/a' if e is None else f'{e:.2f}'
   for name, o in result['ops'].items():
     eq = 'n/a' if not check or name not in check else f'{check[name][0]}/{check[name][1]}'
-    lines.append(f'| {name} | {fmt(o["exponent"])} | {", ".join(str(n) for n in o["fit_ns"])} | '
-                 f'{fmt(o["exponent_large"])} | {eq} |')
-  lines += ['', '- growth exponent: least-squares slope of log(ms / query) against log(N) over the sizes measured; '
-            f'"N > {greedy_ops.GRAM_ITEMS}": over the sizes above the Gram threshold only (at or below it CFS / '
-            'CFS-R compute the N x N episode Gram once per episode, a per-episode cost shared by the questions).',
-            f'- top-{TOP_K} equal: questions whose ids from the scale path (the episode padded past '
-            f'GRAM_ITEMS={greedy_ops.GRAM_ITEMS}, so CFS / CFS-R compute per-query pool blocks, no N x N Gram) equal '
-            'those of the ordinary path (default padding, as experiments.evaluate; Gram gathered).',
-            f'- options: ' + '; '.join(f'{n}: {o}' for n, o in result['options'].items()),
-            threads if threads is not None else thread_settings()]
+    lines.append(
+      f'| {name} | {fmt(o["exponent"])} | {", ".join(str(n) for n in o["fit_ns"])} | '
+      f'{fmt(o["exponent_large"])} | {eq} |'
+    )
+  lines += [
+    '',
+    '- growth exponent: least-squares slope of log(ms / query) against log(N) over the sizes measured; '
+    f'"N > {greedy_ops.GRAM_ITEMS}": over the sizes above the Gram threshold only (at or below it CFS / '
+    'CFS-R compute the N x N episode Gram once per episode, a per-episode cost shared by the questions).',
+    f'- top-{TOP_K} equal: questions whose ids from the scale path (the episode padded past '
+    f'GRAM_ITEMS={greedy_ops.GRAM_ITEMS}, so CFS / CFS-R compute per-query pool blocks, no N x N Gram) equal '
+    'those of the ordinary path (default padding, as experiments.evaluate; Gram gathered).',
+    '- options: ' + '; '.join(f'{n}: {o}' for n, o in result['options'].items()),
+    threads if threads is not None else thread_settings(),
+  ]
   return '\n'.join(lines)

@@ -16,7 +16,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from engram_jax.answer import cache as answer_cache, tier1
+from engram_jax.answer import cache as answer_cache
+from engram_jax.answer import tier1
 from engram_jax.eval.evaluation import EvalResult
 
 log = logging.getLogger(__name__)
@@ -51,23 +52,37 @@ class Tier1:
 
   def load(self):
     if self.reader is None or isinstance(self.reader, LazySmolLM2):
-      from engram_jax.answer import reader as reader_lib  # pylint: disable=import-outside-toplevel
+      from engram_jax.answer import reader as reader_lib
+
       r = self.cfg.reader
       self.reader, load = reader_lib.load_reader(
-          str(r.name), model=r.get('model'), device=str(r.get('device', 'cpu')), dtype=str(r.get('dtype', 'float32')),
-          batch_size=int(r.get('batch_size', 16)), cache_dir=self.cfg.paths.cache_dir, threads=r.get('threads'))
-      self.info['load'] = {'source': load.source, 'seconds': load.seconds, 'dequantised_now': load.dequantised_now,
-                           'folder': load.folder, 'peak_rss_mib_after_load': peak_rss_mib()}
+        str(r.name),
+        model=r.get('model'),
+        device=str(r.get('device', 'cpu')),
+        dtype=str(r.get('dtype', 'float32')),
+        batch_size=int(r.get('batch_size', 16)),
+        cache_dir=self.cfg.paths.cache_dir,
+        threads=r.get('threads'),
+      )
+      self.info['load'] = {
+        'source': load.source,
+        'seconds': load.seconds,
+        'dequantised_now': load.dequantised_now,
+        'folder': load.folder,
+        'peak_rss_mib_after_load': peak_rss_mib(),
+      }
       log.info('reader %s loaded in %.1f s', load.source, load.seconds)
     return self.reader
 
-  def run(self, ds: DictConfig, episodes, result: EvalResult, *, labels: dict[str, str] | None = None
-          ) -> tuple[dict[str, Any], str]:
+  def run(
+    self, ds: DictConfig, episodes, result: EvalResult, *, labels: dict[str, str] | None = None
+  ) -> tuple[dict[str, Any], str]:
     """Tier 1 on dataset ``ds``: every pipeline of ``result`` plus oracle and no-context."""
     spec = ds.get('answer')
     if spec is None:
-      raise ValueError(f'dataset {ds.name} declares no answer task (dataset.answer.task); Tier 1 needs one: '
-                       f'{list(tier1.TASKS)}')
+      raise ValueError(
+        f'dataset {ds.name} declares no answer task (dataset.answer.task); Tier 1 needs one: {list(tier1.TASKS)}'
+      )
     task = str(spec.task)
     max_new = self.cfg.reader.get('max_new_tokens') or spec.max_new_tokens
     reader = self.get_reader()
@@ -81,8 +96,14 @@ class Tier1:
     stats_box: list[tier1.AnswerStats] = []
 
     def answer(prompts):
-      replies, st = tier1.answer_all(prompts, reader, cache, max_new_tokens=int(max_new),
-                                     progress=bool(self.cfg.eval.progress), desc=f'answering {ds.name}')
+      replies, st = tier1.answer_all(
+        prompts,
+        reader,
+        cache,
+        max_new_tokens=int(max_new),
+        progress=bool(self.cfg.eval.progress),
+        desc=f'answering {ds.name}',
+      )
       stats_box.append(st)
       return replies
 
@@ -91,16 +112,33 @@ class Tier1:
     more = {n: {m: v[keep] for m, v in result.scores[n].items() if m != metric0} for n in result.scores}
     baselines = [b for b in self.cfg.reader.get('baselines', ['bm25', 'cosine'])]
     t0 = time.perf_counter()
-    t1 = tier1.run_tier1(task, questions, retrieved, answer, k=int(result.k), seed=int(self.cfg.seed),
-                         n_resamples=int(self.cfg.eval.n_resamples), baselines=baselines, tier0=tier0,
-                         tier0_metric=metric0, tier0_more=more)
+    t1 = tier1.run_tier1(
+      task,
+      questions,
+      retrieved,
+      answer,
+      k=int(result.k),
+      seed=int(self.cfg.seed),
+      n_resamples=int(self.cfg.eval.n_resamples),
+      baselines=baselines,
+      tier0=tier0,
+      tier0_metric=metric0,
+      tier0_more=more,
+    )
     st = stats_box[0]
     t1['reader'] = reader.spec(int(max_new))
     t1['subset'] = None if len(keep) == len(result.question_ids) else {'n': len(keep), 'seed': int(self.cfg.seed)}
-    self.info['datasets'][ds.name] = {'prompts': st.prompts, 'unique_prompts': st.unique, 'cached': st.cached,
-                                      'generated': st.generated, 'generation_seconds': st.seconds,
-                                      'answers_per_second': st.answers_per_second, 'batch_size': reader.batch_size,
-                                      'tier1_seconds': time.perf_counter() - t0, 'peak_rss_mib': peak_rss_mib()}
+    self.info['datasets'][ds.name] = {
+      'prompts': st.prompts,
+      'unique_prompts': st.unique,
+      'cached': st.cached,
+      'generated': st.generated,
+      'generation_seconds': st.seconds,
+      'answers_per_second': st.answers_per_second,
+      'batch_size': reader.batch_size,
+      'tier1_seconds': time.perf_counter() - t0,
+      'peak_rss_mib': peak_rss_mib(),
+    }
     return t1, tier1.markdown(t1, title=str(ds.name), labels=labels)
 
 
@@ -108,7 +146,8 @@ class LazySmolLM2:
   """SmolLM2's spec from the GGUF's sha256 (no model load); the model is loaded on the first ``generate``."""
 
   def __init__(self, owner: Tier1):
-    from engram_jax.answer import reader as reader_lib  # pylint: disable=import-outside-toplevel
+    from engram_jax.answer import reader as reader_lib
+
     r = owner.cfg.reader
     self.owner = owner
     self.batch_size = int(r.get('batch_size', 16))
@@ -116,8 +155,15 @@ class LazySmolLM2:
     self.dtype, self.device = str(r.get('dtype', 'float32')), str(r.get('device', 'cpu'))
 
   def spec(self, max_new_tokens: int) -> dict[str, Any]:
-    return {'reader': 'smollm2', 'fingerprint': self.fingerprint, 'dtype': self.dtype, 'decoding': 'greedy',
-            'max_new_tokens': int(max_new_tokens), 'chat_template': True, 'device_kind': self.device.split(':')[0]}
+    return {
+      'reader': 'smollm2',
+      'fingerprint': self.fingerprint,
+      'dtype': self.dtype,
+      'decoding': 'greedy',
+      'max_new_tokens': int(max_new_tokens),
+      'chat_template': True,
+      'device_kind': self.device.split(':')[0],
+    }
 
   def generate(self, prompts, *, max_new_tokens: int) -> list[str]:
     real = self.owner.load()
@@ -131,7 +177,8 @@ def subset(question_ids: list[str], n: int | None, *, seed: int) -> list[int]:
   the sorted question ids (the same questions for every row; a larger ``n`` need not contain a smaller one's)."""
   if n is None:
     return list(range(len(question_ids)))
-  import random  # pylint: disable=import-outside-toplevel
+  import random
+
   if not 1 <= int(n) <= len(question_ids):
     raise ValueError(f'reader.questions must be in 1..{len(question_ids)} (or null: all), got {n}')
   chosen = set(random.Random(seed).sample(sorted(question_ids), int(n)))
@@ -142,6 +189,7 @@ def labels_for(cfg: DictConfig) -> dict[str, str]:
   """Row labels: the pipeline given fitted parameters (``fitted=...``) is marked ``(fitted)``."""
   if not cfg.get('fitted'):
     return {}
-  import json  # pylint: disable=import-outside-toplevel
+  import json
+
   name = json.loads(Path(cfg.fitted).read_text())['pipeline']
   return {name: f'{name} (fitted)'}

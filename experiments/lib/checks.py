@@ -11,8 +11,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from engram_jax.metrics import labels as metrics_lib
 from engram_jax.core import validation
+from engram_jax.metrics import labels as metrics_lib
 from experiments.lib.common import dataset_metrics
 
 AUTO = 'auto'
@@ -48,8 +48,10 @@ def check_metrics(names: list[str], *, k: int, supported: list[str], where: str)
       allowed = sorted(metrics_lib.METRICS) + sorted(supported)
       raise ValueError(f'{where}: unknown metric {m!r}; allowed: {allowed} followed by @k') from None
     if base not in metrics_lib.METRICS and base not in supported:
-      raise ValueError(f'{where}: metric {m!r} cannot be computed on this dataset; its dataset-owned metrics are '
-                       f'{sorted(supported)} (label metrics {sorted(metrics_lib.METRICS)} always can)')
+      raise ValueError(
+        f'{where}: metric {m!r} cannot be computed on this dataset; its dataset-owned metrics are '
+        f'{sorted(supported)} (label metrics {sorted(metrics_lib.METRICS)} always can)'
+      )
     if not 1 <= cut <= k:
       raise ValueError(f'{where}: metric {m!r} needs cutoff {cut}, but eval.k={k}; allowed cutoffs 1..{k}')
 
@@ -59,21 +61,26 @@ def check_scored_questions(episodes, where: str) -> int:
   questions would give empty means and zero paired differences)."""
   n = sum(len(e.questions) for e in episodes)
   if n == 0:
-    raise ValueError(f'{where}: 0 questions to score after loading ({len(episodes)} episodes; see the load '
-                     'report for what was left out)')
+    raise ValueError(
+      f'{where}: 0 questions to score after loading ({len(episodes)} episodes; see the load '
+      'report for what was left out)'
+    )
   return n
 
 
 def check_distinct_corpora(episodes, where: str) -> None:
   """Refuse two episodes with identical content (:func:`engram_jax.data.splits.corpus_fingerprint`: the same
   item texts, e.g. a conversation copied under a new id), which would be scored twice; names both."""
-  from engram_jax.data import splits  # pylint: disable=import-outside-toplevel
+  from engram_jax.data import splits
+
   seen: dict[str, str] = {}
   for e in episodes:
     fp = splits.corpus_fingerprint(e)
     if fp in seen:
-      raise ValueError(f'{where}: episodes {seen[fp]!r} and {e.id!r} have identical content (the same corpus '
-                       'fingerprint: a copy under another id) and would be scored twice; remove one')
+      raise ValueError(
+        f'{where}: episodes {seen[fp]!r} and {e.id!r} have identical content (the same corpus '
+        'fingerprint: a copy under another id) and would be scored twice; remove one'
+      )
     seen[fp] = e.id
 
 
@@ -84,11 +91,15 @@ def check_folds(episodes, folds: list[list[str]]) -> None:
   for fold in folds:
     scored = sum(n_q.get(e, 0) for e in fold)
     if scored == 0:
-      raise ValueError(f'fold {sorted(fold)}: its scored episodes have 0 questions, so it would score nothing '
-                       '(choose other episodes, fit.n_test or fit.seed)')
+      raise ValueError(
+        f'fold {sorted(fold)}: its scored episodes have 0 questions, so it would score nothing '
+        '(choose other episodes, fit.n_test or fit.seed)'
+      )
     if total - scored == 0:
-      raise ValueError(f'fold {sorted(fold)}: the episodes outside it have 0 questions, so there is nothing to '
-                       'fit on (fewer folds, or more episodes with questions)')
+      raise ValueError(
+        f'fold {sorted(fold)}: the episodes outside it have 0 questions, so there is nothing to '
+        'fit on (fewer folds, or more episodes with questions)'
+      )
 
 
 def resolve_baselines(cfg: DictConfig) -> list[str]:
@@ -124,8 +135,9 @@ def check_run_settings(cfg: DictConfig) -> None:
     raise ValueError(f'seed must be an integer >= 0, got {seed!r}')
   n = cfg.eval.get('n_resamples')
   if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-    raise ValueError(f'eval.n_resamples must be an integer >= 1 (resamples of the intervals and paired tests), '
-                     f'got {n!r}')
+    raise ValueError(
+      f'eval.n_resamples must be an integer >= 1 (resamples of the intervals and paired tests), got {n!r}'
+    )
 
 
 def check_dataset_k(ds: DictConfig, k: int, where: str) -> None:
@@ -133,8 +145,10 @@ def check_dataset_k(ds: DictConfig, k: int, where: str) -> None:
   turns to cover k sessions), checked before any work."""
   min_k = ds.get('min_k')
   if min_k is not None and k < int(min_k):
-    raise ValueError(f'{where}: its metrics need eval.k >= {min_k} (the ranking must reach that deep), got '
-                     f'eval.k={k}; set eval.k={min_k}')
+    raise ValueError(
+      f'{where}: its metrics need eval.k >= {min_k} (the ranking must reach that deep), got '
+      f'eval.k={k}; set eval.k={min_k}'
+    )
 
 
 def check_loader_selection(loader: Any, where: str) -> None:
@@ -143,8 +157,7 @@ def check_loader_selection(loader: Any, where: str) -> None:
     return
   conv = loader.get('conversations')
   if conv is not None and len(conv) == 0:
-    raise ValueError(f'{where}.loader.conversations is empty (nothing to score); give at least one id, or null '
-                     'for all')
+    raise ValueError(f'{where}.loader.conversations is empty (nothing to score); give at least one id, or null for all')
 
 
 def check_evaluate(cfg: DictConfig) -> None:
@@ -157,18 +170,21 @@ def check_evaluate(cfg: DictConfig) -> None:
   if cfg.get('datasets') and 'dataset' in cfg:
     explicit = OmegaConf.to_container(cfg.eval, resolve=True).get('metrics')
     if explicit != list(cfg.dataset.metrics):
-      raise ValueError('eval.metrics applies to one-dataset runs; in a multi-dataset run set '
-                       f'datasets.<name>.metrics (datasets: {list(datasets)})')
+      raise ValueError(
+        'eval.metrics applies to one-dataset runs; in a multi-dataset run set '
+        f'datasets.<name>.metrics (datasets: {list(datasets)})'
+      )
   for name, ds in datasets.items():
-    check_metrics(metrics_for(cfg, ds), k=k, supported=list(dataset_metrics(ds)),
-                  where=f'dataset {name}')
+    check_metrics(metrics_for(cfg, ds), k=k, supported=list(dataset_metrics(ds)), where=f'dataset {name}')
     _check_loader(ds.get('loader'), f'datasets.{name}' if cfg.get('datasets') else 'dataset')
     check_loader_selection(ds.get('loader'), f'datasets.{name}' if cfg.get('datasets') else 'dataset')
     check_dataset_k(ds, k, f'dataset {name}')
     skipped = [n for n in cfg.pipeline if name in (cfg.pipeline[n].get('skip_datasets') or [])]
     if skipped and len(skipped) == len(cfg.pipeline):
-      raise ValueError(f'dataset {name}: every selected pipeline skips it ({skipped}: their parameters were fit on '
-                       'its questions, skip_datasets), so nothing would be scored; choose another pipeline or dataset')
+      raise ValueError(
+        f'dataset {name}: every selected pipeline skips it ({skipped}: their parameters were fit on '
+        'its questions, skip_datasets), so nothing would be scored; choose another pipeline or dataset'
+      )
   resolve_baselines(cfg)
   train_sets = cfg.get('train_sets') or {}
   for name, node in cfg.pipeline.items():
@@ -180,14 +196,12 @@ def check_evaluate(cfg: DictConfig) -> None:
         raise ValueError(f'pipeline {name}: tune.train names {t!r}; allowed: {sorted(train_sets)}')
       tcfg = train_sets[t]
       _check_loader(tcfg.get('loader'), f'train_sets.{t}')
-      check_metrics([tcfg.metric], k=k, supported=list(dataset_metrics(tcfg)),
-                    where=f'train_sets.{t}.metric')
+      check_metrics([tcfg.metric], k=k, supported=list(dataset_metrics(tcfg)), where=f'train_sets.{t}.metric')
     if not tune.get('grid'):
       raise ValueError(f'pipeline {name}: tune.grid is empty; give at least one value')
     if tune.get('metric') is not None:
       ds0 = next(iter(datasets.values()))
-      check_metrics([tune.metric], k=k, supported=list(dataset_metrics(ds0)),
-                    where=f'pipeline {name} tune.metric')
+      check_metrics([tune.metric], k=k, supported=list(dataset_metrics(ds0)), where=f'pipeline {name} tune.metric')
 
 
 def check_fit(cfg: DictConfig) -> None:
@@ -199,8 +213,10 @@ def check_fit(cfg: DictConfig) -> None:
   if f.split == 'crossfit' and int(f.folds) < 2:
     raise ValueError(f'fit.folds must be >= 2 for cross-fitting, got {f.folds}')
   if f.split == 'parts' and not f.get('train'):
-    raise ValueError('fit.split=parts fits on fit.train (a dataset node, e.g. the train part of the scored '
-                     'benchmark) and scores cfg.dataset; fit.train is not set')
+    raise ValueError(
+      'fit.split=parts fits on fit.train (a dataset node, e.g. the train part of the scored '
+      'benchmark) and scores cfg.dataset; fit.train is not set'
+    )
   if f.split == 'parts':
     _check_loader(f.train.get('loader'), 'fit.train')
   if f.split == 'holdout' and int(f.n_test) < 1:
@@ -215,12 +231,18 @@ def check_fit(cfg: DictConfig) -> None:
   validation.check_positive({'start': anneal[0], 'end': anneal[1]}, where='fit.anneal')
   if int(f.get('gap_checks') or 0) < 0:
     raise ValueError(f'fit.gap_checks must be >= 0 (0 = no soft-vs-hard gap), got {f.gap_checks}')
-  check_metrics(list(cfg.dataset.get('metrics') or cfg.eval.metrics), k=int(cfg.eval.k),
-                supported=list(dataset_metrics(cfg.dataset)), where=f'dataset {cfg.dataset.name}')
+  check_metrics(
+    list(cfg.dataset.get('metrics') or cfg.eval.metrics),
+    k=int(cfg.eval.k),
+    supported=list(dataset_metrics(cfg.dataset)),
+    where=f'dataset {cfg.dataset.name}',
+  )
   _check_loader(cfg.dataset.get('loader'), 'dataset')
   check_loader_selection(cfg.dataset.get('loader'), 'dataset')
   check_dataset_k(cfg.dataset, int(cfg.eval.k), f'dataset {cfg.dataset.name}')
   names = list(cfg.pipeline)
   if len(names) == 1 and not (f.params or (f.params_by_pipeline or {}).get(names[0])):
-    raise ValueError(f'nothing to fit: set fit.params or fit.params_by_pipeline.{names[0]}; pipelines with '
-                     f'entries: {sorted(f.params_by_pipeline or {})}')
+    raise ValueError(
+      f'nothing to fit: set fit.params or fit.params_by_pipeline.{names[0]}; pipelines with '
+      f'entries: {sorted(f.params_by_pipeline or {})}'
+    )

@@ -18,9 +18,9 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from engram_jax.eval import compile_cache, legcache, pipeline
-from engram_jax.data import embed
 from engram_jax.core.types import Episode, LoadReport
+from engram_jax.data import embed
+from engram_jax.eval import compile_cache, legcache, pipeline
 
 log = logging.getLogger(__name__)
 CONF = Path(__file__).resolve().parents[2] / 'conf'
@@ -58,7 +58,8 @@ def enable_compile_cache(cfg: DictConfig) -> str | None:
   folder = cfg.paths.get('compile_cache_dir')
   if not folder:
     return None
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
+
   # XLA's own GPU caches would live under the (per-process) staging folder and put its path into every cache key,
   # so no process would ever hit another's entries: keep them off (on CPU they do nothing anyway)
   jax.config.update('jax_persistent_cache_enable_xla_caches', 'none')
@@ -93,10 +94,12 @@ def memo(cfg: DictConfig, kind: str, node: Any, make):
   Off with ``eval.leg_cache_mb=0``."""
   if not cfg.eval.get('leg_cache_mb', 2048):
     return make()
+
   def plain(v):  # resolved in its own config's context (a sub-node keeps its interpolations to the root)
     if isinstance(v, (DictConfig, ListConfig)):
       return OmegaConf.to_container(v, resolve=True)
     return {k: plain(x) for k, x in v.items()} if isinstance(v, Mapping) else v
+
   key = (kind, json.dumps(plain(node), sort_keys=True, default=str))
   store = _process_memo()
   if key not in store:
@@ -211,16 +214,19 @@ def make_embedder(cfg: DictConfig):
   e = cfg.embedder
   encoder = instantiate(e.encoder)
   if hasattr(encoder, 'folder'):
-    encoder.folder  # pylint: disable=pointless-statement  # a model that is not there: one line, before any work
+    encoder.folder  # a model that is not there: one line, before any work
   reports: list[dict[str, Any]] = []
 
   def encode_with(enc):
     def embed_fn(texts):
-      vecs, report = embed.embed_with_report(texts, cache_dir=cfg.paths.cache_dir, model_id=e.model_id,
-                                             encoder=enc, progress=cfg.eval.progress)
+      vecs, report = embed.embed_with_report(
+        texts, cache_dir=cfg.paths.cache_dir, model_id=e.model_id, encoder=enc, progress=cfg.eval.progress
+      )
       reports.append(report.as_dict())
       return vecs
+
     return embed_fn
+
   if hasattr(encoder, 'for_role'):  # query / document prompts (bge, e5, the model's own prompts config)
     documents, queries = encoder.for_role('document'), encoder.for_role('query')
   else:

@@ -21,7 +21,7 @@ _NONFINITE = {'nan': 'NaN', 'inf': 'Infinity', '-inf': '-Infinity'}  # float.__r
 
 
 def _float(o: float) -> str:
-  if o != o:  # pylint: disable=comparison-with-itself
+  if o != o:
     return 'NaN'
   if o == _INF:
     return 'Infinity'
@@ -81,7 +81,7 @@ def _dict(o: dict, level: int) -> str:
       s = int.__repr__(v)
     else:
       s = _encode(v, level + 1)
-    parts.append((_escape(k) if type(k) is str else _key(k)) + ': ' + s)  # pylint: disable=unidiomatic-typecheck
+    parts.append((_escape(k) if type(k) is str else _key(k)) + ': ' + s)
   return '{' + inner + (',' + inner).join(parts) + _nl(level) + '}'
 
 
@@ -115,8 +115,11 @@ def _template(dicts: list[dict], level: int) -> tuple[str, list[list[str]]] | No
   in one pass (:func:`_column`); a key whose values are records again is inlined into the template. None for
   anything else."""
   keys = tuple(dicts[0])
-  if (not keys or set(map(type, itertools.chain.from_iterable(dicts))) != {str}
-      or not all(map(keys.__eq__, map(tuple, dicts)))):
+  if (
+    not keys
+    or set(map(type, itertools.chain.from_iterable(dicts))) != {str}
+    or not all(map(keys.__eq__, map(tuple, dicts)))
+  ):
     return None
   pieces, columns = [], []
   for k in keys:

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from engram_jax.metrics import stats
-from engram_jax.eval.evaluation import EvalResult
 from engram_jax.core.types import Episode
+from engram_jax.eval.evaluation import EvalResult
+from engram_jax.metrics import stats
 
 
 def cosine_order(query: np.ndarray, docs: np.ndarray) -> np.ndarray:
@@ -27,11 +27,18 @@ def cosine_order(query: np.ndarray, docs: np.ndarray) -> np.ndarray:
   return np.lexsort((-np.arange(len(s)), -s))
 
 
-def is_harmful_pileup(order: np.ndarray, gold: set[int], gram: np.ndarray, *, top: int = 10,
-                      window: tuple[int, int] = (11, 50), threshold: float = 0.75) -> bool:
+def is_harmful_pileup(
+  order: np.ndarray,
+  gold: set[int],
+  gram: np.ndarray,
+  *,
+  top: int = 10,
+  window: tuple[int, int] = (11, 50),
+  threshold: float = 0.75,
+) -> bool:
   """Whether one question is in the harmful pile-up subset (see module docstring)."""
   head = order[:top]
-  missed = [i for i in order[window[0] - 1:window[1]] if i in gold]
+  missed = [i for i in order[window[0] - 1 : window[1]] if i in gold]
   if not missed:
     return False
   non_gold = [i for i in head if i not in gold]
@@ -43,7 +50,8 @@ def gold_clusters(gold: Sequence[int], gram: np.ndarray, *, threshold: float = 0
   """Connected components of the gold items under mutual cosine ``>= threshold``."""
   gold = list(gold)
   adj = gram[np.ix_(gold, gold)] >= threshold
-  from scipy.sparse import csgraph  # pylint: disable=import-outside-toplevel  # ~0.3-0.6 s at start-up otherwise
+  from scipy.sparse import csgraph  # ~0.3-0.6 s at start-up otherwise
+
   n, labels = csgraph.connected_components(adj, directed=False)
   return [{gold[j] for j in np.flatnonzero(labels == c)} for c in range(n)]
 
@@ -53,9 +61,17 @@ def cluster_recall(retrieved: Sequence[int], clusters: Sequence[set[int]]) -> fl
   return sum(bool(c & got) for c in clusters) / len(clusters)
 
 
-def pileup_report(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray, np.ndarray]],
-                  result: EvalResult, *, categories: Sequence[Any], baselines: Sequence[str], seed: int,
-                  threshold: float = 0.75, n_resamples: int = 10_000) -> dict[str, Any]:
+def pileup_report(
+  episodes: Sequence[Episode],
+  embeddings: Sequence[tuple[np.ndarray, np.ndarray]],
+  result: EvalResult,
+  *,
+  categories: Sequence[Any],
+  baselines: Sequence[str],
+  seed: int,
+  threshold: float = 0.75,
+  n_resamples: int = 10_000,
+) -> dict[str, Any]:
   """Subset sizes and evidence-cluster recall@k per pipeline on the harmful pile-up subset of each category.
 
   Returns ``{str(category): {'n': int, 'pipelines': {name: {'cluster_recall': mean, 'ci95': [lo, hi],
@@ -88,8 +104,9 @@ def pileup_report(episodes: Sequence[Episode], embeddings: Sequence[tuple[np.nda
       entry: dict[str, Any] = {'cluster_recall': ci.mean, 'ci95': [ci.lo, ci.hi], 'paired': {}}
       for b in baselines:
         if b != name and b in values:
-          entry['paired'][f'vs {b}'] = stats.paired_test(np.array(v), np.array(values[b]), seed=seed,
-                                                          n_resamples=n_resamples).to_dict()
+          entry['paired'][f'vs {b}'] = stats.paired_test(
+            np.array(v), np.array(values[b]), seed=seed, n_resamples=n_resamples
+          ).to_dict()
       block['pipelines'][name] = entry
     out[str(cat)] = block
   return out
@@ -99,8 +116,12 @@ def pileup_markdown(report: Mapping[str, Any], names: Mapping[Any, str]) -> str:
   lines = ['', 'Harmful pile-up subset: evidence-cluster recall@10 (paired vs baselines: delta [95% CI])', '']
   for cat, block in report.items():
     label = names.get(int(cat), cat) if str(cat).isdigit() else cat
-    lines += [f'category {cat} ({label}): {block["n"]} questions', '',
-              '| pipeline | cluster recall [95% CI] | paired |', '|---|---|---|']
+    lines += [
+      f'category {cat} ({label}): {block["n"]} questions',
+      '',
+      '| pipeline | cluster recall [95% CI] | paired |',
+      '|---|---|---|',
+    ]
     for name, e in block['pipelines'].items():
       paired = '; '.join(f'{vs}: {r["delta"]:+.4f} [{r["lo"]:+.4f}, {r["hi"]:+.4f}]' for vs, r in e['paired'].items())
       lines.append(f'| {name} | {e["cluster_recall"]:.4f} [{e["ci95"][0]:.4f}, {e["ci95"][1]:.4f}] | {paired} |')

@@ -51,8 +51,9 @@ def sha256(path: Path) -> str:
 def committed_unmodified(path: Path) -> bool | None:
   """True when ``path`` is tracked by git and equal to HEAD; None when this is not a git checkout."""
   try:
-    tracked = subprocess.run(['git', 'ls-files', '--error-unmatch', str(path)], cwd=ROOT, capture_output=True,
-                             check=False)
+    tracked = subprocess.run(
+      ['git', 'ls-files', '--error-unmatch', str(path)], cwd=ROOT, capture_output=True, check=False
+    )
     if tracked.returncode == 128 and b'not a git repository' in tracked.stderr:
       return None
     if tracked.returncode != 0:
@@ -106,9 +107,10 @@ def changed_settings(run: dict[str, Any], fixed: dict[str, Any], prefix: str = '
 def fixed_config(name: str, config_name: str | None = None) -> DictConfig:
   """The protocol's own configuration: ``config_name`` (default: the running app's, else ``fit``) composed with
   ``+protocol=<name>`` and nothing else."""
-  from hydra import compose, initialize_config_dir  # pylint: disable=import-outside-toplevel
-  from hydra.core.global_hydra import GlobalHydra  # pylint: disable=import-outside-toplevel
-  from hydra.core.hydra_config import HydraConfig  # pylint: disable=import-outside-toplevel
+  from hydra import compose, initialize_config_dir
+  from hydra.core.global_hydra import GlobalHydra
+  from hydra.core.hydra_config import HydraConfig
+
   overrides = [f'+protocol={name}']
   if config_name is None:
     config_name = HydraConfig.get().job.config_name if HydraConfig.initialized() else 'fit'
@@ -118,8 +120,9 @@ def fixed_config(name: str, config_name: str | None = None) -> DictConfig:
     return compose(config_name=config_name, overrides=overrides)
 
 
-def check(cfg: DictConfig, ledger: Path = LEDGER, protocol_dir: Path = PROTOCOL_DIR,
-          fixed: DictConfig | dict | None = None) -> dict[str, Any] | None:
+def check(
+  cfg: DictConfig, ledger: Path = LEDGER, protocol_dir: Path = PROTOCOL_DIR, fixed: DictConfig | dict | None = None
+) -> dict[str, Any] | None:
   """The run's protocol record, or None when no protocol is selected.
 
   ``fixed``: the protocol's own configuration (default :func:`fixed_config`), compared with ``cfg``.
@@ -141,35 +144,67 @@ def check(cfg: DictConfig, ledger: Path = LEDGER, protocol_dir: Path = PROTOCOL_
     fixed = fixed_config(str(name))
   changed = changed_settings(settings(cfg), settings(fixed))
   if committed is False and not force:
-    raise ValueError(f'protocol {name}: {_rel(path)} is not committed (or differs from HEAD); commit '
-                     'it before its confirmation run (protocol_force=true runs it anyway, marked as forced)')
+    raise ValueError(
+      f'protocol {name}: {_rel(path)} is not committed (or differs from HEAD); commit '
+      'it before its confirmation run (protocol_force=true runs it anyway, marked as forced)'
+    )
   if earlier and not force:
-    raise ValueError(f'protocol {name} was already scored on {earlier[0]["date"]} (file sha256 '
-                     f'{earlier[0]["sha256"][:12]}, run {earlier[0]["run_dir"]}); a confirmation is made once, also '
-                     'after an edit of its file (protocol_force=true reruns it, marked as forced)')
+    raise ValueError(
+      f'protocol {name} was already scored on {earlier[0]["date"]} (file sha256 '
+      f'{earlier[0]["sha256"][:12]}, run {earlier[0]["run_dir"]}); a confirmation is made once, also '
+      'after an edit of its file (protocol_force=true reruns it, marked as forced)'
+    )
   if changed and not force:
     groups = list(dict.fromkeys('.'.join(c.split('.')[:2]) for c in changed))  # e.g. embedder.encoder, fit.steps
     shown = ', '.join(groups[:12]) + (f', ... ({len(groups)} in all)' if len(groups) > 12 else '')
-    raise ValueError(f'protocol {name}: the run\'s overrides change settings the protocol fixes ({shown}); run '
-                     f'`+protocol={name}` alone (protocol_force=true runs it anyway, marked as forced)')
-  reasons = ([f'already scored {len(earlier)}x'] if earlier else []) + \
-      (['file not committed unmodified'] if committed is False else []) + \
-      ([f'changed settings: {changed}'] if changed else [])
-  return {'name': str(name), 'file': _rel(path), 'sha256': digest, 'config_sha256': config_sha256(cfg),
-          'committed': committed, 'primary_metric': cfg.get('primary_metric'), 'ledger': str(ledger),
-          'earlier_scorings': len(earlier), 'changed_settings': changed,
-          'forced': force and bool(reasons), 'forced_because': reasons if force else []}
+    raise ValueError(
+      f"protocol {name}: the run's overrides change settings the protocol fixes ({shown}); run "
+      f'`+protocol={name}` alone (protocol_force=true runs it anyway, marked as forced)'
+    )
+  reasons = (
+    ([f'already scored {len(earlier)}x'] if earlier else [])
+    + (['file not committed unmodified'] if committed is False else [])
+    + ([f'changed settings: {changed}'] if changed else [])
+  )
+  return {
+    'name': str(name),
+    'file': _rel(path),
+    'sha256': digest,
+    'config_sha256': config_sha256(cfg),
+    'committed': committed,
+    'primary_metric': cfg.get('primary_metric'),
+    'ledger': str(ledger),
+    'earlier_scorings': len(earlier),
+    'changed_settings': changed,
+    'forced': force and bool(reasons),
+    'forced_because': reasons if force else [],
+  }
 
 
-def record(info: dict[str, Any], out_dir: Path, *, summary: dict[str, Any], paired: dict[str, Any],
-           n_questions: int, ledger: Path | None = None) -> None:
+def record(
+  info: dict[str, Any],
+  out_dir: Path,
+  *,
+  summary: dict[str, Any],
+  paired: dict[str, Any],
+  n_questions: int,
+  ledger: Path | None = None,
+) -> None:
   """Append this scoring to the ledger (one JSON line; ``info['ledger']`` unless ``ledger``)."""
   ledger = Path(ledger or info.get('ledger') or LEDGER)
-  row = {'protocol': info['name'], 'sha256': info['sha256'], 'config_sha256': info.get('config_sha256'),
-         'forced': info['forced'], 'forced_because': info.get('forced_because', []),
-         'changed_settings': info.get('changed_settings', []),
-         'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-         'run_dir': _rel(Path(out_dir).resolve()), 'n_questions': n_questions, 'summary': summary, 'paired': paired}
+  row = {
+    'protocol': info['name'],
+    'sha256': info['sha256'],
+    'config_sha256': info.get('config_sha256'),
+    'forced': info['forced'],
+    'forced_because': info.get('forced_because', []),
+    'changed_settings': info.get('changed_settings', []),
+    'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+    'run_dir': _rel(Path(out_dir).resolve()),
+    'n_questions': n_questions,
+    'summary': summary,
+    'paired': paired,
+  }
   ledger.parent.mkdir(parents=True, exist_ok=True)
   with ledger.open('a', encoding='utf-8') as f:
     f.write(json.dumps(row) + '\n')

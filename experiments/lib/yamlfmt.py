@@ -31,12 +31,15 @@ def c_dumper() -> type | None:
   if not getattr(yaml, '__with_libyaml__', False):
     return None
   try:  # OmegaConf's own dumper class (private; an OmegaConf without it: to_yaml falls back to OmegaConf.to_yaml)
-    from omegaconf._utils import get_omega_conf_dumper  # pylint: disable=import-outside-toplevel,protected-access
+    from omegaconf._utils import get_omega_conf_dumper
   except ImportError:
     return None
   py = get_omega_conf_dumper()
-  return type('OmegaConfCDumper', (yaml.CDumper,), {'yaml_representers': dict(py.yaml_representers),
-                                                     'yaml_multi_representers': dict(py.yaml_multi_representers)})
+  return type(
+    'OmegaConfCDumper',
+    (yaml.CDumper,),
+    {'yaml_representers': dict(py.yaml_representers), 'yaml_multi_representers': dict(py.yaml_multi_representers)},
+  )
 
 
 # characters both emitters write as they are (PyYAML: printable and, with allow_unicode, the unicode range; libyaml:

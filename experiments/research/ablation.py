@@ -33,14 +33,15 @@ def load(run_dir: Path, metric: str) -> dict[str, Any]:
   rows = {'scalar': np.asarray(pq['fitted'][metric], np.float64)}
   if res.get('adapter'):
     rows['adapter'] = np.asarray(res['adapter']['per_question'][metric], np.float64)
-  rows[f"hand-set {res['pipeline']}"] = np.asarray(pq['hand_set'][metric], np.float64)
+  rows[f'hand-set {res["pipeline"]}'] = np.asarray(pq['hand_set'][metric], np.float64)
   for name, scores in pq.get('baselines', {}).items():
     rows[f'hand-set {name}'] = np.asarray(scores[metric], np.float64)
   return {'rows': rows, 'ids': list(pq['question_ids']), 'params': list(res['params'])}
 
 
-def table(runs: dict[str, Path], *, reference: str, metric: str, seed: int = 0,
-          n_resamples: int = 10_000) -> dict[str, Any]:
+def table(
+  runs: dict[str, Path], *, reference: str, metric: str, seed: int = 0, n_resamples: int = 10_000
+) -> dict[str, Any]:
   """Every (run, kind) row: mean, minus the reference run's row of the same kind, minus the best hand-set row."""
   loaded = {name: load(d, metric) for name, d in runs.items()}
   if reference not in loaded:
@@ -62,23 +63,36 @@ def table(runs: dict[str, Path], *, reference: str, metric: str, seed: int = 0,
       if kind in ref and name != reference:
         row['minus_reference'] = stats.paired_test(x, ref[kind], seed=seed, n_resamples=n_resamples).to_dict()
       if kind == 'adapter':  # what the adapter adds to the scalar knobs it was fit with
-        row['minus_own_scalar'] = stats.paired_test(x, run['rows']['scalar'], seed=seed,
-                                                    n_resamples=n_resamples).to_dict()
+        row['minus_own_scalar'] = stats.paired_test(
+          x, run['rows']['scalar'], seed=seed, n_resamples=n_resamples
+        ).to_dict()
       row['minus_best_hand_set'] = stats.paired_test(x, hand[best], seed=seed, n_resamples=n_resamples).to_dict()
       out.append(row)
-  return {'metric': metric, 'reference': reference, 'best_hand_set': best, 'best_hand_set_mean':
-          float(np.mean(hand[best])), 'n_questions': len(ids), 'rows': out}
+  return {
+    'metric': metric,
+    'reference': reference,
+    'best_hand_set': best,
+    'best_hand_set_mean': float(np.mean(hand[best])),
+    'n_questions': len(ids),
+    'rows': out,
+  }
 
 
 def markdown(t: dict[str, Any]) -> str:
   def pair(p):
-    return f"{p['delta']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}], p {p['p']:.3g}" if p else '(reference)'
-  lines = [f"| run | row | {t['metric']} | minus {t['reference']} (same row) | adapter minus its scalar fit | minus "
-           f"{t['best_hand_set']} ({t['best_hand_set_mean']:.4f}) |", '|---|---|---|---|---|---|']
+    return f'{p["delta"]:+.4f} [{p["lo"]:+.4f}, {p["hi"]:+.4f}], p {p["p"]:.3g}' if p else '(reference)'
+
+  lines = [
+    f'| run | row | {t["metric"]} | minus {t["reference"]} (same row) | adapter minus its scalar fit | minus '
+    f'{t["best_hand_set"]} ({t["best_hand_set_mean"]:.4f}) |',
+    '|---|---|---|---|---|---|',
+  ]
   for r in t['rows']:
     own = pair(r['minus_own_scalar']) if 'minus_own_scalar' in r else ''
-    lines.append(f"| {r['run']} | {r['kind']} | {r['mean']:.4f} | {pair(r.get('minus_reference'))} | {own} | "
-                 f"{pair(r['minus_best_hand_set'])} |")
+    lines.append(
+      f'| {r["run"]} | {r["kind"]} | {r["mean"]:.4f} | {pair(r.get("minus_reference"))} | {own} | '
+      f'{pair(r["minus_best_hand_set"])} |'
+    )
   return '\n'.join(lines)
 
 

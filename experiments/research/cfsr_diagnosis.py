@@ -58,14 +58,17 @@ def objective(pool_emb: np.ndarray, query: np.ndarray, a: np.ndarray, lam: float
 
 def blend(a: np.ndarray, b: np.ndarray, w: float) -> np.ndarray:
   """``w mm(a) + (1 - w) mm(b)`` (the operator's blend; mm = min-max over the pool, 0 when flat)."""
+
   def mm(x):
     span = x.max() - x.min()
     return (x - x.min()) / span if span > 0 else np.zeros_like(x)
+
   return w * mm(a) + (1 - w) * mm(b)
 
 
-_NNLS_PG = jax.jit(lambda g, b, lam, iterations: cfsr_ops.nnls_ridge_pg(g, b, lam=lam, iterations=iterations),
-                   static_argnums=3)
+_NNLS_PG = jax.jit(
+  lambda g, b, lam, iterations: cfsr_ops.nnls_ridge_pg(g, b, lam=lam, iterations=iterations), static_argnums=3
+)
 
 
 def ranked(scores: np.ndarray) -> np.ndarray:
@@ -81,20 +84,24 @@ def best_gold_rank(scores: np.ndarray, gold: np.ndarray) -> int:
   return int(ranks[gold].min()) if gold.any() else -1
 
 
-def diagnose_episode(arr: batch.EpisodeArrays, n_q: int, *, pool: int, lam: float, w: float, iterations: int,
-                     k: int) -> list[dict[str, Any]]:
+def diagnose_episode(
+  arr: batch.EpisodeArrays, n_q: int, *, pool: int, lam: float, w: float, iterations: int, k: int
+) -> list[dict[str, Any]]:
   """Per-question diagnostics of one episode (its first ``n_q`` questions)."""
   where = np.asarray(arr.where)
   n = int(where.sum())
   docs = np.asarray(arr.docs)[:n]
-  pg = np.asarray(jax.jit(lambda q: cfsr_ops.cfsr_scores(q, arr.docs, where=arr.where, pool=pool, lam=lam, w=w,
-                                                          iterations=iterations))(arr.queries[:n_q]))
+  pg = np.asarray(
+    jax.jit(
+      lambda q: cfsr_ops.cfsr_scores(q, arr.docs, where=arr.where, pool=pool, lam=lam, w=w, iterations=iterations)
+    )(arr.queries[:n_q])
+  )
   out = []
   for j in range(n_q):
     q = np.asarray(arr.queries[j])
     gold = np.asarray(arr.labels[j])[:n]
     cos = docs @ q
-    order = ranked(cos)[:min(pool, n)]  # the operator's pool: cosine top-P, later item first on ties
+    order = ranked(cos)[: min(pool, n)]  # the operator's pool: cosine top-P, later item first on ties
     c = docs[order]
     gram = c @ c.T
     ev = np.linalg.eigvalsh(gram.astype(np.float64))
@@ -110,14 +117,18 @@ def diagnose_episode(arr: batch.EpisodeArrays, n_q: int, *, pool: int, lam: floa
     gold_pool = gold[order]
     off = gram[~np.eye(len(order), dtype=bool)]
     row = {
-        'n_items': n, 'pool': len(order), 'mean_offdiag_cos': float(off.mean()) if off.size else float('nan'),
-        'cond': float(ev[-1] / max(ev[0], 1e-12)), 'support': int(np.sum(a_pg > 1e-6)),
-        'support_exact': int(np.sum(a_exact > 1e-6)),
-        'pg_rel_gap': (f_pg - f_ex) / max(f_ex, 1e-12),
-        'gold_in_pool': float(gold_pool.any()),
-        'gold_in_support': float(np.mean(a_pg[gold_pool] > 1e-6)) if gold_pool.any() else float('nan'),
-        'gold_rank_cosine': best_gold_rank(cos, gold), 'gold_rank_cfsr': best_gold_rank(s_pg, gold),
-        'gold_rank_cfsr_exact': best_gold_rank(exact_scores, gold),
+      'n_items': n,
+      'pool': len(order),
+      'mean_offdiag_cos': float(off.mean()) if off.size else float('nan'),
+      'cond': float(ev[-1] / max(ev[0], 1e-12)),
+      'support': int(np.sum(a_pg > 1e-6)),
+      'support_exact': int(np.sum(a_exact > 1e-6)),
+      'pg_rel_gap': (f_pg - f_ex) / max(f_ex, 1e-12),
+      'gold_in_pool': float(gold_pool.any()),
+      'gold_in_support': float(np.mean(a_pg[gold_pool] > 1e-6)) if gold_pool.any() else float('nan'),
+      'gold_rank_cosine': best_gold_rank(cos, gold),
+      'gold_rank_cfsr': best_gold_rank(s_pg, gold),
+      'gold_rank_cfsr_exact': best_gold_rank(exact_scores, gold),
     }
     for name, s in (('cosine', cos), ('cfsr', s_pg), ('cfsr_exact', exact_scores), ('cfsr_w0.5', half_scores)):
       top = ranked(s)[:k]
@@ -153,4 +164,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == '__main__':
-  main()  # pylint: disable=no-value-for-parameter
+  main()

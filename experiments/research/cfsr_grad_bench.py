@@ -46,14 +46,17 @@ def locomo_pools(n: int, pool: int, seed: int) -> dict[str, np.ndarray]:
 
 def grad_fn(mode: str, iterations: int, batch_size: int | None, wrt_b: bool):
   def loss(lam, w, b, g, valid, weights):
-    s = cfsr.cfsr_pool_scores(b, g, valid=valid, lam=lam, w=w, iterations=iterations, batch_size=batch_size,
-                              lam_grad=mode)
+    s = cfsr.cfsr_pool_scores(
+      b, g, valid=valid, lam=lam, w=w, iterations=iterations, batch_size=batch_size, lam_grad=mode
+    )
     return jnp.sum(jnp.where(valid, s, 0.0) * weights)
+
   return jax.jit(jax.grad(loss, argnums=(0, 1, 2) if wrt_b else (0, 1)))
 
 
-def bench(data: dict, *, iterations: int, converged: int, repeats: int, batch_size: int | None, lam: float,
-          dtype=jnp.float32) -> dict:
+def bench(
+  data: dict, *, iterations: int, converged: int, repeats: int, batch_size: int | None, lam: float, dtype=jnp.float32
+) -> dict:
   b = jnp.asarray(data['pool_cos'], dtype)
   g = jnp.asarray(data['pool_gram'], dtype)
   valid = jnp.asarray(data['pool_valid'])
@@ -63,7 +66,7 @@ def bench(data: dict, *, iterations: int, converged: int, repeats: int, batch_si
   ref = grad_fn('reverse', converged, batch_size, False)(*args)
   out = {}
   for mode in ('reverse', 'forward', 'implicit'):
-    for wrt_b in ((False, True) if mode != 'forward' else (False,)):
+    for wrt_b in (False, True) if mode != 'forward' else (False,):
       f = grad_fn(mode, iterations, batch_size, wrt_b)
       mem = f.lower(*args).compile().memory_analysis()
       jax.block_until_ready(f(*args))
@@ -73,15 +76,24 @@ def bench(data: dict, *, iterations: int, converged: int, repeats: int, batch_si
         res = jax.block_until_ready(f(*args))
         times.append(time.perf_counter() - t0)
       rel = [float(abs(res[i] - ref[i]) / max(abs(ref[i]), 1e-12)) for i in (0, 1)]
-      out[f"{mode}{' +b' if wrt_b else ''}"] = {
-          'seconds': float(np.median(times)), 'temp_mbytes': mem.temp_size_in_bytes / 2**20 if mem else None,
-          'grad_lam': float(res[0]), 'grad_w': float(res[1]), 'rel_err_lam_vs_converged': rel[0],
-          'rel_err_w_vs_converged': rel[1]}
+      out[f'{mode}{" +b" if wrt_b else ""}'] = {
+        'seconds': float(np.median(times)),
+        'temp_mbytes': mem.temp_size_in_bytes / 2**20 if mem else None,
+        'grad_lam': float(res[0]),
+        'grad_w': float(res[1]),
+        'rel_err_lam_vs_converged': rel[0],
+        'rel_err_w_vs_converged': rel[1],
+      }
   imp = grad_fn('implicit', converged, batch_size, False)(*args)
-  out['converged'] = {'iterations': converged, 'reverse_grad_lam': float(ref[0]), 'reverse_grad_w': float(ref[1]),
-                      'implicit_grad_lam': float(imp[0]), 'implicit_grad_w': float(imp[1]),
-                      'rel_err_lam': float(abs(imp[0] - ref[0]) / max(abs(ref[0]), 1e-12)),
-                      'rel_err_w': float(abs(imp[1] - ref[1]) / max(abs(ref[1]), 1e-12))}
+  out['converged'] = {
+    'iterations': converged,
+    'reverse_grad_lam': float(ref[0]),
+    'reverse_grad_w': float(ref[1]),
+    'implicit_grad_lam': float(imp[0]),
+    'implicit_grad_w': float(imp[1]),
+    'rel_err_lam': float(abs(imp[0] - ref[0]) / max(abs(ref[0]), 1e-12)),
+    'rel_err_w': float(abs(imp[1] - ref[1]) / max(abs(ref[1]), 1e-12)),
+  }
   return out
 
 
@@ -103,20 +115,37 @@ def main(argv=None) -> dict:
   if a.x64:
     jax.config.update('jax_enable_x64', True)
   data = locomo_pools(a.batch, a.pool, a.seed)
-  res = {'batch': a.batch, 'pool': a.pool, 'iterations': a.iterations, 'solve_batch': a.solve_batch, 'lam': a.lam,
-         'x64': a.x64,
-         'backend': jax.default_backend(), 'load': os.getloadavg(),
-         'modes': bench(data, iterations=a.iterations, converged=a.converged, repeats=a.repeats,
-                        batch_size=a.solve_batch, lam=a.lam, dtype=jnp.float64 if a.x64 else jnp.float32)}
+  res = {
+    'batch': a.batch,
+    'pool': a.pool,
+    'iterations': a.iterations,
+    'solve_batch': a.solve_batch,
+    'lam': a.lam,
+    'x64': a.x64,
+    'backend': jax.default_backend(),
+    'load': os.getloadavg(),
+    'modes': bench(
+      data,
+      iterations=a.iterations,
+      converged=a.converged,
+      repeats=a.repeats,
+      batch_size=a.solve_batch,
+      lam=a.lam,
+      dtype=jnp.float64 if a.x64 else jnp.float32,
+    ),
+  }
   for name, r in res['modes'].items():
     if 'seconds' in r:
-      print(f"{name:14s} {r['seconds']*1e3:9.1f} ms  temp {r['temp_mbytes']:8.1f} MiB  d/dlam {r['grad_lam']:+.5g} "
-            f"(rel err vs {a.converged}-step unrolled {r['rel_err_lam_vs_converged']:.2e})  d/dw {r['grad_w']:+.5g} "
-            f"({r['rel_err_w_vs_converged']:.2e})")
+      print(
+        f'{name:14s} {r["seconds"] * 1e3:9.1f} ms  temp {r["temp_mbytes"]:8.1f} MiB  d/dlam {r["grad_lam"]:+.5g} '
+        f'(rel err vs {a.converged}-step unrolled {r["rel_err_lam_vs_converged"]:.2e})  d/dw {r["grad_w"]:+.5g} '
+        f'({r["rel_err_w_vs_converged"]:.2e})'
+      )
   c = res['modes']['converged']
-  print(f"at {c['iterations']} steps: implicit vs unrolled rel err d/dlam {c['rel_err_lam']:.2e}, "
-        f"d/dw {c['rel_err_w']:.2e}")
-  print(f"load average {res['load']}")
+  print(
+    f'at {c["iterations"]} steps: implicit vs unrolled rel err d/dlam {c["rel_err_lam"]:.2e}, d/dw {c["rel_err_w"]:.2e}'
+  )
+  print(f'load average {res["load"]}')
   if a.out:
     a.out.write_text(json.dumps(res, indent=1))
   return res

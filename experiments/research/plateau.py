@@ -70,8 +70,9 @@ def _overrides(job: Path) -> dict[str, str]:
 
 def collect(sweep_dir: Path, *, metric: str, pipeline: str | None = None) -> list[dict[str, Any]]:
   """One record per finished job: ``{job, params, pipeline, mean, ci, ids, values}`` (jobs without results skipped)."""
-  jobs = sorted((p for p in Path(sweep_dir).iterdir() if (p / 'results.json').is_file()),
-                key=lambda p: (len(p.name), p.name))
+  jobs = sorted(
+    (p for p in Path(sweep_dir).iterdir() if (p / 'results.json').is_file()), key=lambda p: (len(p.name), p.name)
+  )
   if not jobs:
     raise FileNotFoundError(f'no <job>/results.json under {sweep_dir}')
   recs = []
@@ -80,8 +81,17 @@ def collect(sweep_dir: Path, *, metric: str, pipeline: str | None = None) -> lis
     name = pipeline or next(iter(res['pipelines']))
     summ = res['pipelines'][name]
     ids, vals = per_question(res, name, metric)
-    recs.append({'job': job.name, 'params': _overrides(job), 'pipeline': name, 'mean': float(summ[metric]),
-                 'ci': [float(x) for x in summ['ci95'][metric]], 'ids': ids, 'values': vals})
+    recs.append(
+      {
+        'job': job.name,
+        'params': _overrides(job),
+        'pipeline': name,
+        'mean': float(summ[metric]),
+        'ci': [float(x) for x in summ['ci95'][metric]],
+        'ids': ids,
+        'values': vals,
+      }
+    )
   keys = list(dict.fromkeys(k for r in recs for k in r['params']))
   swept = [k for k in keys if len({r['params'].get(k) for r in recs}) > 1]  # overrides shared by every job: not swept
   for r in recs:
@@ -114,37 +124,55 @@ def _label(params: dict[str, str]) -> str:
 
 def markdown(recs: Sequence[dict[str, Any]], *, metric: str, title: str = '') -> str:
   on = [r for r in recs if r['on_plateau']]
-  lines = [f'### {title or "sweep"}: {metric}, {len(recs)} configurations, {len(recs[0]["ids"])} questions', '',
-           f'Plateau (paired 95% CI vs the best contains 0): {len(on)} configurations, '
-           f'{metric} {min(r["mean"] for r in on):.4f} .. {max(r["mean"] for r in on):.4f}; '
-           f'top 5 span {recs[min(4, len(recs) - 1)]["mean"]:.4f} .. {recs[0]["mean"]:.4f}.', '',
-           f'| rank | job | configuration | {metric} [95% CI] | vs best: delta [95% CI] | p | plateau |',
-           '|---|---|---|---|---|---|---|']
+  lines = [
+    f'### {title or "sweep"}: {metric}, {len(recs)} configurations, {len(recs[0]["ids"])} questions',
+    '',
+    f'Plateau (paired 95% CI vs the best contains 0): {len(on)} configurations, '
+    f'{metric} {min(r["mean"] for r in on):.4f} .. {max(r["mean"] for r in on):.4f}; '
+    f'top 5 span {recs[min(4, len(recs) - 1)]["mean"]:.4f} .. {recs[0]["mean"]:.4f}.',
+    '',
+    f'| rank | job | configuration | {metric} [95% CI] | vs best: delta [95% CI] | p | plateau |',
+    '|---|---|---|---|---|---|---|',
+  ]
   for i, r in enumerate(recs, 1):
     d = r['vs_best']
-    lines.append(f'| {i} | {r["job"]} | {_label(r["params"])} | {r["mean"]:.4f} [{r["ci"][0]:.4f}, {r["ci"][1]:.4f}] '
-                 f'| {d["delta"]:+.4f} [{d["lo"]:+.4f}, {d["hi"]:+.4f}] | {d["p"]:.4f} | '
-                 f'{"yes" if r["on_plateau"] else ""} |')
+    lines.append(
+      f'| {i} | {r["job"]} | {_label(r["params"])} | {r["mean"]:.4f} [{r["ci"][0]:.4f}, {r["ci"][1]:.4f}] '
+      f'| {d["delta"]:+.4f} [{d["lo"]:+.4f}, {d["hi"]:+.4f}] | {d["p"]:.4f} | '
+      f'{"yes" if r["on_plateau"] else ""} |'
+    )
   return '\n'.join(lines) + '\n'
 
 
-def plot(recs: Sequence[dict[str, Any]], *, metric: str, path: Path | None = None, title: str = '',
-         reference: tuple[float, float] | None = None):
+def plot(
+  recs: Sequence[dict[str, Any]],
+  *,
+  metric: str,
+  path: Path | None = None,
+  title: str = '',
+  reference: tuple[float, float] | None = None,
+):
   """Three views of a sweep, configurations ranked best first. (a) means with 95% intervals: how far apart the
   configurations are in absolute terms; (b) each configuration's paired difference from the best with its 95%
   interval (same questions, so far tighter): the plateau is where the interval reaches 0; (c) the paired
   difference against each swept parameter. ``reference`` (a published ``(lo, hi)`` range of top configurations)
   is drawn in (b) as the band ``[lo - hi, 0]``: its *spread*, since another embedder sets another level.
   Returns the matplotlib figure (saved to ``path`` as PNG when given)."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
+  import matplotlib
+
   if path is not None:
     matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  import matplotlib.pyplot as plt
 
   params = sorted({k for r in recs for k in r['params']})
   ncol = 2 + len(params)
-  fig, axes = plt.subplots(1, ncol, figsize=(9 + 2.2 * len(params), 4.2),
-                           gridspec_kw={'width_ratios': [2, 2] + [1] * len(params)}, squeeze=False)
+  fig, axes = plt.subplots(
+    1,
+    ncol,
+    figsize=(9 + 2.2 * len(params), 4.2),
+    gridspec_kw={'width_ratios': [2, 2] + [1] * len(params)},
+    squeeze=False,
+  )
   axes = axes[0]
   x = np.arange(1, len(recs) + 1)
   on = np.array([r['on_plateau'] for r in recs])
@@ -163,8 +191,13 @@ def plot(recs: Sequence[dict[str, Any]], *, metric: str, path: Path | None = Non
   dots(axes[1], x, delta, np.array([r['vs_best']['lo'] for r in recs]), np.array([r['vs_best']['hi'] for r in recs]))
   axes[1].axhline(0.0, color='C0', lw=0.8)
   if reference is not None:
-    axes[1].axhspan(reference[0] - reference[1], 0.0, color='C2', alpha=0.3,
-                    label=f'published top-config spread ({reference[1] - reference[0]:.4f})')
+    axes[1].axhspan(
+      reference[0] - reference[1],
+      0.0,
+      color='C2',
+      alpha=0.3,
+      label=f'published top-config spread ({reference[1] - reference[0]:.4f})',
+    )
   axes[1].set_xlabel('configuration rank')
   axes[1].set_ylabel(f'{metric} minus best (paired)')
   axes[1].set_title('(b) paired difference from the best, 95% CI', fontsize=9)
@@ -198,9 +231,16 @@ def _isnum(v: str) -> bool:
     return False
 
 
-def paired_by_category(res: dict[str, Any], rows: Sequence[str], against: Sequence[str], *, metric: str,
-                       categories: Sequence[str] | None = None, seed: int = 20261008,
-                       n_resamples: int = 10_000) -> list[dict[str, Any]]:
+def paired_by_category(
+  res: dict[str, Any],
+  rows: Sequence[str],
+  against: Sequence[str],
+  *,
+  metric: str,
+  categories: Sequence[str] | None = None,
+  seed: int = 20261008,
+  n_resamples: int = 10_000,
+) -> list[dict[str, Any]]:
   """Paired tests ``row - baseline`` on all questions and on each category's questions (categories as stored,
   compared as strings; None = every category)."""
   cats = np.asarray([str(r['category']) for r in res['per_question']])
@@ -217,24 +257,37 @@ def paired_by_category(res: dict[str, Any], rows: Sequence[str], against: Sequen
         if not sel.any():
           continue
         r = stats.paired_test(a[sel], b[sel], seed=seed, n_resamples=n_resamples).to_dict()
-        out.append({'row': row, 'baseline': base, 'category': cat, 'metric': metric,
-                    'row_mean': float(a[sel].mean()), 'baseline_mean': float(b[sel].mean()), **r})
+        out.append(
+          {
+            'row': row,
+            'baseline': base,
+            'category': cat,
+            'metric': metric,
+            'row_mean': float(a[sel].mean()),
+            'baseline_mean': float(b[sel].mean()),
+            **r,
+          }
+        )
   return out
 
 
 def paired_markdown(tests: Sequence[dict[str, Any]]) -> str:
-  lines = ['| row | baseline | category | n | metric | row | baseline | delta [95% CI] | p |',
-           '|---|---|---|---|---|---|---|---|---|']
+  lines = [
+    '| row | baseline | category | n | metric | row | baseline | delta [95% CI] | p |',
+    '|---|---|---|---|---|---|---|---|---|',
+  ]
   for t in tests:
-    lines.append(f'| {t["row"]} | {t["baseline"]} | {t["category"]} | {t["n"]} | {t["metric"]} | {t["row_mean"]:.4f} '
-                 f'| {t["baseline_mean"]:.4f} | {t["delta"]:+.4f} [{t["lo"]:+.4f}, {t["hi"]:+.4f}] | {t["p"]:.4f} |')
+    lines.append(
+      f'| {t["row"]} | {t["baseline"]} | {t["category"]} | {t["n"]} | {t["metric"]} | {t["row_mean"]:.4f} '
+      f'| {t["baseline_mean"]:.4f} | {t["delta"]:+.4f} [{t["lo"]:+.4f}, {t["hi"]:+.4f}] | {t["p"]:.4f} |'
+    )
   return '\n'.join(lines) + '\n'
 
 
 def main(argv: Sequence[str] | None = None) -> None:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument('folder', type=Path, help='a multirun folder (sweep) or, with --paired, one run folder')
-  ap.add_argument('--metric', default=None, help='default: the runs\' first metric')
+  ap.add_argument('--metric', default=None, help="default: the runs' first metric")
   ap.add_argument('--pipeline', default=None, help='sweep: which pipeline of each job (default: the first)')
   ap.add_argument('--reference', default=None, help='sweep: a published plateau LO:HI drawn as a band')
   ap.add_argument('--paired', default=None, help='comma-separated rows: per-category paired tests of one run')
@@ -248,9 +301,19 @@ def main(argv: Sequence[str] | None = None) -> None:
   if args.paired:
     res = load_run(args.folder)
     metrics = [args.metric] if args.metric else list(res['metrics'])
-    tests = [t for m in metrics for t in paired_by_category(
-        res, args.paired.split(','), (args.against or '').split(','), metric=m, categories=args.categories,
-        seed=int(res.get('seed', 20261008)), n_resamples=args.n_resamples)]
+    tests = [
+      t
+      for m in metrics
+      for t in paired_by_category(
+        res,
+        args.paired.split(','),
+        (args.against or '').split(','),
+        metric=m,
+        categories=args.categories,
+        seed=int(res.get('seed', 20261008)),
+        n_resamples=args.n_resamples,
+      )
+    ]
     text = paired_markdown(tests)
     (out / 'paired_by_category.md').write_text(text)
     (out / 'paired_by_category.json').write_text(json.dumps(tests, indent=1))
@@ -263,8 +326,9 @@ def main(argv: Sequence[str] | None = None) -> None:
   text = markdown(recs, metric=metric, title=str(args.folder))
   plot(recs, metric=metric, path=out / 'plateau.png', title=f'{recs[0]["pipeline"]}: {metric}', reference=ref)
   (out / 'plateau.md').write_text(text)
-  (out / 'plateau.json').write_text(json.dumps([{k: v for k, v in r.items() if k not in ('ids', 'values')}
-                                                for r in recs], indent=1))
+  (out / 'plateau.json').write_text(
+    json.dumps([{k: v for k, v in r.items() if k not in ('ids', 'values')} for r in recs], indent=1)
+  )
   print(text)
   print(f'wrote {out / "plateau.png"}')
 

@@ -31,13 +31,19 @@ from hydra.utils import instantiate
 from engram_jax import fit
 from engram_jax.eval import pipeline
 from engram_jax.metrics import stats
-from experiments.lib import common
 from experiments import fit as fit_exp
+from experiments.lib import common
 from experiments.research.search_compare import ROOT, score, split_episodes
 
 # search ranges per knob kind (log-uniform for scales): (low, high, log)
-RANGES = {'weight': (0.1, 10.0, True), 'k0': (1.0, 100.0, True), 'lam': (1e-4, 0.1, True), 'w': (0.0, 1.0, False),
-          'k1': (0.05, 3.0, True), 'b': (0.0, 1.0, False)}
+RANGES = {
+  'weight': (0.1, 10.0, True),
+  'k0': (1.0, 100.0, True),
+  'lam': (1e-4, 0.1, True),
+  'w': (0.0, 1.0, False),
+  'k1': (0.05, 3.0, True),
+  'b': (0.0, 1.0, False),
+}
 
 
 def knob_range(path: str) -> tuple[float, float, bool]:
@@ -49,12 +55,19 @@ def main(argv: list[str]) -> dict:
   if '--out' in argv:
     i = argv.index('--out')
     out = Path(argv[i + 1])
-    del argv[i:i + 2]
+    del argv[i : i + 2]
   with initialize_config_dir(config_dir=str(ROOT / 'conf'), version_base='1.3'):
-    cfg = compose(config_name='fit', overrides=[
-        'pipeline=[rrf_cos_bm25_cfsr]', 'fit.split=holdout', 'eval.progress=false',
+    cfg = compose(
+      config_name='fit',
+      overrides=[
+        'pipeline=[rrf_cos_bm25_cfsr]',
+        'fit.split=holdout',
+        'eval.progress=false',
         'fit.params=[legs.cos.weight,legs.bm25.weight,legs.cfsr.weight,legs.cfsr.lam,legs.cfsr.w,legs.bm25.k1,'
-        'legs.bm25.b,k0]', *argv])
+        'legs.bm25.b,k0]',
+        *argv,
+      ],
+    )
   common.enable_compile_cache(cfg)
   name = list(cfg.pipeline)[0]
   hand = common.hand_set_pipeline(name, cfg.pipeline[name])
@@ -66,26 +79,46 @@ def main(argv: list[str]) -> dict:
   rows_out: dict[str, dict] = {}
 
   t0 = time.perf_counter()
-  problem, knobs, every = fit.make_problem(hand, params, k=int(cfg.eval.k),
-                                           temperatures=fit.Temperatures(**cfg.fit.temperatures),
-                                           settings=fit.Settings(solve_batch=cfg.fit.solve_batch))
+  problem, knobs, every = fit.make_problem(
+    hand,
+    params,
+    k=int(cfg.eval.k),
+    temperatures=fit.Temperatures(**cfg.fit.temperatures),
+    settings=fit.Settings(solve_batch=cfg.fit.solve_batch),
+  )
   rows = fit.build_rows(problem, hand, episodes, arrays, seed=seed)
   row_ep = np.asarray([e.id for e in episodes for _ in e.questions])
   train_rows = np.flatnonzero(np.isin(row_ep, [episodes[i].id for i in train]))
-  fit.check_disjoint([q.id for e in episodes for q in e.questions], train_rows,
-                     np.flatnonzero(np.isin(row_ep, [episodes[i].id for i in test])))
-  res = fit.fit(problem, knobs, every, rows, train_rows, optimizer=instantiate(cfg.fit.optimizer),
-                steps=int(cfg.fit.steps), batch_size=int(cfg.fit.batch_size), seed=int(cfg.fit.seed))
+  fit.check_disjoint(
+    [q.id for e in episodes for q in e.questions],
+    train_rows,
+    np.flatnonzero(np.isin(row_ep, [episodes[i].id for i in test])),
+  )
+  res = fit.fit(
+    problem,
+    knobs,
+    every,
+    rows,
+    train_rows,
+    optimizer=instantiate(cfg.fit.optimizer),
+    steps=int(cfg.fit.steps),
+    batch_size=int(cfg.fit.batch_size),
+    seed=int(cfg.fit.seed),
+  )
   budget = time.perf_counter() - t0
-  rows_out['gradient (adam, soft twins)'] = {'values': res.values, 'wall_s': budget,
-                                             'evaluations': f'{int(cfg.fit.steps)} minibatch steps'}
+  rows_out['gradient (adam, soft twins)'] = {
+    'values': res.values,
+    'wall_s': budget,
+    'evaluations': f'{int(cfg.fit.steps)} minibatch steps',
+  }
   hand_values = {p: float(every[p]) for p in params}
 
   def objective(values: dict[str, float]) -> float:
     return float(score(cfg, pipeline.with_values(hand, values), data, train).mean())
 
   # TPE
-  import optuna  # pylint: disable=import-outside-toplevel
+  import optuna
+
   optuna.logging.set_verbosity(optuna.logging.WARNING)
   study = optuna.create_study(direction='maximize', sampler=optuna.samplers.TPESampler(seed=seed))
   study.enqueue_trial(hand_values)
@@ -94,8 +127,12 @@ def main(argv: list[str]) -> dict:
     trial = study.ask()
     values = {p: trial.suggest_float(p, *knob_range(p)[:2], log=knob_range(p)[2]) for p in params}
     study.tell(trial, objective(values))
-  rows_out['optuna TPE'] = {'values': study.best_params, 'wall_s': time.perf_counter() - t0,
-                            'evaluations': f'{len(study.trials)} hard training passes', 'train': study.best_value}
+  rows_out['optuna TPE'] = {
+    'values': study.best_params,
+    'wall_s': time.perf_counter() - t0,
+    'evaluations': f'{len(study.trials)} hard training passes',
+    'train': study.best_value,
+  }
 
   # grid: low, hand-set, high per knob, seeded random order, hand-set first
   levels = [sorted({knob_range(p)[0], hand_values[p], knob_range(p)[1]}) for p in params]
@@ -111,11 +148,16 @@ def main(argv: list[str]) -> dict:
     n += 1
     if v > best_v:
       best, best_v = values, v
-  rows_out['grid (3 levels per knob)'] = {'values': best, 'wall_s': time.perf_counter() - t0,
-                                          'evaluations': f'{n} of {len(points)} points'}
+  rows_out['grid (3 levels per knob)'] = {
+    'values': best,
+    'wall_s': time.perf_counter() - t0,
+    'evaluations': f'{n} of {len(points)} points',
+  }
   base = score(cfg, hand, data, test)
-  table = ['| method | train NDCG@10 | held-out NDCG@10 [95% CI] | vs hand-set (paired) | wall s | evaluations |',
-           '|---|---|---|---|---|---|']
+  table = [
+    '| method | train NDCG@10 | held-out NDCG@10 [95% CI] | vs hand-set (paired) | wall s | evaluations |',
+    '|---|---|---|---|---|---|',
+  ]
   summary = {}
   for label, r in [('hand-set', {'values': hand_values, 'wall_s': 0.0, 'evaluations': '0'}), *rows_out.items()]:
     pipe = pipeline.with_values(hand, r['values'])
@@ -123,13 +165,18 @@ def main(argv: list[str]) -> dict:
     tr = r.get('train', objective(r['values']))
     ci = stats.bootstrap_ci(held, seed=seed, n_resamples=int(cfg.eval.n_resamples))
     pt = stats.paired_test(held, base, seed=seed, n_resamples=int(cfg.eval.n_resamples))
-    table.append(f'| {label} | {tr:.4f} | {ci.mean:.4f} [{ci.lo:.4f}, {ci.hi:.4f}] | '
-                 f'{pt.delta:+.4f} [{pt.lo:+.4f}, {pt.hi:+.4f}] | {r["wall_s"]:.1f} | {r["evaluations"]} |')
+    table.append(
+      f'| {label} | {tr:.4f} | {ci.mean:.4f} [{ci.lo:.4f}, {ci.hi:.4f}] | '
+      f'{pt.delta:+.4f} [{pt.lo:+.4f}, {pt.hi:+.4f}] | {r["wall_s"]:.1f} | {r["evaluations"]} |'
+    )
     summary[label] = {**r, 'train_ndcg@10': tr, 'test_ndcg@10': ci.to_dict(), 'vs_hand_set': pt.to_dict()}
-  import os  # pylint: disable=import-outside-toplevel
-  text = (f'### {name}, {len(params)} knobs: gradient vs TPE vs grid at equal wall budget ({budget:.1f}s; train '
-          f'{[episodes[i].id for i in train]}, held out {[episodes[i].id for i in test]}; load average '
-          f'{os.getloadavg()[0]:.1f})\n\n' + '\n'.join(table) + '\n')
+  import os
+
+  text = (
+    f'### {name}, {len(params)} knobs: gradient vs TPE vs grid at equal wall budget ({budget:.1f}s; train '
+    f'{[episodes[i].id for i in train]}, held out {[episodes[i].id for i in test]}; load average '
+    f'{os.getloadavg()[0]:.1f})\n\n' + '\n'.join(table) + '\n'
+  )
   out.mkdir(parents=True, exist_ok=True)
   (out / 'budget.json').write_text(json.dumps(summary, indent=1, default=float))
   (out / 'budget.md').write_text(text)

@@ -26,11 +26,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from engram_jax.eval import evaluation, pipeline
 from engram_jax import fit
 from engram_jax.data import splits
-from experiments.lib import common
+from engram_jax.eval import evaluation, pipeline
 from experiments import fit as fit_exp
+from experiments.lib import common
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,9 +63,17 @@ def split_episodes(cfg: DictConfig, episodes) -> tuple[list[int], list[int]]:
 
 def score(cfg: DictConfig, pipe, data, sel: list[int]) -> np.ndarray:
   episodes, embeddings, arrays = data
-  r = evaluation.evaluate([episodes[i] for i in sel], [embeddings[i] for i in sel], {'p': pipe}, k=int(cfg.eval.k),
-                          metrics=['ndcg@10'], seed=int(cfg.seed), progress=False, arrays=[arrays[i] for i in sel],
-                          leg_cache=common.leg_cache(cfg))  # legs whose knobs a trial leaves alone: computed once
+  r = evaluation.evaluate(
+    [episodes[i] for i in sel],
+    [embeddings[i] for i in sel],
+    {'p': pipe},
+    k=int(cfg.eval.k),
+    metrics=['ndcg@10'],
+    seed=int(cfg.seed),
+    progress=False,
+    arrays=[arrays[i] for i in sel],
+    leg_cache=common.leg_cache(cfg),
+  )  # legs whose knobs a trial leaves alone: computed once
   return r.scores['p']['ndcg@10']
 
 
@@ -80,15 +88,23 @@ def main(cfg: DictConfig) -> float:
   ndcg = float(score(cfg, pipe, data, train).mean())
   out = Path(HydraConfig.get().runtime.output_dir)
   out.mkdir(parents=True, exist_ok=True)
-  (out / 'objective.json').write_text(json.dumps({'values': values, 'train_ndcg@10': ndcg,
-                                                  'wall_s': time.perf_counter() - t0}))
+  (out / 'objective.json').write_text(
+    json.dumps({'values': values, 'train_ndcg@10': ndcg, 'wall_s': time.perf_counter() - t0})
+  )
   return ndcg
 
 
 def _sweep(args: list[str], sweep_dir: Path) -> tuple[list[dict], float]:
   t0 = time.perf_counter()
-  cmd = [sys.executable, '-m', 'experiments.research.search_compare', '-m', *args, f'hydra.sweep.dir={sweep_dir}',
-         'eval.progress=false']
+  cmd = [
+    sys.executable,
+    '-m',
+    'experiments.research.search_compare',
+    '-m',
+    *args,
+    f'hydra.sweep.dir={sweep_dir}',
+    'eval.progress=false',
+  ]
   subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
   wall = time.perf_counter() - t0
   return [json.loads(p.read_text()) for p in sorted(sweep_dir.glob('*/objective.json'))], wall
@@ -104,58 +120,99 @@ def compare(out: Path, overrides: list[str]) -> dict:
   train, test = split_episodes(cfg, data[0])
   rows_out = {}
   base = score(cfg, hand, data, test)
-  rows_out['hand-set'] = {'values': {}, 'train_ndcg@10': float(score(cfg, hand, data, train).mean()),
-                          'test': base, 'wall_s': 0.0, 'evaluations': '0'}
+  rows_out['hand-set'] = {
+    'values': {},
+    'train_ndcg@10': float(score(cfg, hand, data, train).mean()),
+    'test': base,
+    'wall_s': 0.0,
+    'evaluations': '0',
+  }
 
   # gradient: the same training episodes (the hold-out fold of experiments.fit with these settings)
   t0 = time.perf_counter()
   params = list(cfg.fit.params or cfg.fit.params_by_pipeline[name])
-  problem, knobs, every = fit.make_problem(hand, params, k=int(cfg.eval.k),
-                                           temperatures=fit.Temperatures(**cfg.fit.temperatures))
+  problem, knobs, every = fit.make_problem(
+    hand, params, k=int(cfg.eval.k), temperatures=fit.Temperatures(**cfg.fit.temperatures)
+  )
   episodes, _, arrays = data
   rows = fit.build_rows(problem, hand, episodes, arrays, seed=int(cfg.seed))
   row_ep = np.asarray([e.id for e in episodes for _ in e.questions])
   train_rows = np.flatnonzero(np.isin(row_ep, [episodes[i].id for i in train]))
-  fit.check_disjoint([q.id for e in episodes for q in e.questions], train_rows,
-                     np.flatnonzero(np.isin(row_ep, [episodes[i].id for i in test])))
-  res = fit.fit(problem, knobs, every, rows, train_rows, optimizer=instantiate(cfg.fit.optimizer),
-                steps=int(cfg.fit.steps), batch_size=int(cfg.fit.batch_size), seed=int(cfg.fit.seed))
+  fit.check_disjoint(
+    [q.id for e in episodes for q in e.questions],
+    train_rows,
+    np.flatnonzero(np.isin(row_ep, [episodes[i].id for i in test])),
+  )
+  res = fit.fit(
+    problem,
+    knobs,
+    every,
+    rows,
+    train_rows,
+    optimizer=instantiate(cfg.fit.optimizer),
+    steps=int(cfg.fit.steps),
+    batch_size=int(cfg.fit.batch_size),
+    seed=int(cfg.fit.seed),
+  )
   wall = time.perf_counter() - t0
   fitted = pipeline.with_values(hand, res.values)
   rows_out['gradient (adam)'] = {
-      'values': res.values, 'train_ndcg@10': float(score(cfg, fitted, data, train).mean()),
-      'test': score(cfg, fitted, data, test), 'wall_s': wall,
-      'evaluations': f'{int(cfg.fit.steps)} steps x {int(cfg.fit.batch_size)} questions (soft) '
-                     f'= {int(cfg.fit.steps) * int(cfg.fit.batch_size) / len(train_rows):.1f} training-set passes'}
+    'values': res.values,
+    'train_ndcg@10': float(score(cfg, fitted, data, train).mean()),
+    'test': score(cfg, fitted, data, test),
+    'wall_s': wall,
+    'evaluations': f'{int(cfg.fit.steps)} steps x {int(cfg.fit.batch_size)} questions (soft) '
+    f'= {int(cfg.fit.steps) * int(cfg.fit.batch_size) / len(train_rows):.1f} training-set passes',
+  }
 
   # grid (basic sweeper) and TPE (optuna sweeper), each job one hard pass over the training episodes
   grid_args = [f'{k}={",".join(str(v) for v in vs)}' for k, vs in GRID.items()] + overrides
-  optuna_args = ['hydra/sweeper=optuna', 'hydra.sweeper.direction=maximize', f'hydra.sweeper.n_trials={N_TRIALS}',
-                 'hydra.sweeper.n_jobs=1', f'hydra.sweeper.sampler.seed={int(cfg.seed)}',
-                 *[f'{k}={v}' for k, v in SPACE.items()]] + overrides
+  optuna_args = [
+    'hydra/sweeper=optuna',
+    'hydra.sweeper.direction=maximize',
+    f'hydra.sweeper.n_trials={N_TRIALS}',
+    'hydra.sweeper.n_jobs=1',
+    f'hydra.sweeper.sampler.seed={int(cfg.seed)}',
+    *[f'{k}={v}' for k, v in SPACE.items()],
+  ] + overrides
   for label, args in (('grid (basic sweeper)', grid_args), ('optuna TPE (optuna sweeper)', optuna_args)):
     jobs, wall = _sweep(args, out / label.split()[0])
     best = max(jobs, key=lambda j: j['train_ndcg@10'])
     pipe = pipeline.with_values(hand, best['values'])
-    rows_out[label] = {'values': best['values'], 'train_ndcg@10': best['train_ndcg@10'],
-                       'test': score(cfg, pipe, data, test), 'wall_s': wall,
-                       'evaluations': f'{len(jobs)} hard training-set passes'}
+    rows_out[label] = {
+      'values': best['values'],
+      'train_ndcg@10': best['train_ndcg@10'],
+      'test': score(cfg, pipe, data, test),
+      'wall_s': wall,
+      'evaluations': f'{len(jobs)} hard training-set passes',
+    }
 
   seed = int(cfg.seed)
-  from engram_jax.metrics import stats  # pylint: disable=import-outside-toplevel
-  table = ['| method | knobs found | train NDCG@10 | held-out NDCG@10 [95% CI] | vs hand-set (paired) | wall s | '
-           'evaluations |', '|---|---|---|---|---|---|---|']
+  from engram_jax.metrics import stats
+
+  table = [
+    '| method | knobs found | train NDCG@10 | held-out NDCG@10 [95% CI] | vs hand-set (paired) | wall s | '
+    'evaluations |',
+    '|---|---|---|---|---|---|---|',
+  ]
   summary = {}
   for label, r in rows_out.items():
     ci = stats.bootstrap_ci(r['test'], seed=seed, n_resamples=int(cfg.eval.n_resamples))
     pt = stats.paired_test(r['test'], base, seed=seed, n_resamples=int(cfg.eval.n_resamples))
     knobs_s = ', '.join(f'{k}={v:.3g}' for k, v in r['values'].items()) or 'hand-set'
-    table.append(f'| {label} | {knobs_s} | {r["train_ndcg@10"]:.4f} | {ci.mean:.4f} [{ci.lo:.4f}, {ci.hi:.4f}] | '
-                 f'{pt.delta:+.4f} [{pt.lo:+.4f}, {pt.hi:+.4f}] | {r["wall_s"]:.1f} | {r["evaluations"]} |')
-    summary[label] = {**{k: v for k, v in r.items() if k != 'test'}, 'test_ndcg@10': ci.to_dict(),
-                      'vs_hand_set': pt.to_dict()}
-  head = (f'### {name}: gradient fit vs search on the same split (seed {cfg.fit.seed}; train '
-          f'{[data[0][i].id for i in train]}, held out {[data[0][i].id for i in test]})\n')
+    table.append(
+      f'| {label} | {knobs_s} | {r["train_ndcg@10"]:.4f} | {ci.mean:.4f} [{ci.lo:.4f}, {ci.hi:.4f}] | '
+      f'{pt.delta:+.4f} [{pt.lo:+.4f}, {pt.hi:+.4f}] | {r["wall_s"]:.1f} | {r["evaluations"]} |'
+    )
+    summary[label] = {
+      **{k: v for k, v in r.items() if k != 'test'},
+      'test_ndcg@10': ci.to_dict(),
+      'vs_hand_set': pt.to_dict(),
+    }
+  head = (
+    f'### {name}: gradient fit vs search on the same split (seed {cfg.fit.seed}; train '
+    f'{[data[0][i].id for i in train]}, held out {[data[0][i].id for i in test]})\n'
+  )
   text = head + '\n' + '\n'.join(table) + '\n'
   out.mkdir(parents=True, exist_ok=True)
   (out / 'compare.json').write_text(json.dumps(summary, indent=1))
@@ -171,7 +228,7 @@ if __name__ == '__main__':
     if '--out' in argv:
       i = argv.index('--out')
       out_dir = Path(argv[i + 1])
-      del argv[i:i + 2]
+      del argv[i : i + 2]
     compare(out_dir, argv)
   else:
-    main()  # pylint: disable=no-value-for-parameter
+    main()

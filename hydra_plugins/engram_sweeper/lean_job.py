@@ -47,12 +47,14 @@ def freeze(cfg: DictConfig) -> bytes:
 
 def _flush_loggers() -> None:
   """Flush every handler of every logger (as Hydra does after a job)."""
-  for logger in [logging.getLogger(), *[l for l in logging.Logger.manager.loggerDict.values()
-                                        if isinstance(l, logging.Logger)]]:
+  for logger in [
+    logging.getLogger(),
+    *[l for l in logging.Logger.manager.loggerDict.values() if isinstance(l, logging.Logger)],
+  ]:
     for handler in logger.handlers:
       try:
         handler.flush()
-      except Exception:  # pylint: disable=broad-except  (a handler that cannot flush must not fail the job)
+      except Exception:  # (a handler that cannot flush must not fail the job)
         pass
 
 
@@ -62,8 +64,14 @@ def _save(cfg: Any, filename: str, folder: Path) -> None:
     f.write(to_yaml(cfg))
 
 
-def run_job(task_function: TaskFunction, config: DictConfig, job_dir_key: str, job_subdir_key: str | None,
-            hydra_context: HydraContext, configure_logging: bool = True) -> JobReturn:
+def run_job(
+  task_function: TaskFunction,
+  config: DictConfig,
+  job_dir_key: str,
+  job_subdir_key: str | None,
+  hydra_context: HydraContext,
+  configure_logging: bool = True,
+) -> JobReturn:
   """``hydra.core.utils.run_job`` with fewer copies (module docstring); same arguments, same return."""
   callbacks = hydra_context.callbacks
   old_cwd = os.getcwd()
@@ -93,8 +101,12 @@ def run_job(task_function: TaskFunction, config: DictConfig, job_dir_key: str, j
     if chdir is None:  # Hydra's default: the job's own folder before version_base 1.2, else stay
       chdir = not version.base_at_least('1.2')
       if chdir:
-        warnings.warn('hydra.job.chdir is not set: under version_base < 1.2 the job runs in its output folder '
-                      '(set hydra.job.chdir, or version_base >= 1.2)', UserWarning, stacklevel=2)
+        warnings.warn(
+          'hydra.job.chdir is not set: under version_base < 1.2 the job runs in its output folder '
+          '(set hydra.job.chdir, or version_base >= 1.2)',
+          UserWarning,
+          stacklevel=2,
+        )
     if chdir:
       os.chdir(output_dir)
       ret.working_dir = output_dir
@@ -112,7 +124,7 @@ def run_job(task_function: TaskFunction, config: DictConfig, job_dir_key: str, j
       try:
         ret.return_value = task_function(task_cfg)
         ret.status = JobStatus.COMPLETED
-      except Exception as e:  # pylint: disable=broad-except  (as Hydra: the job's failure is in its return)
+      except Exception as e:  # (as Hydra: the job's failure is in its return)
         ret.return_value = e
         ret.status = JobStatus.FAILED
     ret.task_name = JobRuntime.instance().get('name')

@@ -79,13 +79,14 @@ def reuse(template: bytes, master: DictConfig, parsed: Sequence[Override], value
   ``hydra`` overrides are in the template already), ``master``'s resolver cache copied."""
   cfg = pickle.loads(template)
   forced = [o if not o.is_add() else _force(o) for o in values]  # the key exists now: '+' re-adds it
-  ConfigLoaderImpl._apply_overrides_to_config(forced, cfg)  # pylint: disable=protected-access
+  ConfigLoaderImpl._apply_overrides_to_config(forced, cfg)
   app = [o for o in parsed if not o.is_hydra_override()]
   with open_dict(cfg.hydra):
     cfg.hydra.overrides.task = [o.input_line for o in app]
     d = cfg.hydra.job.config.override_dirname
-    cfg.hydra.job.override_dirname = get_overrides_dirname(overrides=app, kv_sep=d.kv_sep, item_sep=d.item_sep,
-                                                           exclude_keys=d.exclude_keys)
+    cfg.hydra.job.override_dirname = get_overrides_dirname(
+      overrides=app, kv_sep=d.kv_sep, item_sep=d.item_sep, exclude_keys=d.exclude_keys
+    )
   OmegaConf.copy_cache(from_config=master, to_config=cfg)
   return cfg
 
@@ -152,12 +153,19 @@ class ShapeComposingLauncher(BasicLauncher):
       configs = self.sweep_configs(job_overrides)
       for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
         sweep_config = next(configs)  # not through zip/enumerate: their reused result tuples would keep it alive
-        log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
+        log.info(f'\t#{idx} : {" ".join(filter_overrides(overrides))}')
         with open_dict(sweep_config):
           sweep_config.hydra.job.id = idx
           sweep_config.hydra.job.num = idx
-        runs.append(run_job(hydra_context=self.hydra_context, task_function=self.task_function,
-                            config=sweep_config, job_dir_key='hydra.sweep.dir', job_subdir_key='hydra.sweep.subdir'))
+        runs.append(
+          run_job(
+            hydra_context=self.hydra_context,
+            task_function=self.task_function,
+            config=sweep_config,
+            job_dir_key='hydra.sweep.dir',
+            job_subdir_key='hydra.sweep.subdir',
+          )
+        )
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         del sweep_config  # what is left of the job is what its return keeps, when settle_heap freezes it
         if own_gc:

@@ -63,5 +63,6 @@ class ShapeValidatingSweeper(BasicSweeper):
         continue
       seen.add(shape)
       loader.load_sweep_config(master_config=self.config, sweep_overrides=list(overrides))
-    log.debug('validated %d of %d jobs (one per composition shape) in %.2f s', len(seen), len(batch),
-              time.perf_counter() - tic)
+    log.debug(
+      'validated %d of %d jobs (one per composition shape) in %.2f s', len(seen), len(batch), time.perf_counter() - tic
+    )

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engram_jax.answer import cache as answer_cache, official_qa, tier1
+from engram_jax.answer import cache as answer_cache
+from engram_jax.answer import official_qa, tier1
 from engram_jax.answer.reader import FakeReader
 from engram_jax.core.types import Episode, Item, Question
 
@@ -22,7 +23,7 @@ from engram_jax.core.types import Episode, Item, Question
 
 
 def _up_normalize_answer(s):
-  s = s.replace(',', "")
+  s = s.replace(',', '')
 
   def remove_articles(text):
     return re.sub(r'\b(a|an|the|and)\b', ' ', text)
@@ -42,6 +43,7 @@ def _up_normalize_answer(s):
 
 def _up_f1_score(prediction, ground_truth):
   from nltk.stem import PorterStemmer
+
   ps = PorterStemmer()
   prediction_tokens = [ps.stem(w) for w in _up_normalize_answer(prediction).split()]
   ground_truth_tokens = [ps.stem(w) for w in _up_normalize_answer(ground_truth).split()]
@@ -92,8 +94,33 @@ def _up_get_cat_5_answer(model_prediction, answer_key):
     return model_prediction
 
 
-WORDS = st.sampled_from(['the', 'a', 'and', 'Paris', 'paris,', 'running', 'ran', 'runs', '7', 'May', '2023', 'an',
-                         'cats', 'cat', 'Not', 'mentioned', 'no', 'information', 'available', '(a)', 'b', ';', 'x.y'])
+WORDS = st.sampled_from(
+  [
+    'the',
+    'a',
+    'and',
+    'Paris',
+    'paris,',
+    'running',
+    'ran',
+    'runs',
+    '7',
+    'May',
+    '2023',
+    'an',
+    'cats',
+    'cat',
+    'Not',
+    'mentioned',
+    'no',
+    'information',
+    'available',
+    '(a)',
+    'b',
+    ';',
+    'x.y',
+  ]
+)
 PHRASE = st.lists(WORDS, min_size=0, max_size=8).map(' '.join)
 
 
@@ -118,10 +145,12 @@ def test_locomo_prompts_follow_upstream():
   assert len(m) == 1 and m[0]['role'] == 'user'
   text = m[0]['content']
   assert text.startswith('Below is a conversation between two people: Caroline and Mel. ')
-  assert text.endswith('Question: When did Caroline go? Use DATE of CONVERSATION to answer with an approximate '
-                       'date. Short answer:\n')
-  assert '[1 May 2023] Caroline: hi\n\n\nBased on the above context, write an answer in the form of a short phrase' \
-      in text
+  assert text.endswith(
+    'Question: When did Caroline go? Use DATE of CONVERSATION to answer with an approximate date. Short answer:\n'
+  )
+  assert (
+    '[1 May 2023] Caroline: hi\n\n\nBased on the above context, write an answer in the form of a short phrase' in text
+  )
   ch = official_qa.locomo_cat5_choices('conv-1/q5', 'Paris', seed=1)
   assert ch == official_qa.locomo_cat5_choices('conv-1/q5', 'Paris', seed=1)
   assert sorted(ch.values()) == sorted(['Paris', 'Not mentioned in the conversation'])
@@ -140,8 +169,10 @@ def test_fc_prompt_and_subem():
   m = official_qa.fc_messages('Where does Ann live?', [('3', 'Ann lives in Paris.'), ('9', 'Ann lives in Rome.')])
   assert m[0] == {'role': 'system', 'content': official_qa.MAB_SYSTEM}
   user = m[1]['content']
-  assert user.startswith('Here is a list of knowledge retrieved from memory: \n3. Ann lives in Paris.\n'
-                         '9. Ann lives in Rome.\n\nPretend you are a knowledge management system.')
+  assert user.startswith(
+    'Here is a list of knowledge retrieved from memory: \n3. Ann lives in Paris.\n'
+    '9. Ann lives in Rome.\n\nPretend you are a knowledge management system.'
+  )
   assert user.endswith('Now Answer the Question: Based on the provided Knowledge Pool, Where does Ann live? \nAnswer:')
   assert official_qa.fc_score('Answer: Rome.', ['rome']) == 1.0
   assert official_qa.fc_score('The Paris', ['Rome', 'Roma']) == 0.0
@@ -151,15 +182,41 @@ def test_fc_prompt_and_subem():
 
 
 def _fc_episode():
-  facts = ['Ann lives in Paris.', 'Bob works for Acme.', 'Ann lives in Rome.', 'Bob works for Initech.',
-           'Cid plays chess.', 'Cid plays golf.']
+  facts = [
+    'Ann lives in Paris.',
+    'Bob works for Acme.',
+    'Ann lives in Rome.',
+    'Bob works for Initech.',
+    'Cid plays chess.',
+    'Cid plays golf.',
+  ]
   items = tuple(Item(id=str(i), text=t, parent=str(i), position=i) for i, t in enumerate(facts))
-  qs = (Question(id='q0', text='Where does Ann live?', gold=('2',), gold_parents=('2',), category='single-hop',
-                 answer=json.dumps(['Rome'])),
-        Question(id='q1', text='Who does Bob work for?', gold=('3',), gold_parents=('3',), category='single-hop',
-                 answer=json.dumps(['Initech'])),
-        Question(id='q2', text='What does Cid play?', gold=('5',), gold_parents=('5',), category='single-hop',
-                 answer=json.dumps(['golf'])))
+  qs = (
+    Question(
+      id='q0',
+      text='Where does Ann live?',
+      gold=('2',),
+      gold_parents=('2',),
+      category='single-hop',
+      answer=json.dumps(['Rome']),
+    ),
+    Question(
+      id='q1',
+      text='Who does Bob work for?',
+      gold=('3',),
+      gold_parents=('3',),
+      category='single-hop',
+      answer=json.dumps(['Initech']),
+    ),
+    Question(
+      id='q2',
+      text='What does Cid play?',
+      gold=('5',),
+      gold_parents=('5',),
+      category='single-hop',
+      answer=json.dumps(['golf']),
+    ),
+  )
   return Episode(id='fc', items=items, questions=qs)
 
 
@@ -186,8 +243,9 @@ def _run(reader, root, **kw):
   ep = _fc_episode()
   cache = answer_cache.AnswerCache(root, reader.spec(10))
   answer = lambda ps: tier1.answer_all(ps, reader, cache, max_new_tokens=10, progress=False)[0]
-  return tier1.run_tier1('factconsolidation', [(ep, q) for q in ep.questions], _rows(), answer, k=2, seed=0,
-                         n_resamples=200, **kw)
+  return tier1.run_tier1(
+    'factconsolidation', [(ep, q) for q in ep.questions], _rows(), answer, k=2, seed=0, n_resamples=200, **kw
+  )
 
 
 def test_harness_scores_rows_in_write_order_with_oracle_and_no_context(tmp_path):
@@ -211,8 +269,10 @@ def test_harness_scores_rows_in_write_order_with_oracle_and_no_context(tmp_path)
   # 12 prompts, 11 distinct (bm25 and cosine put q1's two facts in the same write order); a rerun generates nothing
   assert reader.generated == 11
   again = FakeReader(batch_size=2)
-  assert _run(again, tmp_path, tier0={'bm25': np.ones(3), 'cosine': np.zeros(3)},
-              tier0_metric='answer@2') == t1 and again.generated == 0
+  assert (
+    _run(again, tmp_path, tier0={'bm25': np.ones(3), 'cosine': np.zeros(3)}, tier0_metric='answer@2') == t1
+    and again.generated == 0
+  )
 
 
 def test_equal_k_is_asserted():
@@ -252,13 +312,18 @@ def test_cache_keys_depend_on_spec_and_exact_prompt(tmp_path):
 
 
 def test_locomo_rows_score_with_the_category_rules(tmp_path):
-  items = tuple(Item(id=f'D1:{i}', text=f'[1 May 2023] {s}: {t}', parent='session_1', position=i, speaker=s)
-                for i, (s, t) in enumerate([('Ann', 'I moved to Rome'), ('Bob', 'I adopted a cat'),
-                                            ('Ann', 'Nice cat')]))
-  qs = (Question(id='c/q1', text='Where did Ann move?', gold=('D1:0',), gold_parents=('session_1',), category=4,
-                 answer='Rome'),
-        Question(id='c/q2', text='What did Ann adopt?', gold=('D1:1',), gold_parents=('session_1',), category=5,
-                 answer='a cat'))
+  items = tuple(
+    Item(id=f'D1:{i}', text=f'[1 May 2023] {s}: {t}', parent='session_1', position=i, speaker=s)
+    for i, (s, t) in enumerate([('Ann', 'I moved to Rome'), ('Bob', 'I adopted a cat'), ('Ann', 'Nice cat')])
+  )
+  qs = (
+    Question(
+      id='c/q1', text='Where did Ann move?', gold=('D1:0',), gold_parents=('session_1',), category=4, answer='Rome'
+    ),
+    Question(
+      id='c/q2', text='What did Ann adopt?', gold=('D1:1',), gold_parents=('session_1',), category=5, answer='a cat'
+    ),
+  )
   ep = Episode(id='c', items=items, questions=qs)
   replies = {}
 
@@ -270,8 +335,9 @@ def test_locomo_rows_score_with_the_category_rules(tmp_path):
       replies[len(replies)] = text
     return out
 
-  t1 = tier1.run_tier1('locomo', [(ep, q) for q in qs], {'bm25': [['D1:0'], ['D1:2']]}, answer, k=1, seed=0,
-                       n_resamples=200)
+  t1 = tier1.run_tier1(
+    'locomo', [(ep, q) for q in qs], {'bm25': [['D1:0'], ['D1:2']]}, answer, k=1, seed=0, n_resamples=200
+  )
   ch = official_qa.locomo_cat5_choices('c/q2', 'a cat', seed=0)
   want_cat5 = float('not mentioned' in ch['b'].lower())
   assert t1['per_question'][1]['scores']['bm25'] == want_cat5
@@ -285,10 +351,12 @@ def test_locomo_rows_score_with_the_category_rules(tmp_path):
 def test_locomo_answer_pilot_is_stratified_and_regenerates():
   from engram_jax.data import splits as S
   from engram_jax.data.io import resolve_data_root
+
   ids = S.pilot_ids('locomo_answer')
   assert len(ids) == 300 == len(set(ids))
-  assert S.draw_stratified({1: ['a', 'b', 'c'], 2: ['d', 'e']}, n_per=2, seed=1) == \
-      S.draw_stratified({2: ['e', 'd'], 1: ['c', 'b', 'a']}, n_per=2, seed=1)
+  assert S.draw_stratified({1: ['a', 'b', 'c'], 2: ['d', 'e']}, n_per=2, seed=1) == S.draw_stratified(
+    {2: ['e', 'd'], 1: ['c', 'b', 'a']}, n_per=2, seed=1
+  )
   try:
     root = resolve_data_root(None)
   except FileNotFoundError:
@@ -308,16 +376,19 @@ def test_locomo_answer_pilot_is_stratified_and_regenerates():
 def test_smollm2_answers_one_factconsolidation_question(tmp_path):
   pytest.importorskip('gguf')
   from engram_jax.answer import reader as R
+
   try:
     R.smollm2_gguf_path()
   except FileNotFoundError as e:
     pytest.skip(str(e))
   import os
+
   cache_dir = os.environ.get('ENGRAM_CACHE_DIR', str(tmp_path))
   r, info = R.load_reader('smollm2', cache_dir=cache_dir, batch_size=2)
   assert info.seconds > 0 and r.spec(10)['fingerprint'].startswith('gguf-sha256:')
-  msgs = official_qa.fc_messages('Where does the user live?', [('3', 'The user lives in Paris.'),
-                                                               ('7', 'The user lives in Berlin.')])
+  msgs = official_qa.fc_messages(
+    'Where does the user live?', [('3', 'The user lives in Paris.'), ('7', 'The user lives in Berlin.')]
+  )
   one = r.generate([msgs], max_new_tokens=10)
   assert len(one) == 1 and isinstance(one[0], str) and one[0]
   assert len(r.tokenizer(one[0], add_special_tokens=False)['input_ids']) <= 10

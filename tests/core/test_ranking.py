@@ -2,10 +2,10 @@
 
 import jax.numpy as jnp
 import numpy as np
+import strategies
 from hypothesis import given
 from hypothesis import strategies as st
 
-import strategies
 from engram_jax.core import ranking
 from engram_jax.testing import reference as ref
 
@@ -26,5 +26,5 @@ def test_ranks_and_top_k_match_reference(scores, data):
   assert np.all(r[~where] > len(order))
   k = len(scores)
   idx, vals = ranking.top_k(jnp.asarray(s), k=k, where=jnp.asarray(where))
-  np.testing.assert_array_equal(np.asarray(idx)[:len(order)], order)
-  assert np.all(np.isneginf(np.asarray(vals)[len(order):]))
+  np.testing.assert_array_equal(np.asarray(idx)[: len(order)], order)
+  assert np.all(np.isneginf(np.asarray(vals)[len(order) :]))

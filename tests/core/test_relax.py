@@ -3,16 +3,16 @@ values and gradients on all-masked rows through every soft twin. The operators' 
 them (tests/ops/)."""
 
 import functools
-import pytest
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import rax
 from jax.test_util import check_grads
 
-from engram_jax.metrics import labels as metrics
 from engram_jax.core import ranking, relax
+from engram_jax.metrics import labels as metrics
 from engram_jax.ops import cfs, cfsr, mmr, rrf
 from engram_jax.testing import reference as ref
 
@@ -39,6 +39,7 @@ def _episode(n=30, d=8, q=3, seed=1):
 
 # ---- equal to rax -----------------------------------------------------------------------------------
 
+
 def test_soft_ranks_equal_rax_and_subset():
   s, _ = _lists()
   at = np.argsort(-s, axis=-1)[:, :5]
@@ -51,9 +52,14 @@ def test_soft_ranks_equal_rax_and_subset():
   @jax.jit
   def all_ranks(s, s2):
     step = lambda d: jax.nn.sigmoid(d / 0.3)
-    return (relax.soft_ranks(s, temperature=0.3), rax.utils.approx_ranks(s, step_fn=step),
-            relax.soft_ranks(s, temperature=0.3, at=at), relax.soft_ranks(s, temperature=np.array([0.1, 0.3, 1.0])),
-            relax.soft_ranks(s2, where=where, temperature=0.3), relax.soft_ranks(s[0, keep], temperature=0.3))
+    return (
+      relax.soft_ranks(s, temperature=0.3),
+      rax.utils.approx_ranks(s, step_fn=step),
+      relax.soft_ranks(s, temperature=0.3, at=at),
+      relax.soft_ranks(s, temperature=np.array([0.1, 0.3, 1.0])),
+      relax.soft_ranks(s2, where=where, temperature=0.3),
+      relax.soft_ranks(s[0, keep], temperature=0.3),
+    )
 
   r, r_rax, r_at, r_t, r2, r_keep = all_ranks(s, s2)
   np.testing.assert_allclose(r, r_rax, rtol=1e-12)
@@ -70,8 +76,10 @@ def test_approx_ndcg_equals_rax_without_cutoff():
   @jax.jit
   def values(s):
     rank_fn = functools.partial(rax.utils.approx_ranks, step_fn=lambda d: jax.nn.sigmoid(d / 0.5))
-    out = [rax.ndcg_metric(s, jnp.asarray(y, s.dtype), rank_fn=rank_fn, reduce_fn=None),
-           relax.approx_ndcg(s, y, k=None, temperature=0.5)]
+    out = [
+      rax.ndcg_metric(s, jnp.asarray(y, s.dtype), rank_fn=rank_fn, reduce_fn=None),
+      relax.approx_ndcg(s, y, k=None, temperature=0.5),
+    ]
     # gold-only soft ranks (O(G N)) equal the full computation, with and without a cutoff
     for k in (None, 3):
       out += [relax.approx_ndcg(s, y, k=k, temperature=0.5, max_gold=12), relax.approx_ndcg(s, y, k=k, temperature=0.5)]
@@ -85,14 +93,19 @@ def test_approx_ndcg_equals_rax_without_cutoff():
 
 # ---- soft -> hard as temperature -> 0 -----------------------------------------------------------------
 
+
 def test_relax_tends_to_hard():
   s, y = _lists(b=4, n=20)
 
   @jax.jit
   def cold(s):
-    return (relax.soft_ranks(s, temperature=COLD), ranking.ranks(s),
-            relax.soft_top_k(s, k=5, temperature=COLD, cutoff_temperature=COLD), ranking.top_k(s, k=10)[0],
-            relax.approx_ndcg(s, y, k=10, temperature=COLD, max_gold=8))
+    return (
+      relax.soft_ranks(s, temperature=COLD),
+      ranking.ranks(s),
+      relax.soft_top_k(s, k=5, temperature=COLD, cutoff_temperature=COLD),
+      ranking.top_k(s, k=10)[0],
+      relax.approx_ndcg(s, y, k=10, temperature=COLD, max_gold=8),
+    )
 
   soft_r, hard_r, soft_top, top10, approx = cold(s)
   np.testing.assert_allclose(soft_r, hard_r, atol=1e-6)
@@ -104,18 +117,31 @@ def test_relax_tends_to_hard():
 
 # ---- gradients -----------------------------------------------------------------------------------------
 
+
 @pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_check_grads_relax():
   s, y = _lists(b=2, n=8)
   at = np.array([[0, 3], [1, 2]])
-  grads_ok(lambda x, t: (relax.soft_ranks(x, temperature=t), relax.soft_ranks(x, temperature=t, at=at),
-                         relax.soft_cutoff(x * 3 + 4, k=3, temperature=t), relax.soft_top_k(x, k=3, temperature=t)),
-           (s, 0.4))
-  grads_ok(lambda x, t: (relax.approx_ndcg(x, y, k=3, temperature=t, cutoff_temperature=0.7),
-                         relax.approx_ndcg(x, y, k=3, temperature=t, max_gold=8)), (s, 0.5))
+  grads_ok(
+    lambda x, t: (
+      relax.soft_ranks(x, temperature=t),
+      relax.soft_ranks(x, temperature=t, at=at),
+      relax.soft_cutoff(x * 3 + 4, k=3, temperature=t),
+      relax.soft_top_k(x, k=3, temperature=t),
+    ),
+    (s, 0.4),
+  )
+  grads_ok(
+    lambda x, t: (
+      relax.approx_ndcg(x, y, k=3, temperature=t, cutoff_temperature=0.7),
+      relax.approx_ndcg(x, y, k=3, temperature=t, max_gold=8),
+    ),
+    (s, 0.5),
+  )
 
 
 # ---- all-masked rows: finite values and gradients --------------------------------------------------------
+
 
 @pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_all_masked_rows_are_finite():
@@ -128,13 +154,23 @@ def test_all_masked_rows_are_finite():
 
   def everything(x, t, w, k0, lam):
     out = relax.approx_ndcg(x, y, k=3, where=where, temperature=t, max_gold=4).sum()
-    out += finite_sum(rrf.soft_rrf_fuse([x, x[::-1]], weights=w, depths=[3, 3], where=where, k0=k0,
-                                        temperature=[t, None], candidates=5))
+    out += finite_sum(
+      rrf.soft_rrf_fuse([x, x[::-1]], weights=w, depths=[3, 3], where=where, k0=k0, temperature=[t, None], candidates=5)
+    )
     out += jnp.sum(relax.soft_ranks(jnp.full_like(x, -jnp.inf) + x, temperature=t))  # a leg that ranks nothing
     out += jnp.sum(mmr.soft_mmr_select(qs, docs, k=3, where=none, lam=lam, temperature=t).probs)
     out += jnp.sum(cfs.soft_cfs_select(qs, docs, k=3, where=none, beta=lam, temperature=t).probs)
-    out += finite_sum(cfsr.cfsr_pool_scores(jnp.zeros((1, 4)), jnp.zeros((1, 4, 4)), valid=np.zeros((1, 4), bool),
-                                            lam=lam, w=w[0], iterations=5, lam_grad='forward'))
+    out += finite_sum(
+      cfsr.cfsr_pool_scores(
+        jnp.zeros((1, 4)),
+        jnp.zeros((1, 4, 4)),
+        valid=np.zeros((1, 4), bool),
+        lam=lam,
+        w=w[0],
+        iterations=5,
+        lam_grad='forward',
+      )
+    )
     return out
 
   assert relax.approx_ndcg(s, y, k=3, where=where, temperature=0.5)[1] == 0.0

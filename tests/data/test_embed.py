@@ -42,8 +42,10 @@ class Fake:
 
 def _no_sentence_transformers(monkeypatch):
   """Replace the sentence_transformers module by one whose model constructor raises."""
+
   def boom(*args, **kwargs):
     raise AssertionError('SentenceTransformer must not be constructed')
+
   monkeypatch.setitem(sys.modules, 'sentence_transformers', types.SimpleNamespace(SentenceTransformer=boom))
 
 
@@ -86,17 +88,20 @@ def test_corrupt_shard_is_detected_and_rebuilt(tmp_path):
 
 def test_nan_vectors_rejected(tmp_path):
   with pytest.raises(ValueError, match='NaN'):
-    embed.embed_texts(['a'], cache_dir=tmp_path, model_id='m', encoder=lambda t: np.full((len(t), 4), np.nan),
-                      progress=False)
+    embed.embed_texts(
+      ['a'], cache_dir=tmp_path, model_id='m', encoder=lambda t: np.full((len(t), 4), np.nan), progress=False
+    )
 
 
 def test_other_hashing_dim_under_same_model_id_is_not_reused(tmp_path):
   texts = ['a dog barks', 'the cat', 'a dog barks', '']
-  v256 = embed.embed_texts(texts, cache_dir=tmp_path, model_id='hashing', encoder=embed.hashing_encoder(256),
-                           progress=False)
+  v256 = embed.embed_texts(
+    texts, cache_dir=tmp_path, model_id='hashing', encoder=embed.hashing_encoder(256), progress=False
+  )
   assert v256.shape == (4, 256)
-  v64 = embed.embed_texts(texts, cache_dir=tmp_path, model_id='hashing', encoder=embed.hashing_encoder(64),
-                          progress=False)
+  v64 = embed.embed_texts(
+    texts, cache_dir=tmp_path, model_id='hashing', encoder=embed.hashing_encoder(64), progress=False
+  )
   assert v64.shape == (4, 64) and v64.dtype == np.float32
   np.testing.assert_allclose(v64, embed.hashing_encoder(64)(texts), atol=1e-6)
   assert len({p.parent for p in _shards(tmp_path)}) == 2  # one folder per spec
@@ -106,11 +111,13 @@ def test_half_warm_cache_at_another_dim(tmp_path):
   old, new = ['one two', 'three'], ['four five', 'six']
   embed.embed_texts(old, cache_dir=tmp_path, model_id='hashing', encoder=embed.hashing_encoder(256), progress=False)
   texts = new + old + new
-  v = embed.embed_texts(texts, cache_dir=tmp_path, model_id='hashing', encoder=embed.hashing_encoder(64),
-                        progress=False)
+  v = embed.embed_texts(
+    texts, cache_dir=tmp_path, model_id='hashing', encoder=embed.hashing_encoder(64), progress=False
+  )
   np.testing.assert_allclose(v, embed.hashing_encoder(64)(texts), atol=1e-6)
-  again = embed.embed_texts(old, cache_dir=tmp_path, model_id='hashing', encoder=embed.hashing_encoder(256),
-                            progress=False)  # the default run still works on its own cache
+  again = embed.embed_texts(
+    old, cache_dir=tmp_path, model_id='hashing', encoder=embed.hashing_encoder(256), progress=False
+  )  # the default run still works on its own cache
   np.testing.assert_allclose(again, embed.hashing_encoder(256)(old), atol=1e-6)
 
 
@@ -206,9 +213,11 @@ def test_minilm_spec_without_loading_the_model(monkeypatch):
 
 
 def test_minilm_spec_imports_neither_sentence_transformers_nor_torch():
-  code = ('import sys; from engram_jax.data import embed; s = embed.sentence_transformer_encoder().spec; '
-          'assert s["dim"] == 384; bad = {"sentence_transformers", "torch", "transformers"} & set(sys.modules); '
-          'assert not bad, bad')
+  code = (
+    'import sys; from engram_jax.data import embed; s = embed.sentence_transformer_encoder().spec; '
+    'assert s["dim"] == 384; bad = {"sentence_transformers", "torch", "transformers"} & set(sys.modules); '
+    'assert not bad, bad'
+  )
   subprocess.run([sys.executable, '-c', code], check=True, cwd=Path(__file__).resolve().parents[2])
 
 
@@ -252,8 +261,9 @@ def test_warm_default_cache_never_constructs_the_model(tmp_path, monkeypatch):
 
 
 def test_hydra_overrides_key_the_cache():
-  from hydra import compose, initialize_config_dir  # pylint: disable=import-outside-toplevel
-  from hydra.utils import instantiate  # pylint: disable=import-outside-toplevel
+  from hydra import compose, initialize_config_dir
+  from hydra.utils import instantiate
+
   with initialize_config_dir(config_dir=CONF, version_base='1.3'):
     cfg = compose(config_name='config', overrides=['embedder=hashing', 'embedder.encoder.dim=64'])
     st = compose(config_name='config', overrides=['embedder=minilm', 'embedder.encoder.path=/some/folder'])
@@ -266,8 +276,12 @@ def test_hydra_overrides_key_the_cache():
 @pytest.mark.slow
 def test_real_minilm_from_the_wheel(tmp_path):
   enc = embed.sentence_transformer_encoder()
-  v = embed.embed_texts(['I adopted a dog last week.', 'We got a puppy recently.', 'The invoice is overdue.'],
-                        cache_dir=tmp_path, encoder=enc, progress=False)
+  v = embed.embed_texts(
+    ['I adopted a dog last week.', 'We got a puppy recently.', 'The invoice is overdue.'],
+    cache_dir=tmp_path,
+    encoder=enc,
+    progress=False,
+  )
   assert v.shape == (3, 384)
   assert v[0] @ v[1] > v[0] @ v[2] + 0.2
   assert embed.resolve_model_path('all-MiniLM-L6-v2').endswith('model')

@@ -24,6 +24,7 @@ TEXTS = [f'turn {i}: {" ".join(f"w{(i * j) % 97}" for j in range(1, 2 + i % 7))}
 @dataclasses.dataclass(frozen=True)
 class SlowHashing:
   """The hashing encoder (same spec, same vectors) that takes ``delay`` seconds per call."""
+
   dim: int = DIM
   delay: float = 0.002
 
@@ -44,8 +45,9 @@ def _fresh(texts):
 
 def _writer(cache_dir, texts, barrier, out):
   barrier.wait()
-  vecs, report = embed.embed_with_report(texts, cache_dir=cache_dir, model_id='h', encoder=SlowHashing(),
-                                         shard_size=SHARD, progress=False)
+  vecs, report = embed.embed_with_report(
+    texts, cache_dir=cache_dir, model_id='h', encoder=SlowHashing(), shard_size=SHARD, progress=False
+  )
   ok = bool(np.array_equal(vecs, _fresh(texts)))
   Path(out).write_text(json.dumps({'report': report.as_dict(), 'equal_to_fresh': ok}))
 
@@ -74,16 +76,18 @@ def _run_jobs(tmp_path, text_sets, *, reader=False):
   barrier = ctx.Barrier(len(text_sets) + int(reader))
   stop = ctx.Event()
   cache = str(tmp_path / 'cache')
-  procs = [ctx.Process(target=_writer, args=(cache, texts, barrier, str(tmp_path / f'w{i}.json')))
-           for i, texts in enumerate(text_sets)]
+  procs = [
+    ctx.Process(target=_writer, args=(cache, texts, barrier, str(tmp_path / f'w{i}.json')))
+    for i, texts in enumerate(text_sets)
+  ]
   if reader:
     procs.append(ctx.Process(target=_reader, args=(cache, barrier, stop, str(tmp_path / 'reader.json'))))
   for p in procs:
     p.start()
-  for p in procs[:len(text_sets)]:
+  for p in procs[: len(text_sets)]:
     p.join(120)
   stop.set()
-  for p in procs[len(text_sets):]:
+  for p in procs[len(text_sets) :]:
     p.join(120)
   assert [p.exitcode for p in procs] == [0] * len(procs)
   writers = [json.loads((tmp_path / f'w{i}.json').read_text()) for i in range(len(text_sets))]
@@ -110,8 +114,9 @@ def _check_cache(cache_dir, texts):
   cache = embed.EmbeddingCache(cache_dir, 'h', spec)
   table = cache.load()
   assert set(table) == set(by_key) and cache.problems == [] and cache.rebuilt == []
-  vecs, report = embed.embed_with_report(texts, cache_dir=cache_dir, model_id='h', encoder=SlowHashing(),
-                                         progress=False)
+  vecs, report = embed.embed_with_report(
+    texts, cache_dir=cache_dir, model_id='h', encoder=SlowHashing(), progress=False
+  )
   assert (report.cached, report.embedded) == (len(texts), 0)
   np.testing.assert_array_equal(vecs, _fresh(texts))
   return rows
@@ -154,10 +159,10 @@ def test_a_bad_shard_replaced_since_it_was_read_is_kept(tmp_path):
   shard.write_bytes(b'not a zip')
   stale = shard.stat()
   time.sleep(0.01)
-  embed.atomic_write(shard, lambda f: f.write(good))  # pylint: disable=protected-access
-  cache._discard(shard, 'unreadable (test)', 0, stale)  # pylint: disable=protected-access
+  embed.atomic_write(shard, lambda f: f.write(good))
+  cache._discard(shard, 'unreadable (test)', 0, stale)
   assert shard.read_bytes() == good
-  cache._discard(shard, 'unreadable (test)', 0, shard.stat())  # pylint: disable=protected-access
+  cache._discard(shard, 'unreadable (test)', 0, shard.stat())
   assert not shard.exists()
 
 
@@ -174,7 +179,7 @@ def test_a_file_being_written_is_never_seen_by_readers(tmp_path):
     assert all(p.name.startswith('.') for p in tmp_path.iterdir() if p != path)
     f.write(b' and the rest')
 
-  embed.atomic_write(path, write)  # pylint: disable=protected-access
+  embed.atomic_write(path, write)
   assert path.read_bytes() == b'new, half and the rest' and [p.name for p in tmp_path.iterdir()] == ['shard-x.npz']
 
 
@@ -182,7 +187,7 @@ def test_cache_files_are_readable_by_the_group(tmp_path):
   """Shards get ``0666 & ~umask`` (mkstemp alone would give 0600, unreadable to a group sharing the cache)."""
   embed.embed_texts(TEXTS[:3], cache_dir=tmp_path, model_id='h', encoder=SlowHashing(delay=0.0), progress=False)
   for path in list(tmp_path.rglob('shard-*.npz')) + list(tmp_path.rglob('spec.json')):
-    assert path.stat().st_mode & 0o777 == 0o666 & ~embed.UMASK  # pylint: disable=protected-access
+    assert path.stat().st_mode & 0o777 == 0o666 & ~embed.UMASK
 
 
 @pytest.mark.slow
@@ -192,9 +197,16 @@ def test_pool_of_processes_gives_the_one_process_vectors(tmp_path):
   job of Hydra's joblib launcher, where its spawned workers used to die at start-up and the pool hang. About
   10-30 s: two spawned workers load the model."""
   pytest.importorskip('joblib')
-  from joblib.externals.loky.backend import context  # pylint: disable=import-outside-toplevel,unused-import
-  texts = ['I adopted a dog last week.', 'The invoice is overdue.', 'ok', 'We went hiking in the Alps ' * 12,
-           'What did Caroline paint?', 'Melanie ran a charity race on Sunday, 20 May 2023.'] * 2
+  from joblib.externals.loky.backend import context  # noqa: F401  (its import sets loky's global start method)
+
+  texts = [
+    'I adopted a dog last week.',
+    'The invoice is overdue.',
+    'ok',
+    'We went hiking in the Alps ' * 12,
+    'What did Caroline paint?',
+    'Melanie ran a charity race on Sunday, 20 May 2023.',
+  ] * 2
   one = embed.sentence_transformer_encoder(batch_size=4)
   pooled = embed.sentence_transformer_encoder(batch_size=4, processes=2)
   assert pooled.spec == one.spec  # processes does not key the cache

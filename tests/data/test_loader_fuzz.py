@@ -21,10 +21,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engram_jax.core.types import Episode, LoadReport
 from engram_jax.data import factconsolidation as F
 from engram_jax.data import locomo
 from engram_jax.data import longmemeval as L
-from engram_jax.core.types import Episode, LoadReport
 
 Path = tuple[Any, ...]
 REPLACEMENTS = (None, 0, -1, 1.5, True, '', '   ', 'x', [], {}, [None], ['x'], {'x': 1})
@@ -70,11 +70,11 @@ def damage(data: Any, path: Path, op: str, value: Any = None, k: int = 0) -> Any
   elif op == 'blank':
     new = '  ' if isinstance(node, str) else node
   elif op == 'truncate' and isinstance(node, (list, str)) and node:
-    new = node[:k % len(node)]
+    new = node[: k % len(node)]
   elif op == 'duplicate' and isinstance(node, list) and node:
-    new = node[:k % len(node) + 1] + node[k % len(node):]
+    new = node[: k % len(node) + 1] + node[k % len(node) :]
   elif op == 'drop_entry' and isinstance(node, list) and node:
-    new = node[:k % len(node)] + node[k % len(node) + 1:]
+    new = node[: k % len(node)] + node[k % len(node) + 1 :]
   elif op == 'delete' and path:
     del _get(data, path[:-1])[path[-1]]
     return data
@@ -90,8 +90,7 @@ def damaged(draw: st.DrawFn, record: Any, max_damages: int = 2) -> Any:
   data = record
   for _ in range(draw(st.integers(1, max_damages))):
     path = draw(st.sampled_from(paths_of(data)))
-    data = damage(data, path, draw(st.sampled_from(OPS)), draw(st.sampled_from(REPLACEMENTS)),
-                  draw(st.integers(0, 5)))
+    data = damage(data, path, draw(st.sampled_from(OPS)), draw(st.sampled_from(REPLACEMENTS)), draw(st.integers(0, 5)))
   return data
 
 
@@ -133,8 +132,9 @@ def check_accounted(episodes: list[Episode], report: LoadReport, *, read: int, e
   assert read == kept + sum(report.counts[r] for r in excluded), (read, kept, dict(report.counts))
 
 
-def load_or_value_error(load: Callable[[], tuple[list[Episode], LoadReport]],
-                        names: tuple[str, ...]) -> tuple[list[Episode], LoadReport] | None:
+def load_or_value_error(
+  load: Callable[[], tuple[list[Episode], LoadReport]], names: tuple[str, ...]
+) -> tuple[list[Episode], LoadReport] | None:
   """``load()``, or None when it raised a ValueError whose message contains one of ``names``."""
   try:
     return load()
@@ -151,22 +151,33 @@ def _turn(dia_id: str, speaker: str, text: str, **extra: Any) -> dict[str, Any]:
 
 
 LOCOMO = [
-    {'sample_id': 's1',
-     'conversation': {
-         'speaker_a': 'A', 'speaker_b': 'B',
-         'session_1_date_time': '1:56 pm on 8 May, 2023',
-         'session_1': [_turn('D1:1', 'A', 'hi there'),
-                       _turn('D1:2', 'B', 'look', blip_caption='a dog', img_url=['u'])],
-         'session_2_date_time': '2:00 pm on 9 May, 2023',
-         'session_2': [_turn('D2:1', 'A', 'later'), _turn('D2:2', 'B', 'sure')]},
-     'qa': [{'question': 'Who said hi?', 'answer': 'A', 'evidence': ['D1:1'], 'category': 4},
-            {'question': 'What pet?', 'answer': 'dog', 'evidence': ['D1:2', 'D2:1'], 'category': 1},
-            {'question': 'Was it a cat?', 'adversarial_answer': 'no', 'evidence': ['D1:2'], 'category': 5}],
-     'session_summary': {'session_1_summary': 'greeting'}},
-    {'sample_id': 's2',
-     'conversation': {'speaker_a': 'C', 'speaker_b': 'D', 'session_1_date_time': 'd',
-                      'session_1': [_turn('D1:1', 'C', 'one'), _turn('D1:2', 'D', 'two')]},
-     'qa': [{'question': 'What first?', 'answer': 1, 'evidence': ['D1:1; D1:2'], 'category': 2}]},
+  {
+    'sample_id': 's1',
+    'conversation': {
+      'speaker_a': 'A',
+      'speaker_b': 'B',
+      'session_1_date_time': '1:56 pm on 8 May, 2023',
+      'session_1': [_turn('D1:1', 'A', 'hi there'), _turn('D1:2', 'B', 'look', blip_caption='a dog', img_url=['u'])],
+      'session_2_date_time': '2:00 pm on 9 May, 2023',
+      'session_2': [_turn('D2:1', 'A', 'later'), _turn('D2:2', 'B', 'sure')],
+    },
+    'qa': [
+      {'question': 'Who said hi?', 'answer': 'A', 'evidence': ['D1:1'], 'category': 4},
+      {'question': 'What pet?', 'answer': 'dog', 'evidence': ['D1:2', 'D2:1'], 'category': 1},
+      {'question': 'Was it a cat?', 'adversarial_answer': 'no', 'evidence': ['D1:2'], 'category': 5},
+    ],
+    'session_summary': {'session_1_summary': 'greeting'},
+  },
+  {
+    'sample_id': 's2',
+    'conversation': {
+      'speaker_a': 'C',
+      'speaker_b': 'D',
+      'session_1_date_time': 'd',
+      'session_1': [_turn('D1:1', 'C', 'one'), _turn('D1:2', 'D', 'two')],
+    },
+    'qa': [{'question': 'What first?', 'answer': 1, 'evidence': ['D1:1; D1:2'], 'category': 2}],
+  },
 ]
 
 
@@ -203,29 +214,46 @@ def test_locomo_damage_is_an_error_or_counted(data):
 # ---------------------------------------------------------------------------------------------- FactConsolidation
 
 
-_CONTEXT = ('Here is a list of facts:\n'
-            '0. Charles Darwin is married to Emma Darwin.\n'
-            '1. The author of Our Mutual Friend is Charles Darwin.\n'
-            '2. Charles Darwin is married to Amala Paul.\n'
-            '3. Amala Paul is a citizen of Belgium.\n'
-            '4. Emma Darwin is a citizen of India.\n')
+_CONTEXT = (
+  'Here is a list of facts:\n'
+  '0. Charles Darwin is married to Emma Darwin.\n'
+  '1. The author of Our Mutual Friend is Charles Darwin.\n'
+  '2. Charles Darwin is married to Amala Paul.\n'
+  '3. Amala Paul is a citizen of Belgium.\n'
+  '4. Emma Darwin is a citizen of India.\n'
+)
 
 
 def _fc_row(source: str, questions: list[str], answers: list[list[str]]) -> dict[str, Any]:
-  return {'context': _CONTEXT, 'questions': questions, 'answers': answers,
-          'metadata': {'source': source, 'qa_pair_ids': [f'{source}_no{i}' for i in range(len(questions))],
-                       'demo': None, 'question_types': None}}
+  return {
+    'context': _CONTEXT,
+    'questions': questions,
+    'answers': answers,
+    'metadata': {
+      'source': source,
+      'qa_pair_ids': [f'{source}_no{i}' for i in range(len(questions))],
+      'demo': None,
+      'question_types': None,
+    },
+  }
 
 
 FACTCONSOLIDATION = {
-    'dataset': 'ai-hyz/MemoryAgentBench', 'split': 'Conflict_Resolution',
-    'data': [
-        _fc_row('factconsolidation_mh_6k',
-                ['What is the country of citizenship of the spouse of the author of Our Mutual Friend?'],
-                [['Belgium']]),
-        _fc_row('factconsolidation_sh_6k', ['Who is Charles Darwin married to?', 'Where is Amala Paul a citizen?'],
-                [['Amala Paul'], ['Belgium']]),
-    ]}
+  'dataset': 'ai-hyz/MemoryAgentBench',
+  'split': 'Conflict_Resolution',
+  'data': [
+    _fc_row(
+      'factconsolidation_mh_6k',
+      ['What is the country of citizenship of the spouse of the author of Our Mutual Friend?'],
+      [['Belgium']],
+    ),
+    _fc_row(
+      'factconsolidation_sh_6k',
+      ['Who is Charles Darwin married to?', 'Where is Amala Paul a citizen?'],
+      [['Amala Paul'], ['Belgium']],
+    ),
+  ],
+}
 
 
 def _load_fc(data: Any, hop: str) -> tuple[list[Episode], LoadReport] | None:
@@ -262,15 +290,21 @@ def test_factconsolidation_damage_is_an_error_or_counted(data, hop):
 
 def _lme_entry(qid: str, answer: Any = 'BA') -> dict[str, Any]:
   return {
-      'question_id': qid, 'question_type': 'single-session-user', 'question': 'What degree?',
-      'question_date': '2023/05/30 (Tue) 23:40', 'answer': answer,
-      'answer_session_ids': [f'answer_{qid}'],
-      'haystack_dates': ['2023/05/20 (Sat) 09:00', '2023/05/21 (Sun) 10:00'],
-      'haystack_session_ids': [f'answer_{qid}', f'filler_{qid}'],
-      'haystack_sessions': [
-          [{'role': 'user', 'content': 'I graduated in BA', 'has_answer': True},
-           {'role': 'assistant', 'content': 'Congrats', 'has_answer': False}],
-          [{'role': 'user', 'content': 'hi'}, {'role': 'assistant', 'content': 'hello'}]],
+    'question_id': qid,
+    'question_type': 'single-session-user',
+    'question': 'What degree?',
+    'question_date': '2023/05/30 (Tue) 23:40',
+    'answer': answer,
+    'answer_session_ids': [f'answer_{qid}'],
+    'haystack_dates': ['2023/05/20 (Sat) 09:00', '2023/05/21 (Sun) 10:00'],
+    'haystack_session_ids': [f'answer_{qid}', f'filler_{qid}'],
+    'haystack_sessions': [
+      [
+        {'role': 'user', 'content': 'I graduated in BA', 'has_answer': True},
+        {'role': 'assistant', 'content': 'Congrats', 'has_answer': False},
+      ],
+      [{'role': 'user', 'content': 'hi'}, {'role': 'assistant', 'content': 'hello'}],
+    ],
   }
 
 
@@ -312,8 +346,9 @@ def _lme_field_damaged(draw: st.DrawFn) -> Any:
   """LONGMEMEVAL with one top-level field of one entry damaged (random paths rarely pick these few)."""
   e_i = draw(st.integers(0, len(LONGMEMEVAL) - 1))
   key = draw(st.sampled_from(L.REQUIRED_FIELDS))
-  return damage(LONGMEMEVAL, (e_i, key), draw(st.sampled_from(OPS)), draw(st.sampled_from(REPLACEMENTS)),
-                draw(st.integers(0, 5)))
+  return damage(
+    LONGMEMEVAL, (e_i, key), draw(st.sampled_from(OPS)), draw(st.sampled_from(REPLACEMENTS)), draw(st.integers(0, 5))
+  )
 
 
 @FUZZ
@@ -324,7 +359,9 @@ def test_longmemeval_field_damage_is_an_error_or_counted(entries, level):
 
 # Damage that once raised TypeError from inside the loader, or passed a non-string (or blank) id / text / category
 # / time into the Question: each now raises a one-line ValueError naming the question (or entry) and the field.
-@pytest.mark.parametrize('key, value, message', [
+@pytest.mark.parametrize(
+  'key, value, message',
+  [
     ('question_id', None, 'LongMemEval entry 0: question_id is NoneType, expected a non-blank string'),
     ('question_id', ['q'], 'LongMemEval entry 0: question_id is list, expected a non-blank string'),
     ('question_id', '', 'LongMemEval entry 0: question_id is blank, expected a non-blank string'),
@@ -333,13 +370,17 @@ def test_longmemeval_field_damage_is_an_error_or_counted(entries, level):
     ('question_type', None, 'LongMemEval question q1: question_type is NoneType, expected a non-blank string'),
     ('question_date', 5, 'LongMemEval question q1: question_date is int, expected a string'),
     ('haystack_session_ids', None, 'LongMemEval question q1: haystack_session_ids is NoneType, expected a list'),
-    ('haystack_session_ids', ['a', 1],
-     'LongMemEval question q1: haystack_session_ids entry 1 is int, expected a non-blank string'),
+    (
+      'haystack_session_ids',
+      ['a', 1],
+      'LongMemEval question q1: haystack_session_ids entry 1 is int, expected a non-blank string',
+    ),
     ('haystack_dates', 5, 'LongMemEval question q1: haystack_dates is int, expected a list'),
     ('haystack_sessions', None, 'LongMemEval question q1: haystack_sessions is NoneType, expected a list'),
     ('answer_session_ids', None, 'LongMemEval question q1: answer_session_ids is NoneType, expected a list'),
     ('answer_session_ids', [['x']], 'LongMemEval question q1: answer_session_ids entry 0 is list, expected a string'),
-])
+  ],
+)
 @pytest.mark.parametrize('level', ['turn', 'session'])
 def test_longmemeval_bad_field_names_question_and_field(key, value, message, level):
   entries = copy.deepcopy(LONGMEMEVAL)

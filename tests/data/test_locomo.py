@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from engram_jax.data import io, locomo
 from engram_jax.core.types import LoadReport
+from engram_jax.data import io, locomo
 
 try:
   ROOT = io.resolve_data_root()
@@ -27,8 +27,17 @@ def test_real_counts_and_normalisations():
   assert c['dropped_unresolved_id'] == 3
   assert c['questions_read'] == 1986 and c['turns_read'] == c['items'] == 5882
   assert c['duplicate_qa_kept'] == 11 and c['answer_number_stringified'] == 6  # upstream conv-48 repeats 11 qa
-  for reason in ('blank_turn_dropped', 'blank_text_with_caption', 'empty_session', 'evidence_null', 'caption_null',
-                 'evidence_missing', 'empty_evidence_id', 'answer_missing', 'session_without_date'):
+  for reason in (
+    'blank_turn_dropped',
+    'blank_text_with_caption',
+    'empty_session',
+    'evidence_null',
+    'caption_null',
+    'evidence_missing',
+    'empty_evidence_id',
+    'answer_missing',
+    'session_without_date',
+  ):
     assert c[reason] == 0, reason
   cats = {}
   for e in eps:
@@ -58,12 +67,26 @@ def _write(tmp_path, obj_or_text):
 
 
 def _sample(evidence):
-  return [{'sample_id': 's1', 'conversation': {
-      'speaker_a': 'A', 'speaker_b': 'B', 'session_1_date_time': 'd1',
-      'session_1': [{'speaker': 'A', 'dia_id': 'D1:1', 'text': 'hi'}, {'speaker': 'B', 'dia_id': 'D1:2', 'text': 'yo'}],
-      'session_2_date_time': 'd2', 'session_2': [{'speaker': 'A', 'dia_id': 'D2:1', 'text': 'later'}]},
-      'qa': [{'question': 'q?', 'answer': 'a', 'evidence': evidence, 'category': 4},
-             {'question': 'q2?', 'answer': 'a', 'evidence': ['D9:9'], 'category': 2}]}]
+  return [
+    {
+      'sample_id': 's1',
+      'conversation': {
+        'speaker_a': 'A',
+        'speaker_b': 'B',
+        'session_1_date_time': 'd1',
+        'session_1': [
+          {'speaker': 'A', 'dia_id': 'D1:1', 'text': 'hi'},
+          {'speaker': 'B', 'dia_id': 'D1:2', 'text': 'yo'},
+        ],
+        'session_2_date_time': 'd2',
+        'session_2': [{'speaker': 'A', 'dia_id': 'D2:1', 'text': 'later'}],
+      },
+      'qa': [
+        {'question': 'q?', 'answer': 'a', 'evidence': evidence, 'category': 4},
+        {'question': 'q2?', 'answer': 'a', 'evidence': ['D9:9'], 'category': 2},
+      ],
+    }
+  ]
 
 
 def test_normalisation_counted(tmp_path):
@@ -153,7 +176,9 @@ def test_blank_turns_dropped_and_gold_on_them_counted(tmp_path):
   assert [it.id for it in eps[0].items] == ['D1:1', 'D2:1'] and rep.counts['blank_turn_dropped'] == 2
 
 
-@pytest.mark.parametrize('damage, match', [
+@pytest.mark.parametrize(
+  'damage, match',
+  [
     (lambda d: d[0].update(sample_id=7), r'sample 0: sample_id is int'),
     (lambda d: d[0].update(conversation=[]), r's1: conversation is list'),
     (lambda d: d[0].update(qa=None), r's1: qa is NoneType'),
@@ -173,7 +198,9 @@ def test_blank_turns_dropped_and_gold_on_them_counted(tmp_path):
     (lambda d: d[0]['qa'][0].update(question=''), r's1/q0: question'),
     (lambda d: d[0]['qa'][0].update(answer=['a']), r's1/q0: answer'),
     (lambda d: d[0]['qa'].__setitem__(0, 'q'), r's1/q0 is str'),
-], ids=lambda v: v if isinstance(v, str) else 'damage')
+  ],
+  ids=lambda v: v if isinstance(v, str) else 'damage',
+)
 def test_malformed_fields_name_file_and_place(tmp_path, damage, match):
   """Each malformed field gives a ValueError naming the file and the sample / session / turn / question."""
   data = _sample(['D1:1'])

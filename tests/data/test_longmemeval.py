@@ -15,32 +15,36 @@ from hypothesis import strategies as st
 from rank_bm25 import BM25Okapi
 
 from engram_jax.core import batch
-from engram_jax.eval import evaluation, pipeline
-from engram_jax.metrics import official
-from engram_jax.metrics import labels as metrics_lib
-from engram_jax.ops import bm25 as bm25_ops
+from engram_jax.core.types import Episode, Item, LoadReport, Question
 from engram_jax.data import longmemeval as L
 from engram_jax.data import splits
 from engram_jax.data.io import resolve_data_root
-from engram_jax.core.types import Episode, Item, LoadReport, Question
-from tests.metrics.test_official_metrics import upstream_eval, upstream_corpus
+from engram_jax.eval import evaluation, pipeline
+from engram_jax.metrics import labels as metrics_lib
+from engram_jax.metrics import official
+from engram_jax.ops import bm25 as bm25_ops
+from tests.metrics.test_official_metrics import upstream_corpus, upstream_eval
 
 
 def _entry(**over):
   e = {
-      'question_id': 'q1', 'question_type': 'single-session-user', 'question': 'What degree?',
-      'question_date': '2023/05/30 (Tue) 23:40', 'answer': 'Business Administration',
-      'answer_session_ids': ['answer_aa'],
-      'haystack_dates': ['2023/05/21 (Sun) 10:00', '2023/05/20 (Sat) 09:00', '2023/05/22 (Mon) 08:00'],
-      'haystack_session_ids': ['answer_aa', 'sharegpt_x_0', 'f1'],
-      'haystack_sessions': [
-          [{'role': 'user', 'content': 'I graduated in BA', 'has_answer': True},
-           {'role': 'assistant', 'content': 'Congrats', 'has_answer': False},
-           {'role': 'user', 'content': 'thanks', 'has_answer': False}],
-          [{'role': 'user', 'content': 'hi'}, {'role': 'assistant', 'content': 'hello'},
-           {'role': 'user', 'content': '  '}],
-          [{'role': 'assistant', 'content': 'only me'}],
+    'question_id': 'q1',
+    'question_type': 'single-session-user',
+    'question': 'What degree?',
+    'question_date': '2023/05/30 (Tue) 23:40',
+    'answer': 'Business Administration',
+    'answer_session_ids': ['answer_aa'],
+    'haystack_dates': ['2023/05/21 (Sun) 10:00', '2023/05/20 (Sat) 09:00', '2023/05/22 (Mon) 08:00'],
+    'haystack_session_ids': ['answer_aa', 'sharegpt_x_0', 'f1'],
+    'haystack_sessions': [
+      [
+        {'role': 'user', 'content': 'I graduated in BA', 'has_answer': True},
+        {'role': 'assistant', 'content': 'Congrats', 'has_answer': False},
+        {'role': 'user', 'content': 'thanks', 'has_answer': False},
       ],
+      [{'role': 'user', 'content': 'hi'}, {'role': 'assistant', 'content': 'hello'}, {'role': 'user', 'content': '  '}],
+      [{'role': 'assistant', 'content': 'only me'}],
+    ],
   }
   e.update(over)
   return e
@@ -64,8 +68,15 @@ def test_turn_level_ids_order_and_gold():
 def test_turn_level_template_roles_and_keep_empty():
   ep = L.episode_from_entry(_entry(), level='turn', template='role', roles=('user', 'assistant'), corpus='official')
   ids = [it.id for it in ep.items]
-  assert ids == ['sharegpt_x_0_1', 'sharegpt_x_0_2', 'sharegpt_x_0_3', 'answer_aa_1', 'noans_aa_2', 'noans_aa_3',
-                 'f1_1']
+  assert ids == [
+    'sharegpt_x_0_1',
+    'sharegpt_x_0_2',
+    'sharegpt_x_0_3',
+    'answer_aa_1',
+    'noans_aa_2',
+    'noans_aa_3',
+    'f1_1',
+  ]
   assert ep.items[3].text == 'user: I graduated in BA'
 
 
@@ -120,9 +131,12 @@ def _two_evidence_entry():
   e = _entry(answer_session_ids=['answer_aa', 'answer_bb'])
   e['haystack_session_ids'] = e['haystack_session_ids'] + ['answer_bb']
   e['haystack_dates'] = e['haystack_dates'] + ['2023/05/23 (Tue) 08:00']
-  e['haystack_sessions'] = e['haystack_sessions'] + [[
+  e['haystack_sessions'] = e['haystack_sessions'] + [
+    [
       {'role': 'user', 'content': 'what about my degree?', 'has_answer': False},
-      {'role': 'assistant', 'content': 'You said BA.', 'has_answer': True}]]
+      {'role': 'assistant', 'content': 'You said BA.', 'has_answer': True},
+    ]
+  ]
   return e
 
 
@@ -157,8 +171,10 @@ def test_official_corpus_keeps_empty_and_duplicate_sessions():
   e = _two_evidence_entry()
   e['haystack_session_ids'] = e['haystack_session_ids'] + ['sharegpt_x_0', 'f1']
   e['haystack_dates'] = e['haystack_dates'] + ['2023/05/19 (Fri) 09:00', '2023/05/24 (Wed) 09:00']
-  e['haystack_sessions'] = e['haystack_sessions'] + [copy.deepcopy(e['haystack_sessions'][1]),
-                                                     copy.deepcopy(e['haystack_sessions'][2])]
+  e['haystack_sessions'] = e['haystack_sessions'] + [
+    copy.deepcopy(e['haystack_sessions'][1]),
+    copy.deepcopy(e['haystack_sessions'][2]),
+  ]
   for level in ('session', 'turn'):
     report = LoadReport('t')
     ep = L.episode_from_entry(e, level=level, corpus='official', report=report)
@@ -216,8 +232,9 @@ _FLAT_TEXT = st.text(alphabet='abAB ', max_size=14)
 
 def _bm25_episode(docs, query):
   items = tuple(Item(id=f'i{j}', text=t, parent='p', position=j) for j, t in enumerate(docs))
-  return Episode(id='e', items=items, questions=(Question(id='q', text=query, gold=('i0',), gold_parents=('p',),
-                                                           category='x'),))
+  return Episode(
+    id='e', items=items, questions=(Question(id='q', text=query, gold=('i0',), gold_parents=('p',), category='x'),)
+  )
 
 
 @pytest.mark.slow
@@ -232,16 +249,16 @@ def test_flat_bm25_equals_official_rank_bm25(docs, query):
   q_tf = bm25_ops.term_counts([bm25_ops.flat_tokenize(query)], vocab, n_cols=256).astype(np.float64)
   d_tf = bm25_ops.term_counts(toks, vocab, n_rows=16, n_cols=256).astype(np.float64)  # fixed shapes: one compile
   got = bm25_ops.bm25_scores(q_tf, d_tf, where=np.arange(16) < len(docs))
-  np.testing.assert_allclose(np.asarray(got)[0, :len(docs)], expected, rtol=1e-9, atol=1e-12)
+  np.testing.assert_allclose(np.asarray(got)[0, : len(docs)], expected, rtol=1e-9, atol=1e-12)
   ep = _bm25_episode(docs, query)
   emb = np.ones((len(docs) + 1, 4), np.float32) / 2
   arr = batch.episode_arrays(ep, emb[:-1], emb[-1:], tokenizers=('words', 'flat'))
-  flat = np.asarray(bm25_ops.bm25_leg(arr, jax.random.key(0), tokenizer='flat'))[0, :len(docs)]
+  flat = np.asarray(bm25_ops.bm25_leg(arr, jax.random.key(0), tokenizer='flat'))[0, : len(docs)]
   np.testing.assert_allclose(flat, expected, rtol=1e-5, atol=1e-5)
   # The default ('words') leg is unchanged by the extra lexicon, and finite (0) on empty documents.
-  words = np.asarray(bm25_ops.bm25_leg(arr, jax.random.key(0)))[0, :len(docs)]
+  words = np.asarray(bm25_ops.bm25_leg(arr, jax.random.key(0)))[0, : len(docs)]
   base = batch.episode_arrays(ep, emb[:-1], emb[-1:])
-  np.testing.assert_array_equal(words, np.asarray(bm25_ops.bm25_leg(base, jax.random.key(0)))[0, :len(docs)])
+  np.testing.assert_array_equal(words, np.asarray(bm25_ops.bm25_leg(base, jax.random.key(0)))[0, : len(docs)])
   assert np.all(np.isfinite(words)) and np.all(words[[not bm25_ops.tokenize(d) for d in docs]] == 0)
 
 
@@ -254,10 +271,11 @@ def test_flat_bm25_leg_needs_flat_arrays_and_evaluate_builds_them():
     bm25_ops.bm25_leg(arr, jax.random.key(0), tokenizer='flat')
   with pytest.raises(ValueError, match='Unknown tokenizer'):
     batch.episode_arrays(ep, emb[:-1], emb[-1:], tokenizers=('words', 'nltk'))
-  pipes = {'flat_bm25': pipeline.make_pipeline(legs={'flat_bm25': {'op': 'bm25', 'tokenizer': 'flat'}}),
-           'bm25': pipeline.make_pipeline(legs={'bm25': {'op': 'bm25'}})}
-  res = evaluation.evaluate([ep], [(emb[:-1], emb[-1:])], pipes, k=4, metrics=['recall_any@1'], seed=0,
-                            progress=False)
+  pipes = {
+    'flat_bm25': pipeline.make_pipeline(legs={'flat_bm25': {'op': 'bm25', 'tokenizer': 'flat'}}),
+    'bm25': pipeline.make_pipeline(legs={'bm25': {'op': 'bm25'}}),
+  }
+  res = evaluation.evaluate([ep], [(emb[:-1], emb[-1:])], pipes, k=4, metrics=['recall_any@1'], seed=0, progress=False)
   expected = BM25Okapi([d.split(' ') for d in docs]).get_scores('Paris trip'.split(' '))
   assert res.retrieved['flat_bm25'][0][0] == f'i{int(np.argmax(expected))}' == 'i1'  # case-sensitive: 'Paris'
   assert res.retrieved['bm25'][0][0] == 'i0'  # lower-cased words: the doc with both words
@@ -304,9 +322,9 @@ def _upstream_case(entry, ep, level, labels, ranking):
     up_any, _, up_ndcg = upstream_eval(up_ranking, correct, up_ids, k)
     expected[k] = (up_any, up_ndcg)
   topk = np.full(WIDTH, -1)
-  topk[:len(ranking)] = ranking
+  topk[: len(ranking)] = ranking
   padded = np.zeros(WIDTH, bool)
-  padded[:ep.n_items] = np.asarray(labels)[:ep.n_items]
+  padded[: ep.n_items] = np.asarray(labels)[: ep.n_items]
   return topk, padded, expected
 
 
@@ -347,9 +365,17 @@ def _synthetic_entry(rng, qid):
     sids.append(sids[i])
     dates.append('2023/05/29 (Mon) 10:00')
     sessions.append(copy.deepcopy(sessions[i]))
-  return {'question_id': qid, 'question_type': 'multi-session', 'question': 'Where?', 'answer': 'x',
-          'question_date': '2023/05/30 (Tue) 23:40', 'answer_session_ids': answers, 'haystack_dates': dates,
-          'haystack_session_ids': sids, 'haystack_sessions': sessions}
+  return {
+    'question_id': qid,
+    'question_type': 'multi-session',
+    'question': 'Where?',
+    'answer': 'x',
+    'question_date': '2023/05/30 (Tue) 23:40',
+    'answer_session_ids': answers,
+    'haystack_dates': dates,
+    'haystack_session_ids': sids,
+    'haystack_sessions': sessions,
+  }
 
 
 @pytest.mark.parametrize('level', ['session', 'turn'])
@@ -366,34 +392,49 @@ def test_metrics_equal_official_eval_per_question_synthetic(level):
       continue
     n_scored += 1
     emb = np.ones((ep.n_items + 1, 4), np.float32) / 2
-    labels = np.asarray(batch.episode_arrays(ep, emb[:-1], emb[-1:]).labels)[0, :ep.n_items]  # evaluate's path
+    labels = np.asarray(batch.episode_arrays(ep, emb[:-1], emb[-1:]).labels)[0, : ep.n_items]  # evaluate's path
     for r in range(3):
       cases.append(_upstream_case(entry, ep, level, labels, _random_ranking(labels, seed=1000 * e_i + r)))
   assert n_scored > 40
   _assert_cases_match(cases)
 
 
-@pytest.mark.parametrize('mutate, match', [
+@pytest.mark.parametrize(
+  'mutate, match',
+  [
     (lambda e: e.pop('answer_session_ids'), r'q1: missing fields \[.answer_session_ids.\]'),
     (lambda e: e['haystack_dates'].pop(), 'q1: haystack_session_ids/dates/sessions have lengths'),
     (lambda e: e['haystack_dates'].__setitem__(0, 'May 21'), 'q1: unparsable haystack date'),
     (lambda e: e['haystack_sessions'][0][0].pop('content'), 'q1: session answer_aa turn 0 lacks role/content'),
     (lambda e: e['haystack_sessions'][0][0].__setitem__('has_answer', 'yes'), 'q1: .* is not a bool'),
-    (lambda e: e.__setitem__('question_type', '  '), '^LongMemEval question q1: question_type is blank, expected a '
-     'non-blank string$'),
+    (
+      lambda e: e.__setitem__('question_type', '  '),
+      '^LongMemEval question q1: question_type is blank, expected a non-blank string$',
+    ),
     (lambda e: e.__setitem__('question_date', ''), '^LongMemEval question q1: unparsable question_date'),
-    (lambda e: e.__setitem__('answer', None), '^LongMemEval question q1: answer is NoneType, expected a string or '
-     'an integer$'),
+    (
+      lambda e: e.__setitem__('answer', None),
+      '^LongMemEval question q1: answer is NoneType, expected a string or an integer$',
+    ),
     (lambda e: e.__setitem__('answer', ['BA']), 'q1: answer is list, expected a string or an integer$'),
-    (lambda e: e['haystack_session_ids'].__setitem__(2, ' '), '^LongMemEval question q1: haystack_session_ids '
-     'entry 2 is blank, expected a non-blank string$'),
-    (lambda e: e['haystack_dates'].__setitem__(1, None), '^LongMemEval question q1: haystack_dates entry 1 is '
-     'NoneType, expected a string$'),
-    (lambda e: e['haystack_sessions'].__setitem__(1, {}), '^LongMemEval question q1: session sharegpt_x_0 is dict, '
-     'expected a list$'),
-    (lambda e: e.__setitem__('question_id', 7), '^LongMemEval entry 0: question_id is int, expected a non-blank '
-     'string$'),
-])
+    (
+      lambda e: e['haystack_session_ids'].__setitem__(2, ' '),
+      '^LongMemEval question q1: haystack_session_ids entry 2 is blank, expected a non-blank string$',
+    ),
+    (
+      lambda e: e['haystack_dates'].__setitem__(1, None),
+      '^LongMemEval question q1: haystack_dates entry 1 is NoneType, expected a string$',
+    ),
+    (
+      lambda e: e['haystack_sessions'].__setitem__(1, {}),
+      '^LongMemEval question q1: session sharegpt_x_0 is dict, expected a list$',
+    ),
+    (
+      lambda e: e.__setitem__('question_id', 7),
+      '^LongMemEval entry 0: question_id is int, expected a non-blank string$',
+    ),
+  ],
+)
 def test_malformed_entries_name_the_question(mutate, match):
   e = _entry()
   mutate(e)
@@ -412,8 +453,7 @@ def test_malformed_entry_list_names_the_entry():
     L.episodes_from_entries([_entry(), 'q2'])
   with pytest.raises(ValueError, match=r'^LongMemEval question <entry 1>: missing fields \[.question_id.\]$'):
     L.episodes_from_entries([_entry(), {k: v for k, v in _entry().items() if k != 'question_id'}])
-  with pytest.raises(ValueError, match='^LongMemEval entry 1: question_id is NoneType, expected a non-blank '
-                     'string$'):
+  with pytest.raises(ValueError, match='^LongMemEval entry 1: question_id is NoneType, expected a non-blank string$'):
     L.episodes_from_entries([_entry(), _entry(question_id=None)])
 
 
@@ -465,8 +505,9 @@ def _real_root():
 
 
 REAL = _real_root()
-needs_data = pytest.mark.skipif(REAL is None, reason='LongMemEval data not found under the data root '
-                                '(set ENGRAM_DATA_ROOT); real-data checks skipped')
+needs_data = pytest.mark.skipif(
+  REAL is None, reason='LongMemEval data not found under the data root (set ENGRAM_DATA_ROOT); real-data checks skipped'
+)
 
 
 @pytest.fixture(scope='module')

@@ -52,19 +52,24 @@ def _real_root():
   except FileNotFoundError:
     return None
   ok = (root / 'longmemeval' / 'longmemeval_s_cleaned_498of500.json.gz').is_file() and (
-      root / 'memoryagentbench' / 'factconsolidation_official_6k.json').is_file()
+    root / 'memoryagentbench' / 'factconsolidation_official_6k.json'
+  ).is_file()
   return root if ok else None
 
 
 REAL = _real_root()
-needs_data = pytest.mark.skipif(REAL is None, reason='LongMemEval_S / FactConsolidation 6K data not found under '
-                                'the data root (set ENGRAM_DATA_ROOT); regeneration check skipped')
+needs_data = pytest.mark.skipif(
+  REAL is None,
+  reason='LongMemEval_S / FactConsolidation 6K data not found under '
+  'the data root (set ENGRAM_DATA_ROOT); regeneration check skipped',
+)
 
 
 @pytest.mark.slow  # regenerates every committed split file
 @needs_data
 def test_regenerating_gives_the_committed_lists(tmp_path):
-  from engram_jax.data.longmemeval import entry_skip_reason, read_longmemeval  # pylint: disable=import-outside-toplevel
+  from engram_jax.data.longmemeval import entry_skip_reason, read_longmemeval
+
   entries = read_longmemeval(REAL, split='s')
   lme = S.generate_pilot_ids('longmemeval_s', ids=[e['question_id'] for e in entries])
   assert lme == S.pilot_ids('longmemeval_s')

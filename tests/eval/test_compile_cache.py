@@ -12,7 +12,7 @@ import pytest
 from engram_jax.eval import compile_cache
 
 ROOT = Path(__file__).resolve().parents[2]
-JOB = textwrap.dedent('''
+JOB = textwrap.dedent("""
     import sys, jax, jax.numpy as jnp
     from jax._src import monitoring
     hits = []
@@ -22,12 +22,17 @@ JOB = textwrap.dedent('''
     common.enable_compile_cache(OmegaConf.create({'paths': {'compile_cache_dir': sys.argv[1]}}))
     f = jax.jit(lambda x: jnp.sin(x) * float(sys.argv[2]))
     print(float(f(jnp.float32(1.0))), len(hits))
-''')
+""")
 
 
 def _run(folder, scale):
-  return subprocess.Popen([sys.executable, '-c', JOB, str(folder), str(scale)], cwd=ROOT, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
+  return subprocess.Popen(
+    [sys.executable, '-c', JOB, str(folder), str(scale)],
+    cwd=ROOT,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
 
 
 def test_stage_links_and_publish_is_atomic_and_idempotent(tmp_path):
@@ -65,7 +70,7 @@ def test_concurrent_jobs_share_one_folder(tmp_path):
   assert int(hits) >= 1  # served from the shared cache (keys do not depend on the staging folder's path)
 
 
-KILLED = textwrap.dedent('''
+KILLED = textwrap.dedent("""
     import os, sys, jax, jax.numpy as jnp
     from omegaconf import OmegaConf
     from experiments.lib import common
@@ -78,20 +83,32 @@ KILLED = textwrap.dedent('''
     out = float(f(jnp.float32(1.0)))
     print(out, len(common.publish_compile_cache(cfg)), len(hits), flush=True)
     os._exit(0)  # a Ray worker: killed after its job, no exit handlers
-''')
+""")
 
 
 @pytest.mark.slow
 def test_entries_published_after_a_job_survive_a_worker_killed_without_exit_handlers(tmp_path):
   shared = tmp_path / 'jc'
-  job = subprocess.run([sys.executable, '-c', KILLED, str(shared), '5.0'], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300, check=False)
+  job = subprocess.run(
+    [sys.executable, '-c', KILLED, str(shared), '5.0'],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    check=False,
+  )
   assert job.returncode == 0, job.stderr
   value, published, _ = job.stdout.split()
   assert int(published) >= 1 and len(list(shared.glob('*-cache'))) == int(published)
   assert len(list(shared.glob('.stage-*'))) == 1  # the dead worker's staging folder: no exit handler removed it
-  again = subprocess.run([sys.executable, '-c', KILLED, str(shared), '5.0'], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300, check=False)
+  again = subprocess.run(
+    [sys.executable, '-c', KILLED, str(shared), '5.0'],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    check=False,
+  )
   assert again.returncode == 0, again.stderr
   value2, published2, hits = again.stdout.split()
   assert float(value2) == float(value) and int(hits) >= 1 and int(published2) == 0  # served by the shared entries

@@ -4,14 +4,16 @@ import numpy as np
 import pytest
 
 from engram_jax.core import batch
-from engram_jax.eval import evaluation, pipeline
 from engram_jax.core.types import Episode, Item, Question
+from engram_jax.eval import evaluation, pipeline
 
 
 def _episode(n=12, nq=3, eid='e'):
   items = tuple(Item(id=f'i{j}', text=f'item {j} word{j % 3}', parent=f'p{j // 4}', position=j) for j in range(n))
-  qs = tuple(Question(id=f'{eid}/q{j}', text=f'word{j % 3}', gold=(f'i{j}',), gold_parents=(f'p{j // 4}',),
-                      category=1 + j % 2) for j in range(nq))
+  qs = tuple(
+    Question(id=f'{eid}/q{j}', text=f'word{j % 3}', gold=(f'i{j}',), gold_parents=(f'p{j // 4}',), category=1 + j % 2)
+    for j in range(nq)
+  )
   return Episode(id=eid, items=items, questions=qs)
 
 
@@ -19,20 +21,23 @@ def _emb(ep, seed=0, d=8):
   rng = np.random.default_rng(seed)
   x = rng.normal(size=(ep.n_items + len(ep.questions), d)).astype(np.float32)
   x /= np.linalg.norm(x, axis=1, keepdims=True)
-  return x[:ep.n_items], x[ep.n_items:]
+  return x[: ep.n_items], x[ep.n_items :]
 
 
 def _pipes():
   cos = {'op': 'cosine', 'depth': 10}
   bm = {'op': 'bm25', 'depth': 10}
-  return {'cosine': pipeline.make_pipeline(legs={'cos': cos}),
-          'rrf': pipeline.make_pipeline(legs={'cos': cos, 'bm25': bm}, fusion='rrf')}
+  return {
+    'cosine': pipeline.make_pipeline(legs={'cos': cos}),
+    'rrf': pipeline.make_pipeline(legs={'cos': cos, 'bm25': bm}, fusion='rrf'),
+  }
 
 
 def test_equal_k_and_metrics_in_range():
   eps = [_episode(12, 3, 'a'), _episode(20, 5, 'b')]
-  res = evaluation.evaluate(eps, [_emb(e) for e in eps], _pipes(), k=5, metrics=['ndcg@5', 'recall@5'], seed=0,
-                            progress=False)
+  res = evaluation.evaluate(
+    eps, [_emb(e) for e in eps], _pipes(), k=5, metrics=['ndcg@5', 'recall@5'], seed=0, progress=False
+  )
   assert len(res.question_ids) == 8
   for name in res.retrieved:
     assert all(len(r) == 5 and len(set(r)) == 5 for r in res.retrieved[name])
@@ -61,8 +66,9 @@ def test_tie_rule_end_to_end_prefers_recent_items():
   ep = _episode(12, 1)
   docs = np.tile(np.eye(8, dtype=np.float32)[0], (12, 1))  # every item identical: all ties
   qs = np.eye(8, dtype=np.float32)[:1]
-  res = evaluation.evaluate([ep], [(docs, qs)], {'cosine': _pipes()['cosine']}, k=3, metrics=['recall@3'],
-                            seed=0, progress=False)
+  res = evaluation.evaluate(
+    [ep], [(docs, qs)], {'cosine': _pipes()['cosine']}, k=3, metrics=['recall@3'], seed=0, progress=False
+  )
   assert res.retrieved['cosine'][0] == ['i11', 'i10', 'i9']
 
 
@@ -85,19 +91,32 @@ def test_episode_validation():
 
 
 def _stack_pipes():
-  return {**_pipes(), 'cfsr': pipeline.make_pipeline(legs={'cfsr': {'op': 'cfsr', 'pool': 20, 'iterations': 10}}),
-          'tide': pipeline.make_pipeline(legs={'tide': {'op': 'tide', 'pool': 8, 'recency': 0.3}}),
-          'mmr': pipeline.make_pipeline(fusion='rrf', legs={'cos': {'op': 'cosine'},
-                                                              'mmr': {'op': 'mmr', 'k': 6, 'lam': 0.6}}),
-          'cos2': pipeline.make_pipeline(fusion='rrf', legs={'cos': {'op': 'cosine'},
-                                                               'cos2': {'op': 'cos2', 'eps': 0.5}})}
+  return {
+    **_pipes(),
+    'cfsr': pipeline.make_pipeline(legs={'cfsr': {'op': 'cfsr', 'pool': 20, 'iterations': 10}}),
+    'tide': pipeline.make_pipeline(legs={'tide': {'op': 'tide', 'pool': 8, 'recency': 0.3}}),
+    'mmr': pipeline.make_pipeline(
+      fusion='rrf', legs={'cos': {'op': 'cosine'}, 'mmr': {'op': 'mmr', 'k': 6, 'lam': 0.6}}
+    ),
+    'cos2': pipeline.make_pipeline(fusion='rrf', legs={'cos': {'op': 'cosine'}, 'cos2': {'op': 'cos2', 'eps': 0.5}}),
+  }
 
 
 def _compile_requests(eps, pipes, **kw):
-  from engram_jax.eval import timing  # pylint: disable=import-outside-toplevel
+  from engram_jax.eval import timing
+
   timer = timing.RunTimer()
-  res = evaluation.evaluate(eps, [_emb(e, seed=i) for i, e in enumerate(eps)], pipes, k=5,
-                            metrics=['ndcg@5', 'recall@5', 'mrr@5'], seed=3, progress=False, timer=timer, **kw)
+  res = evaluation.evaluate(
+    eps,
+    [_emb(e, seed=i) for i, e in enumerate(eps)],
+    pipes,
+    k=5,
+    metrics=['ndcg@5', 'recall@5', 'mrr@5'],
+    seed=3,
+    progress=False,
+    timer=timer,
+    **kw,
+  )
   return res, timer.stop()['compile_requests']
 
 
@@ -127,4 +146,3 @@ def test_stacked_compile_count_does_not_grow_with_the_number_of_episodes():
   arrays = [batch.episode_arrays(e, *_emb(e, seed=i)) for i, e in enumerate(many)]
   assert batch.stack_groups(arrays) == [list(range(7))]
   assert len(batch.stack_groups(arrays, max_waste=1.0)) > 1
-

@@ -4,9 +4,9 @@ before tracing (``lam=1`` and ``lam=1.0`` compile once and give the same result)
 import numpy as np
 import pytest
 
+from engram_jax.core.types import Episode, Item, Question
 from engram_jax.eval import evaluation, pipeline, timing
 from engram_jax.ops import registry
-from engram_jax.core.types import Episode, Item, Question
 
 
 def _episodes(n_items=24, n_q=3, dim=8, seed=0):
@@ -20,8 +20,9 @@ def _episodes(n_items=24, n_q=3, dim=8, seed=0):
 
 
 def _cfsr(lam):
-  return pipeline.make_pipeline(legs={'cfsr': {'op': 'cfsr', 'lam': lam, 'pool': 12, 'iterations': 5}},
-                                name=f'cfsr[{lam!r}]')
+  return pipeline.make_pipeline(
+    legs={'cfsr': {'op': 'cfsr', 'lam': lam, 'pool': 12, 'iterations': 5}}, name=f'cfsr[{lam!r}]'
+  )
 
 
 def test_values_take_the_declared_type():

@@ -14,7 +14,6 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-
 from omegaconf import OmegaConf
 
 from engram_jax.eval import sharding
@@ -24,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Five episodes (odd, so every group is padded to 4 or 8), of mixed sizes (a few size groups, one of a single
 # episode); deterministic pipelines and a random one (cos2 = perturbed cosine, which draws from the episode keys).
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
   import json, sys
   import jax, numpy as np
   sys.path.insert(0, 'tests')
@@ -53,7 +52,7 @@ SCRIPT = textwrap.dedent('''
     out[devices] = {'ids': r.question_ids, 'retrieved': r.retrieved,
                     'scores': {n: {m: v.tolist() for m, v in s.items()} for n, s in r.scores.items()}}
   print('RESULT ' + json.dumps(out))
-''')
+""")
 
 
 def test_pad_episodes_repeats_the_last_episode():
@@ -88,11 +87,12 @@ def test_eval_devices_config():
 @pytest.mark.slow
 def test_four_devices_give_the_one_device_results():
   env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=4', 'JAX_PLATFORMS': 'cpu'}
-  proc = subprocess.run([sys.executable, '-c', SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-                        timeout=300, check=False)
+  proc = subprocess.run(
+    [sys.executable, '-c', SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
+  )
   assert proc.returncode == 0, proc.stderr[-4000:]
   line = next(l for l in proc.stdout.splitlines() if l.startswith('RESULT '))
-  out = json.loads(line[len('RESULT '):])
+  out = json.loads(line[len('RESULT ') :])
   one, four = out['1'], out['4']
   assert len(one['ids']) == 3 + 30 + 5 + 9 + 4
   assert four['ids'] == one['ids']

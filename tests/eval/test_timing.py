@@ -29,7 +29,7 @@ def test_phases_and_compilations_are_counted():
   assert 'XLA compilations' in timing.markdown(out)
 
 
-_SCRIPT = '''
+_SCRIPT = """
 import json, sys
 import jax, jax.numpy as jnp
 from engram_jax.eval import timing
@@ -39,13 +39,20 @@ jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
 t = timing.RunTimer()
 jax.jit(lambda x: jnp.sin(x) * 7 + 3)(jnp.arange(11.0)).block_until_ready()
 print(json.dumps(t.stop()))
-'''
+"""
 
 
 @pytest.mark.slow
 def test_a_warm_persistent_cache_compiles_nothing(tmp_path):
-  runs = [json.loads(subprocess.run([sys.executable, '-c', _SCRIPT, str(tmp_path / 'cc')], check=True,
-                                    capture_output=True, text=True, cwd=ROOT).stdout.strip().splitlines()[-1])
-          for _ in range(2)]
+  runs = [
+    json.loads(
+      subprocess.run(
+        [sys.executable, '-c', _SCRIPT, str(tmp_path / 'cc')], check=True, capture_output=True, text=True, cwd=ROOT
+      )
+      .stdout.strip()
+      .splitlines()[-1]
+    )
+    for _ in range(2)
+  ]
   assert runs[0]['xla_compilations'] >= 1
   assert runs[1]['xla_compilations'] == 0 and runs[1]['compile_cache_hits'] >= 1

@@ -11,10 +11,18 @@ from experiments.research import ablation
 
 def _run(path, ids, fitted, adapter=None, hand=None, params=('k0',)):
   path.mkdir(parents=True)
-  pq = {'question_ids': ids, 'fitted': {'ndcg@10': list(fitted)}, 'hand_set': {'ndcg@10': list(hand)},
-        'baselines': {'bm25': {'ndcg@10': list(np.asarray(hand) * 0.5)}}}
-  res = {'pipeline': 'p', 'params': list(params), 'per_question': pq,
-         'adapter': {'per_question': {'ndcg@10': list(adapter)}} if adapter is not None else None}
+  pq = {
+    'question_ids': ids,
+    'fitted': {'ndcg@10': list(fitted)},
+    'hand_set': {'ndcg@10': list(hand)},
+    'baselines': {'bm25': {'ndcg@10': list(np.asarray(hand) * 0.5)}},
+  }
+  res = {
+    'pipeline': 'p',
+    'params': list(params),
+    'per_question': pq,
+    'adapter': {'per_question': {'ndcg@10': list(adapter)}} if adapter is not None else None,
+  }
   (path / 'results.json').write_text(json.dumps(res))
   return path
 
@@ -25,8 +33,10 @@ def test_ablation_table(tmp_path):
   hand = rng.random(50)
   full_s, full_a = rng.random(50), rng.random(50)
   less_s = rng.random(50)
-  runs = {'full': _run(tmp_path / 'full', ids, full_s, full_a, hand),
-          'less': _run(tmp_path / 'less', ids, less_s, None, hand, params=('x',))}
+  runs = {
+    'full': _run(tmp_path / 'full', ids, full_s, full_a, hand),
+    'less': _run(tmp_path / 'less', ids, less_s, None, hand, params=('x',)),
+  }
   t = ablation.table(runs, reference='full', metric='ndcg@10', n_resamples=200)
   assert t['best_hand_set'] == 'hand-set p' and t['n_questions'] == 50
   rows = {(r['run'], r['kind']): r for r in t['rows']}

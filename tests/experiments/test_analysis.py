@@ -14,8 +14,8 @@ def test_harmful_pileup_needs_a_missed_gold_and_a_redundant_non_gold_pair():
   order = np.arange(60)
   gram = np.eye(60)
   gram[0, 1] = gram[1, 0] = 0.9  # two non-gold items in the top 10, near duplicates
-  assert analysis.is_harmful_pileup(order, {20}, gram)         # gold at rank 21: missed, within 11-50
-  assert not analysis.is_harmful_pileup(order, {55}, gram)     # gold below rank 50: not in the window
+  assert analysis.is_harmful_pileup(order, {20}, gram)  # gold at rank 21: missed, within 11-50
+  assert not analysis.is_harmful_pileup(order, {55}, gram)  # gold below rank 50: not in the window
   assert not analysis.is_harmful_pileup(order, {5, 20}, gram.clip(max=0.5) + np.eye(60) * 0.5)  # no redundant pair
   assert not analysis.is_harmful_pileup(order, {0, 20}, gram)  # the pair's item 0 is gold: no non-gold pair
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
-from engram_jax.metrics import stats
-from engram_jax.data import io, splits
 from engram_jax.core.types import Episode, Item, LoadReport, Question
+from engram_jax.data import io, splits
+from engram_jax.metrics import stats
 from experiments import evaluate
 from experiments.lib import checks
 
@@ -33,26 +33,34 @@ def _one_line(e):
   assert '\n' not in str(e.value)
 
 
-@pytest.mark.parametrize('overrides, match', [
+@pytest.mark.parametrize(
+  'overrides, match',
+  [
     (['seed=-1'], r'seed must be an integer >= 0, got -1'),
     (['eval.n_resamples=0'], r'eval.n_resamples must be an integer >= 1 .*got 0'),
     (['dataset.loader.conversations=[]'], r'dataset.loader.conversations is empty'),
-    (['dataset=fc_sh_32k', 'pipeline=[tide_dense]'],
-     r"dataset fc_sh_32k: every selected pipeline skips it \(\['tide_dense'\]"),
+    (
+      ['dataset=fc_sh_32k', 'pipeline=[tide_dense]'],
+      r"dataset fc_sh_32k: every selected pipeline skips it \(\['tide_dense'\]",
+    ),
     (['dataset=longmemeval_s_turn', 'eval.k=10'], r'dataset longmemeval_s_turn: its metrics need eval.k >= 50'),
-])
+  ],
+)
 def test_bad_evaluate_inputs_fail_before_any_work(overrides, match):
   with pytest.raises(ValueError, match=match) as e:
     checks.check_evaluate(_compose(overrides))
   _one_line(e)
 
 
-@pytest.mark.parametrize('overrides, match', [
+@pytest.mark.parametrize(
+  'overrides, match',
+  [
     (['seed=-1'], r'seed must be an integer >= 0'),
     (['eval.n_resamples=0'], r'eval.n_resamples must be an integer >= 1'),
     (['dataset.loader.conversations=[]'], r'dataset.loader.conversations is empty'),
     (['dataset=longmemeval_s_turn', 'eval.k=20', 'pipeline=rrf_cos_bm25'], r'its metrics need eval.k >= 50'),
-])
+  ],
+)
 def test_bad_fit_inputs_fail_before_any_work(overrides, match):
   with pytest.raises(ValueError, match=match) as e:
     checks.check_fit(_compose(overrides, name='fit'))
@@ -67,9 +75,11 @@ def test_turn_level_default_k_fits_its_metrics():
 
 
 def _ep(i, n_q=1, text=None):
-  return Episode(id=f'e{i}', items=(Item(f'i{i}', text or f'text {i}', 'p', 0),),
-                 questions=tuple(Question(f'q{i}_{j}', f'question {i} {j}', (f'i{i}',), ('p',), 'c')
-                                 for j in range(n_q)))
+  return Episode(
+    id=f'e{i}',
+    items=(Item(f'i{i}', text or f'text {i}', 'p', 0),),
+    questions=tuple(Question(f'q{i}_{j}', f'question {i} {j}', (f'i{i}',), ('p',), 'c') for j in range(n_q)),
+  )
 
 
 def test_empty_folds_are_refused_naming_the_fold():
@@ -104,16 +114,25 @@ def test_content_overlap_names_the_two_episodes():
   with pytest.raises(ValueError, match=r"'e1' \(training\) = 'e2' \(scored\)"):
     splits.assert_disjoint_content(train, scored)
   copy = Episode(id='e9', items=(Item('i2', 'other text', 'p', 0),), questions=scored[0].questions)
-  with pytest.raises(ValueError, match=r"question id\(s\) are both in training and in scored episodes: 'e9' "
-                                       r"\(training\) and 'e2' \(scored\)"):
+  with pytest.raises(
+    ValueError,
+    match=r"question id\(s\) are both in training and in scored episodes: 'e9' "
+    r"\(training\) and 'e2' \(scored\)",
+  ):
     splits.assert_disjoint_content([copy], scored)
 
 
 def test_pilot_ids_missing_from_the_data_are_counted():
   ids = splits.pilot_ids('longmemeval_s')
   have = ids[:90]  # a damaged copy: 10 pilot questions gone
-  eps = [Episode(id=f'e{i}', items=(Item(f'i{i}', f't{i}', 'p', 0),),
-                 questions=(Question(q, f'question {q}', (f'i{i}',), ('p',), 'c'),)) for i, q in enumerate(have)]
+  eps = [
+    Episode(
+      id=f'e{i}',
+      items=(Item(f'i{i}', f't{i}', 'p', 0),),
+      questions=(Question(q, f'question {q}', (f'i{i}',), ('p',), 'c'),),
+    )
+    for i, q in enumerate(have)
+  ]
   kept, report = splits.load_part(load=lambda root: (eps, LoadReport('toy')), part='pilot', pilot='longmemeval_s')
   assert sum(len(e.questions) for e in kept) == 90
   assert report.counts['pilot_ids_not_in_data'] == 10
@@ -139,8 +158,14 @@ def _damaged_root(tmp_path: Path) -> Path:
 @pytest.mark.slow
 def test_damaged_data_is_refused_before_retrieval(tmp_path, monkeypatch):
   root = _damaged_root(tmp_path / 'data')
-  base = ['embedder=hashing', f'paths.data_root={root}', 'eval.n_resamples=50', 'eval.progress=false',
-          f'paths.cache_dir={tmp_path}/cache', 'paths.compile_cache_dir=null']
+  base = [
+    'embedder=hashing',
+    f'paths.data_root={root}',
+    'eval.n_resamples=50',
+    'eval.progress=false',
+    f'paths.cache_dir={tmp_path}/cache',
+    'paths.compile_cache_dir=null',
+  ]
   monkeypatch.setattr(evaluate.evaluation, 'embed_episodes', lambda *a, **k: pytest.fail('embedded'))
   with pytest.raises(ValueError, match='dataset locomo: 0 questions to score after loading'):
     evaluate.run(_compose(base + ['dataset.loader.conversations=[conv-30]']), tmp_path / 'o1')
@@ -151,17 +176,26 @@ def test_damaged_data_is_refused_before_retrieval(tmp_path, monkeypatch):
 @real
 @pytest.mark.slow
 def test_fit_refuses_an_empty_test_conversation_and_names_a_copied_one(tmp_path, monkeypatch):
-  from engram_jax import fit as fit_lib  # pylint: disable=import-outside-toplevel
-  from experiments import fit as fit_exp  # pylint: disable=import-outside-toplevel
+  from engram_jax import fit as fit_lib
+  from experiments import fit as fit_exp
+
   root = _damaged_root(tmp_path / 'data')
-  base = ['embedder=hashing', f'paths.data_root={root}', 'pipeline=rrf_cos_bm25', 'fit.steps=1',
-          'fit.batch_size=8', 'eval.n_resamples=50', 'eval.progress=false', 'fit.baselines=[cosine]',
-          f'paths.cache_dir={tmp_path}/cache', 'paths.compile_cache_dir=null']
+  base = [
+    'embedder=hashing',
+    f'paths.data_root={root}',
+    'pipeline=rrf_cos_bm25',
+    'fit.steps=1',
+    'fit.batch_size=8',
+    'eval.n_resamples=50',
+    'eval.progress=false',
+    'fit.baselines=[cosine]',
+    f'paths.cache_dir={tmp_path}/cache',
+    'paths.compile_cache_dir=null',
+  ]
   monkeypatch.setattr(fit_lib, 'crossfit', lambda *a, **k: pytest.fail('fitted'))
   monkeypatch.setattr(fit_lib, 'holdout_split', lambda ids, n_test, seed: (['conv-26'], ['conv-30']))
   with pytest.raises(ValueError, match=r"fold \['conv-30'\]: its scored episodes have 0 questions"):
     fit_exp.run(_compose(base + ['fit.split=holdout', 'fit.n_test=1'], name='fit'), tmp_path / 'o1')
-  monkeypatch.setattr(fit_lib, 'holdout_split', lambda ids, n_test, seed: (['conv-30', 'conv-26'],
-                                                                            ['conv-26-copy']))
+  monkeypatch.setattr(fit_lib, 'holdout_split', lambda ids, n_test, seed: (['conv-30', 'conv-26'], ['conv-26-copy']))
   with pytest.raises(ValueError, match=r"'conv-26' \(training\) = 'conv-26-copy' \(scored\)"):
     fit_exp.run(_compose(base + ['fit.split=holdout', 'fit.n_test=1'], name='fit'), tmp_path / 'o2')

@@ -1,7 +1,6 @@
 """The bench iterates the operator registry: every operator gets a row, references agree, the CLI runs; the harness
 and the scale table."""
 
-import numpy as np
 import pytest
 
 from engram_jax.core import batch
@@ -50,8 +49,26 @@ def test_overrides_are_validated_by_the_declaration(episodes):
 
 @pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_cli_prints_the_environment_and_the_table(capsys):
-  rows = cli.main(['--episodes', '1', '--queries', '4', '--repeats', '1', '--rounds', '1', '--ref-queries', '2',
-                     '--ops', 'cosine,cos2,rrf', '--set', 'cos2.eps=0.1', '--cfsr-batch', '0'])
+  rows = cli.main(
+    [
+      '--episodes',
+      '1',
+      '--queries',
+      '4',
+      '--repeats',
+      '1',
+      '--rounds',
+      '1',
+      '--ref-queries',
+      '2',
+      '--ops',
+      'cosine,cos2,rrf',
+      '--set',
+      'cos2.eps=0.1',
+      '--cfsr-batch',
+      '0',
+    ]
+  )
   out = capsys.readouterr().out
   assert [r['op'] for r in rows] == ['cosine', 'cos2', 'rrf'] and rows[1]['options']['eps'] == 0.1
   assert 'device' in out and 'threads:' in out
@@ -70,7 +87,8 @@ def test_interleaved_rounds_give_one_sample_per_round_and_the_bm25_peers(episode
     assert len(r['jax_rounds']) == len(r['ref_rounds']) == len(r['ratio_rounds']) == 3
     assert all(t > 0 for t in r['jax_rounds'] + r['ref_rounds']) and r['checked'] == 4
     assert r['jax_s'] == pytest.approx(sorted(r['jax_rounds'])[1]) and r['ratio'] == pytest.approx(
-        sorted(r['ratio_rounds'])[1])
+      sorted(r['ratio_rounds'])[1]
+    )
   peer = by_op['bm25 (rank_bm25)']
   assert peer['peer_of'] == 'bm25' and peer['jax_rounds'] == by_op['bm25']['jax_rounds']
   assert len(peer['ref_rounds']) == 3 and all(t > 0 for t in peer['ref_rounds']) and peer['ratio'] > 0
@@ -82,7 +100,7 @@ def test_interleaved_rounds_give_one_sample_per_round_and_the_bm25_peers(episode
   assert '3 interleaved rounds' in table
   s = by_op['bm25 (bm25s)']
   try:
-    import bm25s  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    import bm25s  # noqa: F401
   except ImportError:
     assert s['unavailable'] and s['ref_s'] is None and 'unavailable' in table
   else:
@@ -95,8 +113,11 @@ def test_an_unavailable_peer_is_reported_not_fatal(episodes, monkeypatch):
   assert [r['op'] for r in rows] == ['bm25', 'bm25 (rank_bm25)', 'bm25 (bm25s)']
   assert rows[2]['unavailable'] == 'bm25s not installed' and rows[2]['ratio'] is None
   assert '| bm25 (bm25s) |' in operators.format_table(rows, n_episodes=1, n_queries=6) and 'unavailable' in (
-      operators.format_table(rows, n_episodes=1, n_queries=6))
-  assert operators.time_operators(episodes[:1], ['cosine'], repeats=1, rounds=1)[0]['op'] == 'cosine'  # no bm25: no peers
+    operators.format_table(rows, n_episodes=1, n_queries=6)
+  )
+  assert (
+    operators.time_operators(episodes[:1], ['cosine'], repeats=1, rounds=1)[0]['op'] == 'cosine'
+  )  # no bm25: no peers
 
 
 def _have_locomo() -> bool:
@@ -109,8 +130,16 @@ def _have_locomo() -> bool:
 @pytest.mark.slow
 @pytest.mark.skipif(not _have_locomo(), reason='LoCoMo not found under the data root')
 def test_harness_times_the_whole_evaluation_path(tmp_path):
-  rows = harness.harness(['embedder=hashing', 'dataset.loader.conversations=[conv-30]', 'eval.n_resamples=100',
-                        f'paths.cache_dir={tmp_path}/cache'], rounds=2, out_dir=str(tmp_path / 'out'))
+  rows = harness.harness(
+    [
+      'embedder=hashing',
+      'dataset.loader.conversations=[conv-30]',
+      'eval.n_resamples=100',
+      f'paths.cache_dir={tmp_path}/cache',
+    ],
+    rounds=2,
+    out_dir=str(tmp_path / 'out'),
+  )
   assert [r['round'] for r in rows] == [0, 1]
   assert rows[1]['xla_compilations'] == 0  # the persistent compilation cache serves the second round
   for r in rows:
@@ -148,8 +177,9 @@ def test_scale_table_rows_memory_and_the_check_at_small_n():
 
 def test_scale_skips_text_operators_over_the_dense_budget(monkeypatch):
   monkeypatch.setattr(scale, 'term_layout', lambda: scale.TermLayout(True, 4))
-  result = scale.time_scale([60], ['cosine', 'rrf', 'tide'], n_queries=4, dim=16, rounds=1, repeats=1,
-                            dense_budget_gb=1e-6, check_n=None)
+  result = scale.time_scale(
+    [60], ['cosine', 'rrf', 'tide'], n_queries=4, dim=16, rounds=1, repeats=1, dense_budget_gb=1e-6, check_n=None
+  )
   by_op = {r['op']: r for r in result['rows']}
   assert 'dense [N, V] term counts would need' in by_op['rrf']['skipped'] and by_op['rrf']['per_query'] is None
   assert by_op['cosine']['skipped'] is None and by_op['tide']['per_query'] > 0  # run on the text-free copy
@@ -160,11 +190,29 @@ def test_scale_skips_text_operators_over_the_dense_budget(monkeypatch):
 @pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_scale_cli_writes_the_table(tmp_path, capsys):
   out = tmp_path / 'scale.md'
-  result = cli.main(['--scale', '--scale-n', '50,70', '--scale-queries', '2', '--scale-ops', 'cosine,cfsr',
-                       '--rounds', '1', '--repeats', '1', '--check-n', '0', '--out', str(out)])
+  result = cli.main(
+    [
+      '--scale',
+      '--scale-n',
+      '50,70',
+      '--scale-queries',
+      '2',
+      '--scale-ops',
+      'cosine,cfsr',
+      '--rounds',
+      '1',
+      '--repeats',
+      '1',
+      '--check-n',
+      '0',
+      '--out',
+      str(out),
+    ]
+  )
   printed = capsys.readouterr().out
-  assert [r['op'] for r in result['rows']] == ['cosine', 'cfsr', 'cosine', 'cfsr'] and len(result['rows'][0][
-      'per_query_rounds']) == 3  # at least 3 rounds
+  assert [r['op'] for r in result['rows']] == ['cosine', 'cfsr', 'cosine', 'cfsr'] and len(
+    result['rows'][0]['per_query_rounds']
+  ) == 3  # at least 3 rounds
   assert 'threads:' in printed and '| cfsr | 70 |' in printed
   assert '| cfsr | 70 |' in out.read_text() and out.with_suffix('.json').is_file()
   with pytest.raises(SystemExit):
@@ -179,6 +227,6 @@ def test_cfsr_floor_times_the_leg_its_parts_and_a_matmul_of_the_same_flops():
   r = floor.cfsr_floor(eps, repeats=1, batch_size=2, pool=10, iterations=5, power_iterations=3)
   assert r['n_queries'] == 4 and r['pool'] == 10 and set(r['seconds']) == {'leg', 'pool', 'solve', 'gemm'}
   assert all(t > 0 for t in r['seconds'].values())
-  assert r['gflop'] == pytest.approx(2 * 10 ** 2 * (5 + 3) * 4 / 1e9)
+  assert r['gflop'] == pytest.approx(2 * 10**2 * (5 + 3) * 4 / 1e9)
   table = floor.format_cfsr_floor(r)
   assert '| solve |' in table and "floor at this machine's dense-matmul rate" in table

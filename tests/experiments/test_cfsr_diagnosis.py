@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'ops'))
-import ops_testing  # noqa: E402  pylint: disable=wrong-import-position
-from experiments.research import cfsr_diagnosis as D  # noqa: E402  pylint: disable=wrong-import-position
+import ops_testing  # noqa: E402
+
+from experiments.research import cfsr_diagnosis as D  # noqa: E402
 
 
 def test_ranked_puts_later_items_first_on_ties_and_unranked_last():

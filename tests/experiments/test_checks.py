@@ -8,10 +8,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from engram_jax import fit
-from engram_jax.eval import pipeline
-from engram_jax.ops import cosine
 from engram_jax.data import io, splits
 from engram_jax.data.locomo import load_locomo
+from engram_jax.eval import pipeline
+from engram_jax.ops import cosine
 from experiments import evaluate
 from experiments.lib import checks, common
 
@@ -28,7 +28,9 @@ def _compose(overrides=(), name='config'):
     return compose(config_name=name, overrides=list(overrides))
 
 
-@pytest.mark.parametrize('overrides, match', [
+@pytest.mark.parametrize(
+  'overrides, match',
+  [
     (['eval.baselines=[nope]'], r"eval.baselines names \['nope'\].*allowed: \['cosine', 'bm25', 'rrf_cos_bm25'\]"),
     (['pipeline=[cosine]', 'eval.baselines=[rrf_cos_bm25]'], 'eval.baselines names'),
     (['eval.metrics=[answer@10]'], r"dataset locomo: metric 'answer@10' cannot be computed.*\['parent_recall'\]"),
@@ -38,21 +40,30 @@ def _compose(overrides=(), name='config'):
     (['eval.k=0'], 'eval.k must be an integer >= 1'),
     (['experiment=tide_table', 'eval.metrics=[ndcg@10]'], 'eval.metrics applies to one-dataset runs'),
     (['dataset=longmemeval_s', 'dataset.loader.part=pilott'], r"dataset.loader.part must be one of \['all'"),
-    (['dataset=longmemeval_s', 'dataset.loader.part=train', 'dataset.loader.n_train=0'],
-     'dataset.loader.n_train must be >= 1'),
-    (['pipeline=[tide_dense]', 'pipeline.tide_dense.tune.train=[nope]'],
-     r"tune.train names 'nope'; allowed: \['fc_mh_train', 'fc_sh_train', 'lme_train'\]"),
+    (
+      ['dataset=longmemeval_s', 'dataset.loader.part=train', 'dataset.loader.n_train=0'],
+      'dataset.loader.n_train must be >= 1',
+    ),
+    (
+      ['pipeline=[tide_dense]', 'pipeline.tide_dense.tune.train=[nope]'],
+      r"tune.train names 'nope'; allowed: \['fc_mh_train', 'fc_sh_train', 'lme_train'\]",
+    ),
     (['pipeline=[tide_dense]', 'train_sets.lme_train.loader.n_train=0'], 'train_sets.lme_train.loader.n_train'),
-])
+  ],
+)
 def test_bad_evaluate_options_are_one_line_errors(overrides, match):
   with pytest.raises(ValueError, match=match) as e:
     checks.check_evaluate(_compose(overrides))
   assert '\n' not in str(e.value)
 
 
-@pytest.mark.parametrize('overrides, match', [
-    (['pipeline=[rrf_cos_bm25_cfs]', '+pipeline.rrf_cos_bm25_cfs.legs.cfs.sigma=-0.1'],
-     r'pipeline rrf_cos_bm25_cfs, leg cfs: sigma must be > 0 \(a Gaussian width\), got -0.1'),
+@pytest.mark.parametrize(
+  'overrides, match',
+  [
+    (
+      ['pipeline=[rrf_cos_bm25_cfs]', '+pipeline.rrf_cos_bm25_cfs.legs.cfs.sigma=-0.1'],
+      r'pipeline rrf_cos_bm25_cfs, leg cfs: sigma must be > 0 \(a Gaussian width\), got -0.1',
+    ),
     (['pipeline=[rrf_cos_bm25_cfs]', '+pipeline.rrf_cos_bm25_cfs.legs.cfs.beta=0'], 'beta must be > 0'),
     (['pipeline=[bm25]', '+pipeline.bm25.legs.bm25.b=1.5'], r'b must be in \[0, 1\]'),
     (['pipeline=[bm25]', '+pipeline.bm25.legs.bm25.k1=0'], 'k1 must be > 0'),
@@ -64,7 +75,8 @@ def test_bad_evaluate_options_are_one_line_errors(overrides, match):
     (['pipeline=[rrf_cos_bm25]', '+pipeline.rrf_cos_bm25.legs.cos.weight=-1'], 'weight must be >= 0'),
     (['pipeline=[bm25]', '+pipeline.bm25.legs.bm25.nope=1'], r'pipeline bm25, leg bm25: operator bm25 has no knob'),
     (['pipeline=[bm25]', 'pipeline.bm25.legs.bm25.op=nope'], r"pipeline bm25, unknown operator 'nope'"),
-])
+  ],
+)
 def test_bad_knobs_are_refused_when_the_pipeline_is_built(overrides, match):
   with pytest.raises(ValueError, match=match) as e:
     common.build_pipelines(_compose(overrides))
@@ -78,7 +90,9 @@ def test_mmr_lam_is_a_trade_off_in_unit_interval():
     pipeline.make_pipeline(legs={'mmr': {'op': 'mmr', 'lam': 1.5}}, name='m')
 
 
-@pytest.mark.parametrize('overrides, match', [
+@pytest.mark.parametrize(
+  'overrides, match',
+  [
     (['fit.temperatures.rank=0'], r'fit.temperatures.rank must be a number > 0, got 0'),
     (['fit.temperatures.final=-1'], 'fit.temperatures.final must be a number > 0'),
     (['fit.split=random'], r"fit.split must be one of \['crossfit', 'holdout', 'parts'\]"),
@@ -90,7 +104,8 @@ def test_mmr_lam_is_a_trade_off_in_unit_interval():
     (['fit.anneal=[1.0]'], r'fit.anneal must be \[start, end\]'),
     (['fit.gap_checks=-1'], 'fit.gap_checks must be >= 0'),
     (['pipeline=[cosine]'], 'nothing to fit'),
-])
+  ],
+)
 def test_bad_fit_options_are_one_line_errors(overrides, match):
   with pytest.raises(ValueError, match=match) as e:
     checks.check_fit(_compose(overrides, name='fit'))
@@ -140,14 +155,35 @@ def test_a_copied_conversation_cannot_train_and_score(tmp_path):
   train = [e for e in episodes if e.id != 'conv-30']
   with pytest.raises(ValueError, match='same corpus|overlap'):
     splits.assert_disjoint_content(train, [e for e in episodes if e.id == 'conv-30'])
-  from experiments import fit as fit_exp  # pylint: disable=import-outside-toplevel
-  cfg = _compose(['embedder=hashing', f'paths.data_root={root}', 'pipeline=rrf_cos_bm25', 'fit.folds=3',
-                  'fit.steps=1', 'fit.batch_size=8', 'eval.n_resamples=50', 'eval.progress=false',
-                  'fit.baselines=[cosine]', f'paths.cache_dir={tmp_path}/cache'], name='fit')
+  from experiments import fit as fit_exp
+
+  cfg = _compose(
+    [
+      'embedder=hashing',
+      f'paths.data_root={root}',
+      'pipeline=rrf_cos_bm25',
+      'fit.folds=3',
+      'fit.steps=1',
+      'fit.batch_size=8',
+      'eval.n_resamples=50',
+      'eval.progress=false',
+      'fit.baselines=[cosine]',
+      f'paths.cache_dir={tmp_path}/cache',
+    ],
+    name='fit',
+  )
   with pytest.raises(ValueError, match='overlap|same corpus'):
     fit_exp.run(cfg, tmp_path / 'out')
-  cfg = _compose(['embedder=hashing', f'paths.data_root={root}', 'pipeline=[rrf_cos_bm25_mmr_tuned]',
-                  'eval.n_resamples=50', 'eval.progress=false', f'paths.cache_dir={tmp_path}/cache'])
+  cfg = _compose(
+    [
+      'embedder=hashing',
+      f'paths.data_root={root}',
+      'pipeline=[rrf_cos_bm25_mmr_tuned]',
+      'eval.n_resamples=50',
+      'eval.progress=false',
+      f'paths.cache_dir={tmp_path}/cache',
+    ]
+  )
   with pytest.raises(ValueError, match='same corpus'):  # cross-fitted tuning by episode
     evaluate.run(cfg, tmp_path / 'out2')
 
@@ -155,10 +191,23 @@ def test_a_copied_conversation_cannot_train_and_score(tmp_path):
 @real
 @pytest.mark.parametrize('n_test', [0, 2])
 def test_fit_holdout_with_an_empty_side_fails_before_training(tmp_path, n_test):
-  from experiments import fit as fit_exp  # pylint: disable=import-outside-toplevel
-  cfg = _compose(['embedder=hashing', 'dataset.loader.conversations=[conv-30,conv-26]', 'pipeline=rrf_cos_bm25',
-                  'fit.split=holdout', f'fit.n_test={n_test}', 'fit.steps=1', 'fit.batch_size=8',
-                  'eval.n_resamples=50', 'eval.progress=false', f'paths.cache_dir={tmp_path}/cache'], name='fit')
+  from experiments import fit as fit_exp
+
+  cfg = _compose(
+    [
+      'embedder=hashing',
+      'dataset.loader.conversations=[conv-30,conv-26]',
+      'pipeline=rrf_cos_bm25',
+      'fit.split=holdout',
+      f'fit.n_test={n_test}',
+      'fit.steps=1',
+      'fit.batch_size=8',
+      'eval.n_resamples=50',
+      'eval.progress=false',
+      f'paths.cache_dir={tmp_path}/cache',
+    ],
+    name='fit',
+  )
   with pytest.raises(ValueError, match='fit.n_test must be'):
     fit_exp.run(cfg, tmp_path / 'out')
 
@@ -166,8 +215,16 @@ def test_fit_holdout_with_an_empty_side_fails_before_training(tmp_path, n_test):
 @pytest.mark.slow
 @real
 def test_eval_metrics_override_is_honoured(tmp_path):
-  cfg = _compose(['embedder=hashing', 'dataset.loader.conversations=[conv-30]', 'eval.n_resamples=50',
-                  'eval.progress=false', 'pipeline=[bm25]', 'eval.metrics=[ndcg@5,mrr@10]',
-                  f'paths.cache_dir={tmp_path}/cache'])
+  cfg = _compose(
+    [
+      'embedder=hashing',
+      'dataset.loader.conversations=[conv-30]',
+      'eval.n_resamples=50',
+      'eval.progress=false',
+      'pipeline=[bm25]',
+      'eval.metrics=[ndcg@5,mrr@10]',
+      f'paths.cache_dir={tmp_path}/cache',
+    ]
+  )
   res = evaluate.run(cfg, tmp_path / 'out')
   assert res['metrics'] == ['ndcg@5', 'mrr@10'] and 'mrr@10' in res['pipelines']['bm25']

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tiny_data
 import yaml
 
-import tiny_data
-from engram_jax.metrics import stats
 from engram_jax.data import io
+from engram_jax.metrics import stats
 from experiments import collect
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,12 +34,18 @@ def _job(folder, num, overrides, per_pipeline, *, k=10, qids=QIDS, wall=1.0):
   summary = {}
   for name, v in per_pipeline.items():
     ci = stats.bootstrap_ci(v, seed=1, n_resamples=200)
-    summary[name] = {metrics[0]: ci.mean, metrics[1]: float(np.mean(v > 0.5)),
-                     'ci95': {metrics[0]: [ci.lo, ci.hi], metrics[1]: [0.0, 1.0]}}
-  rows = [{'id': q, 'scores': {n: {metrics[0]: float(v[i]), metrics[1]: float(v[i] > 0.5)}
-                               for n, v in per_pipeline.items()}} for i, q in enumerate(qids)]
-  (job / 'results.json').write_text(json.dumps({'k': k, 'metrics': metrics, 'pipelines': summary,
-                                                'per_question': rows}))
+    summary[name] = {
+      metrics[0]: ci.mean,
+      metrics[1]: float(np.mean(v > 0.5)),
+      'ci95': {metrics[0]: [ci.lo, ci.hi], metrics[1]: [0.0, 1.0]},
+    }
+  rows = [
+    {'id': q, 'scores': {n: {metrics[0]: float(v[i]), metrics[1]: float(v[i] > 0.5)} for n, v in per_pipeline.items()}}
+    for i, q in enumerate(qids)
+  ]
+  (job / 'results.json').write_text(
+    json.dumps({'k': k, 'metrics': metrics, 'pipelines': summary, 'per_question': rows})
+  )
   (job / 'run_info.json').write_text(json.dumps({'timing': {'wall_s': wall}}))
   return job
 
@@ -58,10 +64,18 @@ def test_one_row_per_job_and_pipeline_labelled_by_what_varies(tmp_path):
   table = collect.main([str(tmp_path), '--n-resamples', '300'])
   rows = table['rows']
   assert [(r['job'], r['pipeline'], r['metric']) for r in rows] == [
-      ('0', 'cosine', 'ndcg@5'), ('1', 'bm25', 'ndcg@5'), ('1', 'rrf', 'ndcg@5'), ('2', 'cosine', 'ndcg@10')]
+    ('0', 'cosine', 'ndcg@5'),
+    ('1', 'bm25', 'ndcg@5'),
+    ('1', 'rrf', 'ndcg@5'),
+    ('2', 'cosine', 'ndcg@10'),
+  ]
   assert rows[1]['label'] == 'pipeline=[bm25,rrf] eval.k=5'  # embedder=hashing is common: left out
-  assert table['reference'] == {'job': '0', 'label': 'pipeline=[cosine] eval.k=5', 'pipeline': 'cosine',
-                                'metric': 'ndcg@5'}
+  assert table['reference'] == {
+    'job': '0',
+    'label': 'pipeline=[cosine] eval.k=5',
+    'pipeline': 'cosine',
+    'metric': 'ndcg@5',
+  }
   assert rows[0]['vs_reference'] is None and table['same_questions'] and table['metric'] == 'ndcg'
   for row, v in zip(rows[1:], [b, c, a]):
     want = stats.paired_test(v, a, seed=20261008, n_resamples=300).to_dict()
@@ -122,17 +136,31 @@ try:
   HAVE = (io.resolve_data_root() / 'locomo' / 'locomo10.json').is_file()
 except FileNotFoundError:
   HAVE = False
-LAUNCHERS = ['basic'] + [name for name, module in [('parallel', 'hydra_plugins.hydra_joblib_launcher'),
-                                                    ('slurm_local', 'hydra_plugins.hydra_submitit_launcher'),
-                                                    ('ray_local', 'hydra_plugins.hydra_ray_launcher')]
-                         if importlib.util.find_spec(module) is not None]
+LAUNCHERS = ['basic'] + [
+  name
+  for name, module in [
+    ('parallel', 'hydra_plugins.hydra_joblib_launcher'),
+    ('slurm_local', 'hydra_plugins.hydra_submitit_launcher'),
+    ('ray_local', 'hydra_plugins.hydra_ray_launcher'),
+  ]
+  if importlib.util.find_spec(module) is not None
+]
 
 
-PLUGINS = {'parallel': 'hydra_plugins.hydra_joblib_launcher', 'slurm': 'hydra_plugins.hydra_submitit_launcher',
-           'slurm_local': 'hydra_plugins.hydra_submitit_launcher', 'ray_local': 'hydra_plugins.hydra_ray_launcher',
-           'shapes': 'hydra_plugins.engram_sweeper.shapes_launcher'}
-TARGETS = {'parallel': 'JoblibLauncher', 'slurm': 'SlurmLauncher', 'slurm_local': 'LocalLauncher',
-           'ray_local': 'RayLauncher', 'shapes': 'ShapeComposingLauncher'}
+PLUGINS = {
+  'parallel': 'hydra_plugins.hydra_joblib_launcher',
+  'slurm': 'hydra_plugins.hydra_submitit_launcher',
+  'slurm_local': 'hydra_plugins.hydra_submitit_launcher',
+  'ray_local': 'hydra_plugins.hydra_ray_launcher',
+  'shapes': 'hydra_plugins.engram_sweeper.shapes_launcher',
+}
+TARGETS = {
+  'parallel': 'JoblibLauncher',
+  'slurm': 'SlurmLauncher',
+  'slurm_local': 'LocalLauncher',
+  'ray_local': 'RayLauncher',
+  'shapes': 'ShapeComposingLauncher',
+}
 
 
 @pytest.mark.parametrize('name', sorted(p.stem for p in (ROOT / 'conf' / 'hydra' / 'launcher').glob('*.yaml')))
@@ -140,15 +168,19 @@ def test_project_launcher_configs_extend_the_plugins(name):
   """Each conf/hydra/launcher file composes on top of its plugin's own config (its schema and target kept); ours
   (``shapes``) names its class."""
   pytest.importorskip(PLUGINS[name])
-  from hydra import compose, initialize_config_dir  # pylint: disable=import-outside-toplevel
+  from hydra import compose, initialize_config_dir
+
   with initialize_config_dir(config_dir=str(ROOT / 'conf'), version_base='1.3'):
     cfg = compose(config_name='config', overrides=[f'hydra/launcher={name}'], return_hydra_config=True)
   launcher = cfg.hydra.launcher
   assert launcher._target_.endswith(TARGETS[name])
-  assert {'parallel': lambda: launcher.n_jobs == 2, 'slurm': lambda: launcher.timeout_min == 240,
-          'slurm_local': lambda: launcher.timeout_min == 240,
-          'ray_local': lambda: launcher.ray.remote.num_cpus == 2,
-          'shapes': lambda: set(launcher) == {'_target_'}}[name]()  # ours: no options
+  assert {
+    'parallel': lambda: launcher.n_jobs == 2,
+    'slurm': lambda: launcher.timeout_min == 240,
+    'slurm_local': lambda: launcher.timeout_min == 240,
+    'ray_local': lambda: launcher.ray.remote.num_cpus == 2,
+    'shapes': lambda: set(launcher) == {'_target_'},
+  }[name]()  # ours: no options
 
 
 @pytest.mark.slow
@@ -164,16 +196,31 @@ def test_every_launcher_collects_the_same_table(tmp_path):
   # the last two: the basic launcher and the shape-composing one, under hydra/sweeper=shapes
   for launcher in LAUNCHERS + ['basic+shapes', 'shapes+shapes']:
     sweep = tmp_path / launcher
-    cmd = [sys.executable, '-m', 'experiments.evaluate', '-m', 'pipeline=[cosine],[bm25]', 'eval.k=5,10',
-           'eval.metrics=[ndcg@${eval.k},recall@${eval.k}]', 'embedder=hashing', 'eval.n_resamples=200',
-           'eval.progress=false', f'paths.data_root={data}', f'paths.cache_dir={tmp_path}/cache',
-           f'paths.compile_cache_dir={sweep}_jax', f'hydra.sweep.dir={sweep}',
-           f'hydra/launcher={launcher.split("+")[0]}'] + (['hydra/sweeper=shapes'] if '+' in launcher else [])
+    cmd = [
+      sys.executable,
+      '-m',
+      'experiments.evaluate',
+      '-m',
+      'pipeline=[cosine],[bm25]',
+      'eval.k=5,10',
+      'eval.metrics=[ndcg@${eval.k},recall@${eval.k}]',
+      'embedder=hashing',
+      'eval.n_resamples=200',
+      'eval.progress=false',
+      f'paths.data_root={data}',
+      f'paths.cache_dir={tmp_path}/cache',
+      f'paths.compile_cache_dir={sweep}_jax',
+      f'hydra.sweep.dir={sweep}',
+      f'hydra/launcher={launcher.split("+")[0]}',
+    ] + (['hydra/sweeper=shapes'] if '+' in launcher else [])
     subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
     table = collect.main([str(sweep), '--against', 'pipeline=[cosine] eval.k=10', '--n-resamples', '300'])
     assert [(r['label'], r['metric']) for r in table['rows']] == [
-        ('pipeline=[cosine] eval.k=5', 'ndcg@5'), ('pipeline=[cosine] eval.k=10', 'ndcg@10'),
-        ('pipeline=[bm25] eval.k=5', 'ndcg@5'), ('pipeline=[bm25] eval.k=10', 'ndcg@10')]
+      ('pipeline=[cosine] eval.k=5', 'ndcg@5'),
+      ('pipeline=[cosine] eval.k=10', 'ndcg@10'),
+      ('pipeline=[bm25] eval.k=5', 'ndcg@5'),
+      ('pipeline=[bm25] eval.k=10', 'ndcg@10'),
+    ]
     assert table['same_questions'] and table['missing'] == [] and len(table['timing']['wall_s']) == 4
     tables[launcher] = {k: v for k, v in table.items() if k != 'timing'}
   assert all(t == tables['basic'] for t in tables.values()), list(tables)

@@ -70,13 +70,13 @@ class DocRun:
       module.__file__ = f'{DOC}:{name}'
       sys.modules[name] = module
       self.modules[name] = module
-      exec(compile(src, f'{DOC.name} [{name}]', 'exec'), module.__dict__)  # pylint: disable=exec-used
+      exec(compile(src, f'{DOC.name} [{name}]', 'exec'), module.__dict__)
     elif m:  # inside a module: the doc's own, or a copy of the library's
       name = _module_name(m.group(2))
       namespace = self.modules[name].__dict__ if name in self.modules else dict(vars(importlib.import_module(name)))
-      exec(compile(src, f'{DOC.name} [in {name}]', 'exec'), namespace)  # pylint: disable=exec-used
+      exec(compile(src, f'{DOC.name} [in {name}]', 'exec'), namespace)
     else:
-      exec(compile(src, f'{DOC.name} [{head}]', 'exec'), {'__name__': 'doc_block'})  # pylint: disable=exec-used
+      exec(compile(src, f'{DOC.name} [{head}]', 'exec'), {'__name__': 'doc_block'})
 
   def yaml(self, src: str) -> None:
     m = re.fullmatch(r'# (conf/\w+/\w+\.yaml)( \(these keys\))?', src.splitlines()[0].strip())
@@ -99,18 +99,26 @@ class DocRun:
     """Load a tiny file of the format the loader's docstring gives, and check the dataset's metrics."""
     root = self.data
     (root / name).mkdir(parents=True, exist_ok=True)
-    record = {'id': 'rec1', 'turns': [{'id': 't1', 'text': 'we adopted a cat', 'session': 's1'},
-                                      {'id': 't2', 'text': '   ', 'session': 's1'},
-                                      {'id': 't3', 'text': 'the cat is called Io', 'session': 's2'}],
-              'questions': [{'id': 'q1', 'text': 'what is the cat called?', 'evidence': ['t3', 'tX']},
-                            {'id': 'q2', 'text': 'unanswerable', 'evidence': []}]}
+    record = {
+      'id': 'rec1',
+      'turns': [
+        {'id': 't1', 'text': 'we adopted a cat', 'session': 's1'},
+        {'id': 't2', 'text': '   ', 'session': 's1'},
+        {'id': 't3', 'text': 'the cat is called Io', 'session': 's2'},
+      ],
+      'questions': [
+        {'id': 'q1', 'text': 'what is the cat called?', 'evidence': ['t3', 'tX']},
+        {'id': 'q2', 'text': 'unanswerable', 'evidence': []},
+      ],
+    }
     (root / name / f'{name}.json').write_text(json.dumps([record]))
     episodes, report = get_method(node['loader']['_target_'])(str(root))
     assert [len(e.items) for e in episodes] == [2] and [len(e.questions) for e in episodes] == [1]
     counts = report.counts
     assert counts['blank_turn_dropped'] == 1 and counts['excluded_no_evidence'] == 1, counts
-    checks.check_metrics(list(node['metrics']), k=10, supported=list(common.dataset_metrics(node)),
-                         where=f'dataset {name}')
+    checks.check_metrics(
+      list(node['metrics']), k=10, supported=list(common.dataset_metrics(node)), where=f'dataset {name}'
+    )
 
   def command(self, line: str) -> None:
     argv = shlex.split(line)
@@ -165,19 +173,26 @@ def test_every_block_runs(doc_run):
           if line.strip() and not line.lstrip().startswith('#'):
             doc_run.command(line)
     except Exception as e:
-      raise AssertionError(f'{DOC.name}: code block {i + 1} ({lang}, {src.splitlines()[0]!r}) fails: '
-                           f'{type(e).__name__}: {e}') from e
+      raise AssertionError(
+        f'{DOC.name}: code block {i + 1} ({lang}, {src.splitlines()[0]!r}) fails: {type(e).__name__}: {e}'
+      ) from e
   assert {'recent', 'bm25_recent'} <= set(registry.OPERATORS)
 
 
 @pytest.mark.slow
 def test_bench_commands(doc_run):
-  from experiments.bench import cli as bench  # pylint: disable=import-outside-toplevel
+  from experiments.bench import cli as bench
+
   for lang, src in blocks():
     if lang == 'python':
       doc_run.python(src)
-  lines = [line for lang, src in blocks() if lang == 'bash' for line in src.splitlines()
-           if line.startswith('python -m experiments.bench')]
+  lines = [
+    line
+    for lang, src in blocks()
+    if lang == 'bash'
+    for line in src.splitlines()
+    if line.startswith('python -m experiments.bench')
+  ]
   assert lines
   for line in lines:
     rows = bench.main(shlex.split(line)[3:])

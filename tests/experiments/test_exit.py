@@ -8,7 +8,7 @@ import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-EXITING = textwrap.dedent('''
+EXITING = textwrap.dedent("""
     import atexit, gc, pathlib, sys, weakref
     from experiments.lib import common
     out = pathlib.Path(sys.argv[1])
@@ -21,12 +21,18 @@ EXITING = textwrap.dedent('''
     del pool
     common.skip_exit_collections()
     print('done')
-''')
+""")
 
 
 def test_exit_keeps_atexit_handlers_finalizers_and_status(tmp_path):
-  job = subprocess.run([sys.executable, '-c', EXITING, str(tmp_path / 'frozen')], cwd=ROOT, capture_output=True,
-                       text=True, timeout=120, check=False)
+  job = subprocess.run(
+    [sys.executable, '-c', EXITING, str(tmp_path / 'frozen')],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=120,
+    check=False,
+  )
   assert job.returncode == 0, job.stderr
   assert job.stdout == 'done\n'
   assert (tmp_path / 'frozen').read_text() == 'True'  # frozen when the atexit handlers ran

@@ -10,8 +10,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from engram_jax.eval import pipeline
 from engram_jax.data import io
+from engram_jax.eval import pipeline
 from experiments import evaluate
 from experiments.lib import common
 
@@ -66,8 +66,16 @@ def test_unknown_pipeline_is_a_clear_error():
 def test_run_writes_results_json(tmp_path):
   # eval.leg_cache_mb=0: an earlier test in this process may have left the same jitted programs in the in-process
   # leg cache (engram_jax.eval.legcache), and this test checks that compilations are counted
-  cfg = _compose(['embedder=hashing', 'dataset.loader.conversations=[conv-30]', 'eval.n_resamples=200',
-                  'eval.progress=false', f'paths.cache_dir={tmp_path}/cache', 'eval.leg_cache_mb=0'])
+  cfg = _compose(
+    [
+      'embedder=hashing',
+      'dataset.loader.conversations=[conv-30]',
+      'eval.n_resamples=200',
+      'eval.progress=false',
+      f'paths.cache_dir={tmp_path}/cache',
+      'eval.leg_cache_mb=0',
+    ]
+  )
   res = evaluate.run(cfg, tmp_path / 'out')
   saved = json.loads((tmp_path / 'out' / 'results.json').read_text())
   assert saved['dataset'] == 'locomo' and saved['n_questions'] == res['n_questions'] == 105
@@ -87,11 +95,26 @@ def test_run_writes_results_json(tmp_path):
 @pytest.mark.slow
 @real
 def test_multirun_one_run_per_pipeline(tmp_path):
-  cmd = [sys.executable, '-m', 'experiments.evaluate', '-m', 'pipeline=cosine,bm25', 'embedder=hashing',
-         'dataset.loader.conversations=[conv-30]', 'eval.n_resamples=100', 'eval.progress=false',
-         f'paths.cache_dir={tmp_path}/cache', f'hydra.sweep.dir={tmp_path}/multi']
-  subprocess.run(cmd, check=True, cwd=Path(__file__).resolve().parents[2], capture_output=True,
-                 env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+  cmd = [
+    sys.executable,
+    '-m',
+    'experiments.evaluate',
+    '-m',
+    'pipeline=cosine,bm25',
+    'embedder=hashing',
+    'dataset.loader.conversations=[conv-30]',
+    'eval.n_resamples=100',
+    'eval.progress=false',
+    f'paths.cache_dir={tmp_path}/cache',
+    f'hydra.sweep.dir={tmp_path}/multi',
+  ]
+  subprocess.run(
+    cmd,
+    check=True,
+    cwd=Path(__file__).resolve().parents[2],
+    capture_output=True,
+    env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+  )
   for i, name in enumerate(['cosine', 'bm25']):
     saved = json.loads((tmp_path / 'multi' / str(i) / 'results.json').read_text())
     assert list(saved['pipelines']) == [name]
@@ -101,11 +124,25 @@ def test_multirun_one_run_per_pipeline(tmp_path):
 @real
 def test_fitted_parameters_are_applied_per_episode(tmp_path):
   fitted = tmp_path / 'fitted.json'
-  fitted.write_text(json.dumps({'pipeline': 'rrf_cos_bm25', 'folds': {
-      'conv-30': {'legs.cos.weight': 0.0, 'legs.bm25.weight': 1.0}, 'conv-26': {'legs.cos.weight': 1.0}}}))
-  cfg = _compose(['embedder=hashing', 'dataset.loader.conversations=[conv-30,conv-26]', 'eval.n_resamples=100',
-                  'eval.progress=false', f'paths.cache_dir={tmp_path}/cache', 'pipeline=[bm25,rrf_cos_bm25]',
-                  f'fitted={fitted}'])
+  fitted.write_text(
+    json.dumps(
+      {
+        'pipeline': 'rrf_cos_bm25',
+        'folds': {'conv-30': {'legs.cos.weight': 0.0, 'legs.bm25.weight': 1.0}, 'conv-26': {'legs.cos.weight': 1.0}},
+      }
+    )
+  )
+  cfg = _compose(
+    [
+      'embedder=hashing',
+      'dataset.loader.conversations=[conv-30,conv-26]',
+      'eval.n_resamples=100',
+      'eval.progress=false',
+      f'paths.cache_dir={tmp_path}/cache',
+      'pipeline=[bm25,rrf_cos_bm25]',
+      f'fitted={fitted}',
+    ]
+  )
   res = evaluate.run(cfg, tmp_path / 'out')
   rows = res['per_question']
   conv30 = [r for r in rows if r['episode'] == 'conv-30']

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import jax
 import pytest
+import tiny_data
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from jax.experimental.compilation_cache import compilation_cache
 from omegaconf import OmegaConf
 
-import tiny_data
 from experiments import evaluate
 
 CONF = Path(__file__).resolve().parents[2] / 'conf'
@@ -45,9 +45,11 @@ def _compile_once(tmp_path_factory):
   """A persistent compilation cache in a temporary folder while this module runs: the experiments re-run the
   programs the single-pipeline cases compiled (same pipelines, same padded shapes), so most of their compile time
   is saved. The previous settings are restored afterwards."""
-  settings = {'jax_compilation_cache_dir': str(tmp_path_factory.mktemp('jax_cache')),
-              'jax_persistent_cache_min_compile_time_secs': 0.0,
-              'jax_persistent_cache_min_entry_size_bytes': 0}
+  settings = {
+    'jax_compilation_cache_dir': str(tmp_path_factory.mktemp('jax_cache')),
+    'jax_persistent_cache_min_compile_time_secs': 0.0,
+    'jax_persistent_cache_min_entry_size_bytes': 0,
+  }
   old = {name: getattr(jax.config, name) for name in settings}
   for name, value in settings.items():
     jax.config.update(name, value)
@@ -83,8 +85,13 @@ def _train_overrides(node, path=()):
 
 
 def _compose(overrides, root, cache):
-  base = ['embedder=hashing', 'eval.progress=false', 'eval.n_resamples=200', f'paths.data_root={root}',
-          f'paths.cache_dir={cache}'] + list(overrides)
+  base = [
+    'embedder=hashing',
+    'eval.progress=false',
+    'eval.n_resamples=200',
+    f'paths.data_root={root}',
+    f'paths.cache_dir={cache}',
+  ] + list(overrides)
   with initialize_config_dir(config_dir=str(CONF), version_base='1.3'):
     cfg = compose(config_name='config', overrides=base)
     extra = _train_overrides(OmegaConf.to_container(cfg, resolve=False))
@@ -155,8 +162,11 @@ def test_tiny_root_shapes(tiny_root):
   """The tiny root is what the cases above rely on: every episode holds more than k items, and the training
   part of LongMemEval is drawn from questions outside the pilot set."""
   cfg = _compose(['dataset=longmemeval_s'], tiny_root, tiny_root)
-  sets = {'locomo': _compose([], tiny_root, tiny_root).dataset, 'lme_pilot': cfg.dataset,
-          **{n: cfg.train_sets[n] for n in cfg.train_sets}}
+  sets = {
+    'locomo': _compose([], tiny_root, tiny_root).dataset,
+    'lme_pilot': cfg.dataset,
+    **{n: cfg.train_sets[n] for n in cfg.train_sets},
+  }
   loaded = {n: instantiate(ds.loader, root=str(tiny_root))[0] for n, ds in sets.items()}
   for n, eps in loaded.items():
     assert eps, n
@@ -169,11 +179,21 @@ def test_tiny_root_shapes(tiny_root):
 def test_protocol_fits_on_train_and_scores_confirm_once(tiny_root, cache_dir, tmp_path):
   """``+protocol=lme_session`` on the tiny root: fit on the train part, score the confirm part (disjoint), record
   the protocol's hash in results.json and the ledger, and refuse a second scoring unless forced."""
-  from experiments import fit as fit_exp  # pylint: disable=import-outside-toplevel
+  from experiments import fit as fit_exp
+
   ledger = tmp_path / 'scored.jsonl'
-  over = ['+protocol=lme_session', 'embedder=hashing', 'eval.n_resamples=200', f'paths.data_root={tiny_root}',
-          f'paths.cache_dir={cache_dir}', 'fit.steps=2', 'dataset.loader.n_train=4', 'fit.train.loader.n_train=4',
-          f'protocol_ledger={ledger}', 'protocol_force=true']  # forced: the file may be uncommitted while developing
+  over = [
+    '+protocol=lme_session',
+    'embedder=hashing',
+    'eval.n_resamples=200',
+    f'paths.data_root={tiny_root}',
+    f'paths.cache_dir={cache_dir}',
+    'fit.steps=2',
+    'dataset.loader.n_train=4',
+    'fit.train.loader.n_train=4',
+    f'protocol_ledger={ledger}',
+    'protocol_force=true',
+  ]  # forced: the file may be uncommitted while developing
   with initialize_config_dir(config_dir=str(CONF), version_base='1.3'):
     cfg = compose(config_name='fit', overrides=over)
     again = compose(config_name='fit', overrides=over[:-1])

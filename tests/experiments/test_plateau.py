@@ -16,12 +16,16 @@ def _job(folder, name, lam, values, *, ids=IDS):
   job = folder / name
   (job / '.hydra').mkdir(parents=True)
   (job / '.hydra' / 'overrides.yaml').write_text(
-      f"- ++pipeline.p.legs.cfsr.lam={lam}\n- eval.k=10\n- hydra.run.dir=x\n")
-  rows = [{'id': i, 'category': c, 'scores': {'p': {'ndcg@10': v}, 'base': {'ndcg@10': 0.5}}}
-          for i, c, v in zip(ids, CATS, values)]
+    f'- ++pipeline.p.legs.cfsr.lam={lam}\n- eval.k=10\n- hydra.run.dir=x\n'
+  )
+  rows = [
+    {'id': i, 'category': c, 'scores': {'p': {'ndcg@10': v}, 'base': {'ndcg@10': 0.5}}}
+    for i, c, v in zip(ids, CATS, values)
+  ]
   mean = float(np.mean(values))
-  (job / 'results.json').write_text(json.dumps({'pipelines': {'p': {'ndcg@10': mean, 'ci95': {'ndcg@10': [0, 1]}}},
-                                                'per_question': rows}))
+  (job / 'results.json').write_text(
+    json.dumps({'pipelines': {'p': {'ndcg@10': mean, 'ci95': {'ndcg@10': [0, 1]}}}, 'per_question': rows})
+  )
 
 
 def test_collect_rank_and_pair_against_the_best(tmp_path):

@@ -5,8 +5,8 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from engram_jax.data import splits
 from engram_jax.core.types import Episode, Item, LoadReport, Question
+from engram_jax.data import splits
 from experiments.lib import protocol
 
 
@@ -27,8 +27,9 @@ def test_uncommitted_protocol_is_refused_unless_forced(tmp_path):
   (tmp_path / 'p.yaml').write_text('protocol_name: p\n')
   with pytest.raises(ValueError, match='not committed'):
     protocol.check(_cfg(protocol_name='p'), ledger=tmp_path / 'scored.jsonl', protocol_dir=tmp_path, fixed=_FIXED)
-  info = protocol.check(_cfg(protocol_name='p', protocol_force=True), ledger=tmp_path / 'scored.jsonl',
-                        protocol_dir=tmp_path, fixed=_FIXED)
+  info = protocol.check(
+    _cfg(protocol_name='p', protocol_force=True), ledger=tmp_path / 'scored.jsonl', protocol_dir=tmp_path, fixed=_FIXED
+  )
   assert info['forced'] and info['committed'] is False and len(info['sha256']) == 64
 
 
@@ -41,7 +42,9 @@ def test_a_scored_protocol_is_refused_then_forced_and_marked(tmp_path, monkeypat
   protocol.record(info, tmp_path / 'run', summary={'x': {'m': 0.5}}, paired={}, n_questions=3, ledger=ledger)
   with pytest.raises(ValueError, match='already scored'):
     protocol.check(_cfg(protocol_name='p'), ledger=ledger, protocol_dir=tmp_path, fixed=_FIXED)
-  forced = protocol.check(_cfg(protocol_name='p', protocol_force=True), ledger=ledger, protocol_dir=tmp_path, fixed=_FIXED)
+  forced = protocol.check(
+    _cfg(protocol_name='p', protocol_force=True), ledger=ledger, protocol_dir=tmp_path, fixed=_FIXED
+  )
   assert forced['forced'] and forced['earlier_scorings'] == 1
   protocol.record(forced, tmp_path / 'run2', summary={}, paired={}, n_questions=3, ledger=ledger)
   rows = [json.loads(l) for l in ledger.read_text().splitlines()]
@@ -60,8 +63,14 @@ def test_committed_protocols_parse_and_name_themselves():
 
 
 def _episodes(n):
-  return [Episode(id=f'e{i}', items=(Item(f'i{i}', f'text {i}', 'p', 0),),
-                  questions=(Question(f'q{i}', f'question {i}', (f'i{i}',), ('p',), 'c'),)) for i in range(n)]
+  return [
+    Episode(
+      id=f'e{i}',
+      items=(Item(f'i{i}', f'text {i}', 'p', 0),),
+      questions=(Question(f'q{i}', f'question {i}', (f'i{i}',), ('p',), 'c'),),
+    )
+    for i in range(n)
+  ]
 
 
 def test_confirm_part_is_everything_outside_train_and_disjoint():
@@ -77,8 +86,10 @@ def test_confirm_part_is_everything_outside_train_and_disjoint():
 
 
 def test_protocols_compose_with_the_fit_config_and_pass_its_checks():
-  from hydra import compose, initialize_config_dir  # pylint: disable=import-outside-toplevel
-  from experiments.lib import checks  # pylint: disable=import-outside-toplevel
+  from hydra import compose, initialize_config_dir
+
+  from experiments.lib import checks
+
   with initialize_config_dir(config_dir=str(protocol.ROOT / 'conf'), version_base='1.3'):
     lme = compose('fit', overrides=['+protocol=lme_session'])
     loc = compose('fit', overrides=['+protocol=locomo_full'])
@@ -93,19 +104,24 @@ def test_protocols_compose_with_the_fit_config_and_pass_its_checks():
 def test_overrides_that_change_fixed_settings_are_refused_then_forced_and_marked(tmp_path, monkeypatch):
   """A committed protocol run with `embedder=hashing fit.steps=2 fit.params=[k0]` was recorded as an unforced
   confirmation (only the file's hash was checked): now refused, naming the changed settings; forced, it is marked."""
-  from hydra import compose, initialize_config_dir  # pylint: disable=import-outside-toplevel
+  from hydra import compose, initialize_config_dir
+
   monkeypatch.setattr(protocol, 'committed_unmodified', lambda path: True)
   ledger = tmp_path / 'scored.jsonl'
   bad = ['embedder=hashing', 'fit.steps=2', 'fit.params=[k0]']
   with initialize_config_dir(config_dir=str(protocol.CONF), version_base='1.3'):
     own = compose('fit', overrides=['+protocol=locomo_full', 'eval.progress=false', f'protocol_ledger={ledger}'])
     changed = compose('fit', overrides=['+protocol=locomo_full', *bad, f'protocol_ledger={ledger}'])
-    forced = compose('fit', overrides=['+protocol=locomo_full', *bad, 'protocol_force=true',
-                                       f'protocol_ledger={ledger}'])
+    forced = compose(
+      'fit', overrides=['+protocol=locomo_full', *bad, 'protocol_force=true', f'protocol_ledger={ledger}']
+    )
   info = protocol.check(own)  # progress bars and the ledger's path are not fixed settings
   assert info['changed_settings'] == [] and not info['forced'] and len(info['config_sha256']) == 64
-  with pytest.raises(ValueError, match=r"protocol locomo_full: the run's overrides change settings the protocol "
-                                       r'fixes \(embedder.*fit.params.*fit.steps') as e:
+  with pytest.raises(
+    ValueError,
+    match=r"protocol locomo_full: the run's overrides change settings the protocol "
+    r'fixes \(embedder.*fit.params.*fit.steps',
+  ) as e:
     protocol.check(changed)
   assert '\n' not in str(e.value)
   marked = protocol.check(forced)

@@ -12,10 +12,21 @@ from tests.fit.test_fit import HAVE
 @pytest.mark.skipif(not HAVE, reason='needs the LoCoMo data')
 def test_search_budget_small(tmp_path):
   pytest.importorskip('optuna')
-  from experiments.research import search_budget  # pylint: disable=import-outside-toplevel
-  res = search_budget.main(['--out', str(tmp_path / 'out'), 'embedder=hashing',
-                            'dataset.loader.conversations=[conv-30,conv-26,conv-41]', 'fit.n_test=1', 'fit.steps=2',
-                            'fit.batch_size=16', 'eval.n_resamples=100', f'paths.cache_dir={tmp_path}/cache'])
+  from experiments.research import search_budget
+
+  res = search_budget.main(
+    [
+      '--out',
+      str(tmp_path / 'out'),
+      'embedder=hashing',
+      'dataset.loader.conversations=[conv-30,conv-26,conv-41]',
+      'fit.n_test=1',
+      'fit.steps=2',
+      'fit.batch_size=16',
+      'eval.n_resamples=100',
+      f'paths.cache_dir={tmp_path}/cache',
+    ]
+  )
   assert set(res) == {'hand-set', 'gradient (adam, soft twins)', 'optuna TPE', 'grid (3 levels per knob)'}
   budget = res['gradient (adam, soft twins)']['wall_s']
   for label in ('optuna TPE', 'grid (3 levels per knob)'):

@@ -29,8 +29,10 @@ def test_group_choices_and_keys_make_other_shapes():
 
 
 def test_the_sweeper_config_names_the_class():
-  from pathlib import Path  # pylint: disable=import-outside-toplevel
-  import yaml  # pylint: disable=import-outside-toplevel
+  from pathlib import Path
+
+  import yaml
+
   conf = yaml.safe_load((Path(__file__).resolve().parents[2] / 'conf/hydra/sweeper/shapes.yaml').read_text())
   module, name = conf['_target_'].rsplit('.', 1)
   assert module == sweeper.__name__ and issubclass(getattr(sweeper, name), sweeper.BasicSweeper)
@@ -52,7 +54,9 @@ def test_the_sweeper_composes_one_job_per_shape():
 
   sw = sweeper.ShapeValidatingSweeper(max_batch_size=None)
   sw.hydra_context, sw.config = type('Ctx', (), {'config_loader': Loader()})(), None
-  batch = [['pipeline=[rrf,cosine]', f'++pipeline.rrf.k0={k}'] for k in (20, 40, 60)] + [['pipeline=[bm25]', '++pipeline.rrf.k0=20']]
+  batch = [['pipeline=[rrf,cosine]', f'++pipeline.rrf.k0={k}'] for k in (20, 40, 60)] + [
+    ['pipeline=[bm25]', '++pipeline.rrf.k0=20']
+  ]
   sw.validate_batch_is_legal(batch)
   assert calls == [batch[0], batch[3]]
   assert len({shape(b) for b in batch}) == 2
@@ -60,10 +64,12 @@ def test_the_sweeper_composes_one_job_per_shape():
 
 def _loader_and_master(overrides):
   """Hydra's config loader on conf/ and a multirun master config (as ``-m`` composes it)."""
-  from pathlib import Path  # pylint: disable=import-outside-toplevel
-  from hydra import initialize_config_dir  # pylint: disable=import-outside-toplevel
-  from hydra.core.global_hydra import GlobalHydra  # pylint: disable=import-outside-toplevel
-  from hydra.types import RunMode  # pylint: disable=import-outside-toplevel
+  from pathlib import Path
+
+  from hydra import initialize_config_dir
+  from hydra.core.global_hydra import GlobalHydra
+  from hydra.types import RunMode
+
   ctx = initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[2] / 'conf'), version_base='1.3')
   ctx.__enter__()
   loader = GlobalHydra.instance().config_loader()
@@ -75,18 +81,30 @@ def test_the_launcher_reuses_a_shape_and_its_configs_equal_hydras():
   """Per job, the shape launcher's configuration equals ``load_sweep_config``'s: the whole tree unresolved (values,
   interpolations, the hydra node with its overrides and override_dirname) and the flags; jobs with a dict value or a
   deletion are composed from the files; the resolver cache (``${now:...}``) is the master's."""
-  from omegaconf import OmegaConf  # pylint: disable=import-outside-toplevel
-  from hydra.types import HydraContext  # pylint: disable=import-outside-toplevel
-  from hydra_plugins.engram_sweeper import shapes_launcher  # pylint: disable=import-outside-toplevel
+  from hydra.types import HydraContext
+  from omegaconf import OmegaConf
+
+  from hydra_plugins.engram_sweeper import shapes_launcher
+
   ctx, loader, master = _loader_and_master(['hydra/launcher=shapes', 'hydra.sweep.dir=/tmp/x'])
   try:
-    jobs = [['pipeline=[rrf_cos_bm25]', f'++pipeline.rrf_cos_bm25.k0={k}', f'eval.k={n}', '+extra=1']
-            for k, n in ((20, 5), (40.5, 10))]
-    jobs += [['pipeline=[cosine]', 'eval.k=5', '+extra=2'], ['pipeline=[rrf_cos_bm25]', 'eval.metrics=[ndcg@3,recall@3]',
-             'eval.k=3', '++pipeline.rrf_cos_bm25.k0=8', '+extra=4'],
-             ['pipeline=[rrf_cos_bm25]', '++pipeline.rrf_cos_bm25.k0=9', 'eval.k=3', '+extra={a: 1}'],
-             ['pipeline=[rrf_cos_bm25]', '++pipeline.rrf_cos_bm25.k0=9', 'eval.k=3', '+extra={b: 2}'],
-             ['pipeline=[rrf_cos_bm25]', '++pipeline.rrf_cos_bm25.k0=9', 'eval.k=3', '~eval.metrics']]
+    jobs = [
+      ['pipeline=[rrf_cos_bm25]', f'++pipeline.rrf_cos_bm25.k0={k}', f'eval.k={n}', '+extra=1']
+      for k, n in ((20, 5), (40.5, 10))
+    ]
+    jobs += [
+      ['pipeline=[cosine]', 'eval.k=5', '+extra=2'],
+      [
+        'pipeline=[rrf_cos_bm25]',
+        'eval.metrics=[ndcg@3,recall@3]',
+        'eval.k=3',
+        '++pipeline.rrf_cos_bm25.k0=8',
+        '+extra=4',
+      ],
+      ['pipeline=[rrf_cos_bm25]', '++pipeline.rrf_cos_bm25.k0=9', 'eval.k=3', '+extra={a: 1}'],
+      ['pipeline=[rrf_cos_bm25]', '++pipeline.rrf_cos_bm25.k0=9', 'eval.k=3', '+extra={b: 2}'],
+      ['pipeline=[rrf_cos_bm25]', '++pipeline.rrf_cos_bm25.k0=9', 'eval.k=3', '~eval.metrics'],
+    ]
     launcher = shapes_launcher.ShapeComposingLauncher()
     launcher.hydra_context = HydraContext(config_loader=loader, callbacks=None)
     launcher.config = master
@@ -96,6 +114,7 @@ def test_the_launcher_reuses_a_shape_and_its_configs_equal_hydras():
     def counting(master_config, sweep_overrides):
       composed.append(sweep_overrides)
       return real(master_config, sweep_overrides)
+
     loader.load_sweep_config = counting
     got = list(launcher.sweep_configs(jobs))
     loader.load_sweep_config = real
@@ -115,11 +134,14 @@ def test_the_launcher_reuses_a_shape_and_its_configs_equal_hydras():
 def test_the_launcher_freezes_the_heap_while_its_jobs_run_and_then_unfreezes(tmp_path):
   """``gc.freeze`` holds during the jobs (after each job, the objects it left behind too), and the launcher leaves
   the collector as it found it: nothing frozen after the sweep, and no freezing when the collector is off."""
-  import gc  # pylint: disable=import-outside-toplevel
-  from hydra.core.utils import JobStatus  # pylint: disable=import-outside-toplevel
-  from hydra.types import HydraContext  # pylint: disable=import-outside-toplevel
-  from hydra._internal.callbacks import Callbacks  # pylint: disable=import-outside-toplevel
-  from hydra_plugins.engram_sweeper import shapes_launcher  # pylint: disable=import-outside-toplevel
+  import gc
+
+  from hydra._internal.callbacks import Callbacks
+  from hydra.core.utils import JobStatus
+  from hydra.types import HydraContext
+
+  from hydra_plugins.engram_sweeper import shapes_launcher
+
   ctx, loader, master = _loader_and_master(['hydra/launcher=shapes', f'hydra.sweep.dir={tmp_path}'])
   try:
     kept, seen = [], []
@@ -130,8 +152,9 @@ def test_the_launcher_freezes_the_heap_while_its_jobs_run_and_then_unfreezes(tmp
       return cfg.pipeline.rrf_cos_bm25.k0
 
     launcher = shapes_launcher.ShapeComposingLauncher()
-    launcher.setup(hydra_context=HydraContext(config_loader=loader, callbacks=Callbacks()), task_function=task,
-                   config=master)
+    launcher.setup(
+      hydra_context=HydraContext(config_loader=loader, callbacks=Callbacks()), task_function=task, config=master
+    )
     jobs = [['pipeline=[rrf_cos_bm25]', f'++pipeline.rrf_cos_bm25.k0={k}'] for k in (20, 40, 60)]
     assert gc.get_freeze_count() == 0
     runs = launcher.launch(jobs, initial_job_idx=0)
@@ -153,24 +176,28 @@ def test_a_jobs_configuration_is_collected_before_the_heap_is_frozen(tmp_path):
   """What the launcher freezes after a job is what outlives it (its return, the caches it filled), not the job's
   composed configuration: that is cyclic garbage (children point to their parent) which, once frozen, could never be
   collected until the sweep ends. Each job sees the previous job's configuration gone."""
-  import weakref  # pylint: disable=import-outside-toplevel
-  from hydra.core.hydra_config import HydraConfig  # pylint: disable=import-outside-toplevel
-  from hydra.types import HydraContext  # pylint: disable=import-outside-toplevel
-  from hydra._internal.callbacks import Callbacks  # pylint: disable=import-outside-toplevel
-  from hydra_plugins.engram_sweeper import shapes_launcher  # pylint: disable=import-outside-toplevel
+  import weakref
+
+  from hydra._internal.callbacks import Callbacks
+  from hydra.core.hydra_config import HydraConfig
+  from hydra.types import HydraContext
+
+  from hydra_plugins.engram_sweeper import shapes_launcher
+
   ctx, loader, master = _loader_and_master(['hydra/launcher=shapes', f'hydra.sweep.dir={tmp_path}'])
   try:
     configs, alive = [], []
 
     def task(cfg):
       alive.append([ref() is not None for ref in configs])
-      configs.append(weakref.ref(HydraConfig.instance().cfg.hydra._get_parent()))  # pylint: disable=protected-access
+      configs.append(weakref.ref(HydraConfig.instance().cfg.hydra._get_parent()))
       assert configs[-1]().pipeline.rrf_cos_bm25.k0 == cfg.pipeline.rrf_cos_bm25.k0  # the job's composed config
       return cfg.pipeline.rrf_cos_bm25.k0
 
     launcher = shapes_launcher.ShapeComposingLauncher()
-    launcher.setup(hydra_context=HydraContext(config_loader=loader, callbacks=Callbacks()), task_function=task,
-                   config=master)
+    launcher.setup(
+      hydra_context=HydraContext(config_loader=loader, callbacks=Callbacks()), task_function=task, config=master
+    )
     jobs = [['pipeline=[rrf_cos_bm25]', f'++pipeline.rrf_cos_bm25.k0={k}'] for k in (20, 40, 60, 80)]
     runs = launcher.launch(jobs, initial_job_idx=0)
     assert [r.return_value for r in runs] == [20, 40, 60, 80]
@@ -198,12 +225,16 @@ def test_the_lean_job_runner_equals_hydras_run_job(tmp_path, chdir):
   YAML, overrides, working directory, status, value, task name), equal ``.hydra`` files, the same HydraConfig seen by
   the task (output_dir set), the environment of ``hydra.job.env_set``, the callbacks in order, and the same state
   after (HydraConfig and working directory restored); a failing task's exception is its return in both."""
-  import os  # pylint: disable=import-outside-toplevel
-  from hydra.core.hydra_config import HydraConfig  # pylint: disable=import-outside-toplevel
-  from hydra.core.utils import JobStatus, run_job as hydra_run_job  # pylint: disable=import-outside-toplevel
-  from hydra.types import HydraContext  # pylint: disable=import-outside-toplevel
-  from omegaconf import OmegaConf, open_dict  # pylint: disable=import-outside-toplevel
-  from hydra_plugins.engram_sweeper import lean_job  # pylint: disable=import-outside-toplevel
+  import os
+
+  from hydra.core.hydra_config import HydraConfig
+  from hydra.core.utils import JobStatus
+  from hydra.core.utils import run_job as hydra_run_job
+  from hydra.types import HydraContext
+  from omegaconf import OmegaConf, open_dict
+
+  from hydra_plugins.engram_sweeper import lean_job
+
   overrides = ['hydra/launcher=shapes', f'hydra.job.chdir={str(chdir).lower()}', '+hydra.job.env_set.ENGRAM_T=on']
   results = {}
   for name, runner in (('hydra', hydra_run_job), ('lean', lean_job.run_job)):
@@ -225,14 +256,30 @@ def test_the_lean_job_runner_equals_hydras_run_job(tmp_path, chdir):
         cfg = loader.load_sweep_config(master, ['pipeline=[rrf_cos_bm25]', f'++pipeline.rrf_cos_bm25.k0={k0}'])
         with open_dict(cfg):
           cfg.hydra.job.id = cfg.hydra.job.num = num
-        rets.append(runner(task_function=task, config=cfg, job_dir_key='hydra.sweep.dir',
-                           job_subdir_key='hydra.sweep.subdir', hydra_context=HydraContext(config_loader=loader,
-                                                                                           callbacks=rec)))
+        rets.append(
+          runner(
+            task_function=task,
+            config=cfg,
+            job_dir_key='hydra.sweep.dir',
+            job_subdir_key='hydra.sweep.subdir',
+            hydra_context=HydraContext(config_loader=loader, callbacks=rec),
+          )
+        )
       assert os.getcwd() == cwd and HydraConfig.instance().cfg is before
       assert 'ENGRAM_T' not in os.environ
       files = {p.relative_to(tmp_path / name).as_posix(): p.read_text() for p in (tmp_path / name).rglob('*.yaml')}
-      summary = [(OmegaConf.to_yaml(r.cfg), OmegaConf.is_struct(r.cfg), OmegaConf.to_yaml(r.hydra_cfg), r.overrides,
-                  r.working_dir, r.status, r.task_name) for r in rets]
+      summary = [
+        (
+          OmegaConf.to_yaml(r.cfg),
+          OmegaConf.is_struct(r.cfg),
+          OmegaConf.to_yaml(r.hydra_cfg),
+          r.overrides,
+          r.working_dir,
+          r.status,
+          r.task_name,
+        )
+        for r in rets
+      ]
       results[name] = (summary, seen, rec.calls, files, rets)
     finally:
       ctx.__exit__(None, None, None)
@@ -241,5 +288,5 @@ def test_the_lean_job_runner_equals_hydras_run_job(tmp_path, chdir):
   assert norm(h[0]) == norm(l[0]) and norm(h[1]) == norm(l[1]) and h[2] == l[2]
   assert {k: norm(v) for k, v in h[3].items()} == {k: norm(v) for k, v in l[3].items()} and len(h[3]) == 6
   assert [r.status for r in l[4]] == [JobStatus.COMPLETED, JobStatus.FAILED] and l[4][0].return_value == 20
-  assert isinstance(l[4][1]._return_value, ValueError)  # pylint: disable=protected-access
+  assert isinstance(l[4][1]._return_value, ValueError)
   assert h[1][0][2] == 'on' and (h[1][0][1].endswith('/0') if chdir else True)

@@ -10,13 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from test_fit import COS, _episodes, _rrf
 
-from engram_jax.core import batch
 from engram_jax import fit
+from engram_jax.core import batch
 from engram_jax.fit import adapter as A
 from engram_jax.fit.folds import DEFAULT_SEED
 from engram_jax.fit.train import loss_fn as scalar_loss
-from test_fit import COS, _episodes, _rrf
 
 PARAMS = ['legs.cos.weight', 'legs.cfsr.weight', 'legs.cfsr.lam', 'legs.cfsr.w', 'k0']
 
@@ -52,8 +52,9 @@ def test_gradients_reach_the_adapter_and_modes_agree_when_converged():
     fixed = {p: jnp.asarray(v, jnp.float32) for p, v in every.items()}
     params = {'raw': dict(knobs.raw), 'adapter': A.init_params(A.AdapterSpec(rank=3, lr_scale=1.0), 12, 0)}
     params['adapter']['u'] = params['adapter']['u'] + 0.05  # off the identity, so V gets a gradient too
-    grads[mode] = jax.grad(A.loss_fn)(params, fixed, rows, inputs, jnp.ones(rows.where.shape[0]), problem=problem,
-                                      max_gold=4)['adapter']
+    grads[mode] = jax.grad(A.loss_fn)(
+      params, fixed, rows, inputs, jnp.ones(rows.where.shape[0]), problem=problem, max_gold=4
+    )['adapter']
   for m in ('u', 'v'):
     assert np.abs(np.asarray(grads['implicit'][m])).sum() > 0
     np.testing.assert_allclose(grads['implicit'][m], grads['reverse'][m], rtol=2e-3, atol=1e-6)
@@ -62,8 +63,19 @@ def test_gradients_reach_the_adapter_and_modes_agree_when_converged():
 @pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_fit_runs_forward_mode_is_refused_and_queries_stay_unit():
   problem, knobs, every, rows, inputs = _setup()
-  res = A.fit(problem, A.AdapterSpec(rank=2, lr_scale=0.5), knobs, every, rows, inputs, np.arange(20),
-              optimizer=optax.adam(0.05), steps=3, batch_size=8, seed=0)
+  res = A.fit(
+    problem,
+    A.AdapterSpec(rank=2, lr_scale=0.5),
+    knobs,
+    every,
+    rows,
+    inputs,
+    np.arange(20),
+    optimizer=optax.adam(0.05),
+    steps=3,
+    batch_size=8,
+    seed=0,
+  )
   assert np.abs(res.adapter['u']).sum() > 0 and len(res.losses) == 3
   q = A.adapt_queries(res.adapter, np.asarray(inputs.query))
   np.testing.assert_allclose(np.linalg.norm(q, axis=-1), 1.0, rtol=1e-5)
@@ -74,15 +86,29 @@ def test_fit_runs_forward_mode_is_refused_and_queries_stay_unit():
 
 @pytest.mark.slow
 def test_experiment_fits_an_adapter_beside_the_scalar_fit(tmp_path):
-  from hydra import compose, initialize_config_dir  # pylint: disable=import-outside-toplevel
-  from experiments import fit as fit_exp  # pylint: disable=import-outside-toplevel
-  from test_fit import CONF  # pylint: disable=import-outside-toplevel
+  from hydra import compose, initialize_config_dir
+  from test_fit import CONF
+
+  from experiments import fit as fit_exp
+
   with initialize_config_dir(config_dir=CONF, version_base='1.3'):
-    cfg = compose(config_name='fit', overrides=[
-        'embedder=hashing', 'dataset.loader.conversations=[conv-30,conv-26]', 'pipeline=rrf_cos_bm25',
-        'fit.folds=2', 'fit.steps=2', 'fit.batch_size=16', 'eval.n_resamples=100', 'eval.progress=false',
-        'fit.baselines=[cosine]', f'paths.cache_dir={tmp_path}/cache', 'fit.gap_checks=0',
-        'fit.adapter={rank: 2, lr_scale: 0.1, cfsr_grad: implicit, soft_query_legs: true, train_gap: true}'])
+    cfg = compose(
+      config_name='fit',
+      overrides=[
+        'embedder=hashing',
+        'dataset.loader.conversations=[conv-30,conv-26]',
+        'pipeline=rrf_cos_bm25',
+        'fit.folds=2',
+        'fit.steps=2',
+        'fit.batch_size=16',
+        'eval.n_resamples=100',
+        'eval.progress=false',
+        'fit.baselines=[cosine]',
+        f'paths.cache_dir={tmp_path}/cache',
+        'fit.gap_checks=0',
+        'fit.adapter={rank: 2, lr_scale: 0.1, cfsr_grad: implicit, soft_query_legs: true, train_gap: true}',
+      ],
+    )
   res = fit_exp.run(cfg, tmp_path / 'out')
   a = res['adapter']
   assert len(a['per_question']['ndcg@10']) == res['n_questions']
@@ -91,8 +117,9 @@ def test_experiment_fits_an_adapter_beside_the_scalar_fit(tmp_path):
   assert all(0.9 < v <= 1.0 + 1e-6 for v in a['mean_cos_to_base'].values())
   assert min(a['mean_cos_to_base'].values()) < 1.0 - 1e-7  # it learned through the soft-ranked cosine leg
   for g in a['train_gap'].values():  # the training questions' soft objective and hard scores, per fold
-    assert g['train_questions'] > 0 and all(0.0 <= g[x] <= 1.0 for x in ('soft_ndcg', 'hard_ndcg_adapted',
-                                                                            'hard_ndcg_base_query'))
+    assert g['train_questions'] > 0 and all(
+      0.0 <= g[x] <= 1.0 for x in ('soft_ndcg', 'hard_ndcg_adapted', 'hard_ndcg_base_query')
+    )
 
 
 def _cos_bm25_setup():
@@ -123,8 +150,9 @@ def test_soft_query_legs_give_the_cosine_leg_a_gradient_that_is_cold_hard():
   vals = {**fixed, **knobs.values()}
   cold = jax.jit(lambda v, r, soft: fit.soft_scores(problem, v, r, 1e-9, soft_constant=soft), static_argnums=2)
   real = np.asarray(rows.where)
-  np.testing.assert_allclose(np.where(real, cold(vals, rows, (0,)), 0.0), np.where(real, cold(vals, rows, ()), 0.0),
-                             rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(
+    np.where(real, cold(vals, rows, (0,)), 0.0), np.where(real, cold(vals, rows, ()), 0.0), rtol=1e-4, atol=1e-6
+  )
 
 
 @pytest.mark.slow  # the counterfactual of the test above (a second compile of the gradient)
@@ -139,11 +167,18 @@ def test_soft_ndcg_of_an_identity_adapter_is_the_scalar_objective():
   1 - the scalar fit's loss on the same rows."""
   problem, knobs, every, rows, inputs = _setup()
   spec = A.AdapterSpec(rank=3, lr_scale=1.0)
-  res = A.AdapterFit(values={}, adapter={k: np.asarray(v) for k, v in A.init_params(spec, 12, 0).items()},
-                     losses=[], train_rows=0, wall_s=0.0, raw={k: np.asarray(v) for k, v in knobs.raw.items()})
+  res = A.AdapterFit(
+    values={},
+    adapter={k: np.asarray(v) for k, v in A.init_params(spec, 12, 0).items()},
+    losses=[],
+    train_rows=0,
+    wall_s=0.0,
+    raw={k: np.asarray(v) for k, v in knobs.raw.items()},
+  )
   idx = np.arange(rows.where.shape[0])
   got = A.soft_ndcg(problem, spec, res, every, rows, inputs, idx, scale=1.0, max_gold=4, batch_size=12)
   fixed = {p: jnp.asarray(v, jnp.float32) for p, v in every.items()}
-  want = 1.0 - float(jax.jit(functools.partial(scalar_loss, problem=problem, max_gold=4))(
-      knobs.raw, fixed, rows, jnp.ones(len(idx))))
+  want = 1.0 - float(
+    jax.jit(functools.partial(scalar_loss, problem=problem, max_gold=4))(knobs.raw, fixed, rows, jnp.ones(len(idx)))
+  )
   np.testing.assert_allclose(got, want, rtol=1e-5)

@@ -8,15 +8,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from test_fit import BM25, COS, _episodes, _rrf
 
+from engram_jax import fit
 from engram_jax.core import batch
 from engram_jax.eval import evaluation
-from engram_jax import fit
 from engram_jax.eval import pipeline as P
 from engram_jax.fit import conditioned as C
 from engram_jax.fit.folds import DEFAULT_SEED
-from engram_jax.fit.train import soft_ndcg
-from test_fit import BM25, COS, _episodes, _rrf
 
 KNOBS = ('legs.cos.weight', 'legs.bm25.weight', 'k0')
 SPEC = C.Conditioning(knobs=KNOBS, features=('cues', 'pool', 'query'), hidden=0, rank=4, net_lr_scale=1.0)
@@ -37,7 +36,8 @@ def _constant_net(spec, inputs, offsets):
   """Module parameters whose output is the constant ``offsets`` for every question."""
   params = C.init_net(spec, inputs, 0)
   return jax.tree_util.tree_map_with_path(
-      lambda path, x: jnp.asarray(offsets, x.dtype) if 'out' in str(path) and 'bias' in str(path) else x * 0, params)
+    lambda path, x: jnp.asarray(offsets, x.dtype) if 'out' in str(path) and 'bias' in str(path) else x * 0, params
+  )
 
 
 def test_constant_module_equals_scalar_path_soft_and_hard():
@@ -50,27 +50,58 @@ def test_constant_module_equals_scalar_path_soft_and_hard():
   scalar_vals = fit.effective_values(problem, raw, fixed)
   q_vals = C.question_values(problem, SPEC, knobs.raw, fixed, net, inputs.feats, inputs.query)
   for p in KNOBS:
-    np.testing.assert_allclose(q_vals[p], np.full(rows.where.shape[0], float(fit.Knobs(
-        raw=raw, transforms=problem.fitted).values()[p])), rtol=1e-6)
+    np.testing.assert_allclose(
+      q_vals[p],
+      np.full(rows.where.shape[0], float(fit.Knobs(raw=raw, transforms=problem.fitted).values()[p])),
+      rtol=1e-6,
+    )
   s_scalar = jax.jit(functools.partial(fit.problem.soft_scores, problem))(scalar_vals, rows)  # jitted: one compile
   s_cond = jax.jit(functools.partial(C.soft_scores, problem))(q_vals, rows)
   np.testing.assert_allclose(s_cond, s_scalar, rtol=1e-5, atol=1e-7)
   # hard: per-question fusion == the scalar pipeline through evaluation.evaluate, every question
-  res = C.CondFit(values={p: float(v) for p, v in scalar_vals.items() if p in KNOBS}, raw=knobs.raw, net=net,
-                  losses=[], train_rows=0, wall_s=0.0)
+  res = C.CondFit(
+    values={p: float(v) for p, v in scalar_vals.items() if p in KNOBS},
+    raw=knobs.raw,
+    net=net,
+    losses=[],
+    train_rows=0,
+    wall_s=0.0,
+  )
   # and a dataset's own episode metric (FactConsolidation's answer@k is one), as evaluate computes it
   first = {'first': lambda ep, q, row, cut: float(ep.items[row[0]].id in q.gold)}
   metrics = ['ndcg@10', 'recall@10', 'first@1']
-  got = C.score_episodes(pipe, problem, SPEC, res, every, eps, arrays, k=10, metrics=metrics, seed=0,
-                         indices=range(len(eps)), episode_metrics=first)
-  want = evaluation.evaluate(eps, embs, {'p': P.with_values(pipe, {p: float(scalar_vals[p]) for p in KNOBS})},
-                             k=10, metrics=metrics, seed=0, progress=False, arrays=arrays, episode_metrics=first)
+  got = C.score_episodes(
+    pipe,
+    problem,
+    SPEC,
+    res,
+    every,
+    eps,
+    arrays,
+    k=10,
+    metrics=metrics,
+    seed=0,
+    indices=range(len(eps)),
+    episode_metrics=first,
+  )
+  want = evaluation.evaluate(
+    eps,
+    embs,
+    {'p': P.with_values(pipe, {p: float(scalar_vals[p]) for p in KNOBS})},
+    k=10,
+    metrics=metrics,
+    seed=0,
+    progress=False,
+    arrays=arrays,
+    episode_metrics=first,
+  )
   for m in metrics:
     np.testing.assert_array_equal(got[m], want.scores['p'][m])
   assert 0 < np.mean(got['first@1']) < 1
   with pytest.raises(ValueError, match="Unknown metric 'answer@10'"):
-    C.score_episodes(pipe, problem, SPEC, res, every, eps, arrays, k=10, metrics=['answer@10'], seed=0,
-                     indices=range(len(eps)))
+    C.score_episodes(
+      pipe, problem, SPEC, res, every, eps, arrays, k=10, metrics=['answer@10'], seed=0, indices=range(len(eps))
+    )
 
 
 @pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
@@ -78,13 +109,25 @@ def test_gradients_reach_the_module_and_a_fit_moves_it():
   eps, embs, arrays, pipe, problem, knobs, every, rows, inputs = _setup()
   fixed = {p: jnp.asarray(v, jnp.float32) for p, v in every.items()}
   params = {'raw': dict(knobs.raw), 'net': C.init_net(SPEC, inputs, 0)}
-  g = jax.grad(C.loss_fn)(params, fixed, rows, inputs, jnp.ones(rows.where.shape[0]), problem=problem, spec=SPEC,
-                          max_gold=4)
+  g = jax.grad(C.loss_fn)(
+    params, fixed, rows, inputs, jnp.ones(rows.where.shape[0]), problem=problem, spec=SPEC, max_gold=4
+  )
   out = g['net']['params']['out']
   assert np.abs(np.asarray(out['kernel'])).sum() > 0 and np.abs(np.asarray(out['bias'])).sum() > 0
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree_util.tree_leaves(g))
-  res = C.fit(problem, SPEC, knobs, every, rows, inputs, np.arange(rows.where.shape[0]), optimizer=optax.adam(0.05),
-              steps=5, batch_size=16, seed=1)
+  res = C.fit(
+    problem,
+    SPEC,
+    knobs,
+    every,
+    rows,
+    inputs,
+    np.arange(rows.where.shape[0]),
+    optimizer=optax.adam(0.05),
+    steps=5,
+    batch_size=16,
+    seed=1,
+  )
   vals = C.per_question_knobs(problem, SPEC, res, every, inputs.feats, inputs.query)
   assert all(np.std(v) > 0 for v in vals.values())  # per-question values really differ
   assert len(res.losses) == 5 and np.isfinite(res.losses).all()
@@ -95,26 +138,47 @@ def test_config_errors():
     C.Conditioning(knobs=('k0',), features=('text',), hidden=0, rank=2, net_lr_scale=1.0)
   pipe = _rrf(COS, BM25, weights=[1.0, 1.0])
   with pytest.raises(ValueError, match='only fusion knobs'):
-    C.Conditioning(knobs=('legs.bm25.k1',), features=('cues',), hidden=0, rank=2, net_lr_scale=1.0).check(pipe, ['legs.bm25.k1'])
+    C.Conditioning(knobs=('legs.bm25.k1',), features=('cues',), hidden=0, rank=2, net_lr_scale=1.0).check(
+      pipe, ['legs.bm25.k1']
+    )
   with pytest.raises(ValueError, match='must also be in fit.params'):
-    C.Conditioning(knobs=('k0',), features=('cues',), hidden=0, rank=2, net_lr_scale=1.0).check(pipe, ['legs.cos.weight'])
+    C.Conditioning(knobs=('k0',), features=('cues',), hidden=0, rank=2, net_lr_scale=1.0).check(
+      pipe, ['legs.cos.weight']
+    )
   with pytest.raises(ValueError, match="conditioned.form must be one of \\['offset', 'gate'\\], got 'sigmoid'"):
     C.Conditioning(knobs=('k0',), features=('cues',), hidden=0, rank=2, net_lr_scale=1.0, form='sigmoid')
   with pytest.raises(ValueError, match='conditioned.pool must be >= 1, theta in'):
     C.Conditioning(knobs=('k0',), features=('revision',), hidden=0, rank=2, net_lr_scale=1.0, theta=1.5)
   prior = P.make_pipeline(legs={'prior': {'op': 'tcfsr_prior'}}, name='gate')
   with pytest.raises(ValueError, match=r"'legs.prior.lam'.*tcfsr_prior's per-question knobs: \['gamma'\]"):
-    C.Conditioning(knobs=('legs.prior.lam',), features=('cues',), hidden=0, rank=1,
-                   net_lr_scale=1.0).check(prior, ['legs.prior.lam'])
+    C.Conditioning(knobs=('legs.prior.lam',), features=('cues',), hidden=0, rank=1, net_lr_scale=1.0).check(
+      prior, ['legs.prior.lam']
+    )
   with pytest.raises(ValueError, match="a fusion knob needs an RRF fusion; pipeline 'gate' has fusion none"):
-    C.Conditioning(knobs=('legs.prior.weight',), features=('cues',), hidden=0, rank=1,
-                   net_lr_scale=1.0).check(prior, ['legs.prior.weight'])
-  C.Conditioning(knobs=('legs.prior.gamma',), features=('cues',), hidden=0, rank=1,
-                 net_lr_scale=1.0).check(prior, ['legs.prior.gamma'])
-  from omegaconf import OmegaConf  # pylint: disable=import-outside-toplevel
-  from experiments.lib import fit_conditioned  # pylint: disable=import-outside-toplevel
-  cfg = OmegaConf.create({'fit': {'conditioned': {'knobs': ['k0'], 'features': ['cues'], 'hidden': 0, 'rank': 1,
-                                                  'net_lr_scale': 1.0, 'gate': True}}})
+    C.Conditioning(knobs=('legs.prior.weight',), features=('cues',), hidden=0, rank=1, net_lr_scale=1.0).check(
+      prior, ['legs.prior.weight']
+    )
+  C.Conditioning(knobs=('legs.prior.gamma',), features=('cues',), hidden=0, rank=1, net_lr_scale=1.0).check(
+    prior, ['legs.prior.gamma']
+  )
+  from omegaconf import OmegaConf
+
+  from experiments.lib import fit_conditioned
+
+  cfg = OmegaConf.create(
+    {
+      'fit': {
+        'conditioned': {
+          'knobs': ['k0'],
+          'features': ['cues'],
+          'hidden': 0,
+          'rank': 1,
+          'net_lr_scale': 1.0,
+          'gate': True,
+        }
+      }
+    }
+  )
   with pytest.raises(ValueError, match=r"fit.conditioned: unknown keys \['gate'\]"):
     fit_conditioned.spec_of(cfg)
   cfg.fit.conditioned.pop('gate')
@@ -124,57 +188,100 @@ def test_config_errors():
 
 @pytest.mark.slow
 def test_experiment_fits_conditioned_knobs_beside_the_scalar_fit(tmp_path):
-  import json  # pylint: disable=import-outside-toplevel
-  from hydra import compose, initialize_config_dir  # pylint: disable=import-outside-toplevel
-  from experiments import fit as fit_exp  # pylint: disable=import-outside-toplevel
-  from test_fit import CONF  # pylint: disable=import-outside-toplevel
+  import json
+
+  from hydra import compose, initialize_config_dir
+  from test_fit import CONF
+
+  from experiments import fit as fit_exp
+
   with initialize_config_dir(config_dir=CONF, version_base='1.3'):
-    cfg = compose(config_name='fit', overrides=[
-        'embedder=hashing', 'dataset.loader.conversations=[conv-30,conv-26]', 'pipeline=rrf_cos_bm25',
-        'fit.folds=2', 'fit.steps=2', 'fit.batch_size=16', 'eval.n_resamples=100', 'eval.progress=false',
-        'fit.baselines=[cosine]', f'paths.cache_dir={tmp_path}/cache', 'fit.gap_checks=0',
+    cfg = compose(
+      config_name='fit',
+      overrides=[
+        'embedder=hashing',
+        'dataset.loader.conversations=[conv-30,conv-26]',
+        'pipeline=rrf_cos_bm25',
+        'fit.folds=2',
+        'fit.steps=2',
+        'fit.batch_size=16',
+        'eval.n_resamples=100',
+        'eval.progress=false',
+        'fit.baselines=[cosine]',
+        f'paths.cache_dir={tmp_path}/cache',
+        'fit.gap_checks=0',
         'fit.conditioned={knobs: [legs.cos.weight, legs.bm25.weight, k0], features: [cues, pool, query], hidden: 4, '
-        'rank: 2, net_lr_scale: 0.1}'])
+        'rank: 2, net_lr_scale: 0.1}',
+      ],
+    )
   res = fit_exp.run(cfg, tmp_path / 'out')
   c = res['conditioned']
   assert len(c['per_question']['ndcg@10']) == res['n_questions'] == 105 + 197
-  assert set(res['paired']) >= {'conditioned - scalar fit (out of fold)', 'conditioned - rrf_cos_bm25 (hand-set)',
-                                'conditioned - cosine (hand-set)'}
+  assert set(res['paired']) >= {
+    'conditioned - scalar fit (out of fold)',
+    'conditioned - rrf_cos_bm25 (hand-set)',
+    'conditioned - cosine (hand-set)',
+  }
   d = res['paired']['conditioned - scalar fit (out of fold)']['ndcg@10']['delta']
   want = np.mean(c['per_question']['ndcg@10']) - np.mean(res['per_question']['fitted']['ndcg@10'])
   assert abs(d - want) < 1e-12
   assert len(json.loads((tmp_path / 'out' / 'loss_curve_conditioned.json').read_text())['conv-30']) == 2
   with initialize_config_dir(config_dir=CONF, version_base='1.3'):
-    bad = compose(config_name='fit', overrides=[
-        'embedder=hashing', 'pipeline=rrf_cos_bm25', f'paths.cache_dir={tmp_path}/cache',
-        'fit.conditioned={knobs: [legs.bm25.k1], features: [cues], hidden: 0, rank: 2, net_lr_scale: 0.1}'])
+    bad = compose(
+      config_name='fit',
+      overrides=[
+        'embedder=hashing',
+        'pipeline=rrf_cos_bm25',
+        f'paths.cache_dir={tmp_path}/cache',
+        'fit.conditioned={knobs: [legs.bm25.k1], features: [cues], hidden: 0, rank: 2, net_lr_scale: 0.1}',
+      ],
+    )
   with pytest.raises(ValueError, match='only fusion knobs'):
     fit_exp.run(bad, tmp_path / 'bad')
 
 
 # ---- the learned recency gate of tcfsr_learned is one use of the conditioned knobs --------------------------------
 
-GATE = C.Conditioning(knobs=('legs.prior.gamma',), features=('cues', 'revision', 'top_cos'), hidden=0, rank=1,
-                      net_lr_scale=1.0, form='gate', bias=False, pool=20, theta=0.5, delta=0.3)
+GATE = C.Conditioning(
+  knobs=('legs.prior.gamma',),
+  features=('cues', 'revision', 'top_cos'),
+  hidden=0,
+  rank=1,
+  net_lr_scale=1.0,
+  form='gate',
+  bias=False,
+  pool=20,
+  theta=0.5,
+  delta=0.3,
+)
 CUE_TEXTS = ('what is my current job now', 'when did we meet', 'how many dogs do I have', 'where is the key')
 
 
 def _revision_episodes():
   """Episodes with near-duplicate items written far apart (the revision detector opens for some questions) and
   questions with and without text cues."""
-  from engram_jax.core.types import Episode, Item, Question  # pylint: disable=import-outside-toplevel
+  from engram_jax.core.types import Episode, Item, Question
+
   rng = np.random.default_rng(11)
   eps, embs = [], []
   for e, (n, q) in enumerate([(50, 12), (40, 9)]):
     docs = rng.normal(size=(n, 16))
-    docs[n // 2:n // 2 + 8] = docs[:8] + 0.3 * rng.normal(size=(8, 16))  # restated facts, later
+    docs[n // 2 : n // 2 + 8] = docs[:8] + 0.3 * rng.normal(size=(8, 16))  # restated facts, later
     docs /= np.linalg.norm(docs, axis=1, keepdims=True)
     queries = docs[rng.integers(0, 8, q)] + 0.4 * rng.normal(size=(q, 16))
     queries[::3] = rng.normal(size=queries[::3].shape)
     queries /= np.linalg.norm(queries, axis=1, keepdims=True)
     items = tuple(Item(id=f'e{e}i{i}', text=f'item {i}', parent='s', position=i) for i in range(n))
-    qs = tuple(Question(id=f'e{e}q{j}', text=CUE_TEXTS[j % 4], gold=(f'e{e}i{int(rng.integers(0, n))}',),
-                        gold_parents=('s',), category=1) for j in range(q))
+    qs = tuple(
+      Question(
+        id=f'e{e}q{j}',
+        text=CUE_TEXTS[j % 4],
+        gold=(f'e{e}i{int(rng.integers(0, n))}',),
+        gold_parents=('s',),
+        category=1,
+      )
+      for j in range(q)
+    )
     eps.append(Episode(id=f'e{e}', items=items, questions=qs))
     embs.append((docs, queries))
   return eps, embs, [batch.episode_arrays(e, *x) for e, x in zip(eps, embs)]
@@ -183,13 +290,25 @@ def _revision_episodes():
 def test_tcfsr_learned_gate_is_the_conditioned_recency_weight_of_tcfsr_prior():
   """tcfsr_learned at gate weights u (gamma, lam, w) equals tcfsr_prior with gamma conditioned through a gate module
   of kernel u (GATE): the same features, soft loss and gradients (u <-> the module's kernel), and hard rankings."""
-  from engram_jax.fit import train  # pylint: disable=import-outside-toplevel
-  from engram_jax.ops import tcfsr_learned as TL  # pylint: disable=import-outside-toplevel
+  from engram_jax.fit import train
+  from engram_jax.ops import tcfsr_learned as TL
+
   eps, embs, arrays = _revision_episodes()
   u = np.array([0.8, -0.6, 0.4, -0.3, 2.5, 1.2], np.float32)  # current, when, count, bias, revision, topcos
   common = {'pool': 20, 'lam': 0.01, 'w': 0.8}
-  learned = P.make_pipeline(legs={'tl': {'op': 'tcfsr_learned', **common, 'gamma': 0.3, 'theta': 0.5, 'delta': 0.3,
-                                         **{n: float(x) for n, x in zip(TL.WEIGHTS, u)}}}, name='learned')
+  learned = P.make_pipeline(
+    legs={
+      'tl': {
+        'op': 'tcfsr_learned',
+        **common,
+        'gamma': 0.3,
+        'theta': 0.5,
+        'delta': 0.3,
+        **{n: float(x) for n, x in zip(TL.WEIGHTS, u)},
+      }
+    },
+    name='learned',
+  )
   prior = P.make_pipeline(legs={'prior': {'op': 'tcfsr_prior', **common, 'gamma': 0.3}}, name='gate')
   p_a, k_a, e_a = fit.make_problem(learned, [f'legs.tl.{n}' for n in ('lam', 'w', 'gamma', *TL.WEIGHTS)])
   p_b, k_b, e_b = fit.make_problem(prior, ['legs.prior.lam', 'legs.prior.w', 'legs.prior.gamma'])
@@ -206,29 +325,46 @@ def test_tcfsr_learned_gate_is_the_conditioned_recency_weight_of_tcfsr_prior():
   fixed_a = {p: jnp.asarray(v, jnp.float32) for p, v in e_a.items()}
   fixed_b = {p: jnp.asarray(v, jnp.float32) for p, v in e_b.items()}
   loss_a, g_a = jax.value_and_grad(lambda r: train.loss_fn(r, fixed_a, rows_a, weight, problem=p_a, max_gold=1))(
-      dict(k_a.raw))
-  loss_b, g_b = jax.value_and_grad(lambda prm: C.loss_fn(prm, fixed_b, rows_b, inputs, weight, problem=p_b, spec=GATE,
-                                                         max_gold=1))({'raw': dict(k_b.raw), 'net': net})
+    dict(k_a.raw)
+  )
+  loss_b, g_b = jax.value_and_grad(
+    lambda prm: C.loss_fn(prm, fixed_b, rows_b, inputs, weight, problem=p_b, spec=GATE, max_gold=1)
+  )({'raw': dict(k_b.raw), 'net': net})
   np.testing.assert_allclose(loss_b, loss_a, rtol=1e-6)
   for knob in ('lam', 'w', 'gamma'):
     np.testing.assert_allclose(g_b['raw'][f'legs.prior.{knob}'], g_a[f'legs.tl.{knob}'], rtol=1e-4, atol=1e-7)
-  np.testing.assert_allclose(np.asarray(g_b['net']['params']['out']['kernel'])[:, 0],
-                             [g_a[f'legs.tl.{n}'] for n in TL.WEIGHTS], rtol=1e-4, atol=1e-7)
+  np.testing.assert_allclose(
+    np.asarray(g_b['net']['params']['out']['kernel'])[:, 0],
+    [g_a[f'legs.tl.{n}'] for n in TL.WEIGHTS],
+    rtol=1e-4,
+    atol=1e-7,
+  )
   assert abs(float(g_a['legs.tl.u_revision'])) > 0
   # hard: the conditioned scorer ranks every question as tcfsr_learned does
-  res = C.CondFit(values={'legs.prior.lam': 0.01, 'legs.prior.w': 0.8, 'legs.prior.gamma': 0.3}, raw=k_b.raw, net=net,
-                  losses=[], train_rows=0, wall_s=0.0)
+  res = C.CondFit(
+    values={'legs.prior.lam': 0.01, 'legs.prior.w': 0.8, 'legs.prior.gamma': 0.3},
+    raw=k_b.raw,
+    net=net,
+    losses=[],
+    train_rows=0,
+    wall_s=0.0,
+  )
   metrics = ['ndcg@10', 'recall@10']
-  got = C.score_episodes(prior, p_b, GATE, res, e_b, eps, arrays, k=10, metrics=metrics, seed=0,
-                         indices=range(len(eps)))
+  got = C.score_episodes(
+    prior, p_b, GATE, res, e_b, eps, arrays, k=10, metrics=metrics, seed=0, indices=range(len(eps))
+  )
   want = evaluation.evaluate(eps, embs, {'tl': learned}, k=10, metrics=metrics, seed=0, progress=False, arrays=arrays)
   for m in metrics:
     np.testing.assert_array_equal(got[m], want.scores['tl'][m])
   # and the gate moved the rankings: the same module at u = 0 (gamma / 2 for everyone) ranks differently
-  flat = C.CondFit(values=res.values, raw=k_b.raw, net=jax.tree_util.tree_map(jnp.zeros_like, net), losses=[],
-                   train_rows=0, wall_s=0.0)
-  scores = lambda r: np.asarray(jax.jit(lambda a, f, q: C.hard_topk(prior, p_b, GATE, r, e_b, a, f, q,
-                                                                    jax.random.key(0), k=10))(
-      arrays[0], jnp.asarray(np.pad(inputs.feats[:12], [(0, arrays[0].queries.shape[0] - 12), (0, 0)])),
-      jnp.asarray(arrays[0].queries)))
+  flat = C.CondFit(
+    values=res.values, raw=k_b.raw, net=jax.tree_util.tree_map(jnp.zeros_like, net), losses=[], train_rows=0, wall_s=0.0
+  )
+  scores = lambda r: np.asarray(
+    jax.jit(lambda a, f, q: C.hard_topk(prior, p_b, GATE, r, e_b, a, f, q, jax.random.key(0), k=10))(
+      arrays[0],
+      jnp.asarray(np.pad(inputs.feats[:12], [(0, arrays[0].queries.shape[0] - 12), (0, 0)])),
+      jnp.asarray(arrays[0].queries),
+    )
+  )
   assert not np.array_equal(scores(res), scores(flat))

@@ -12,14 +12,14 @@ import optax
 import pytest
 from hydra import compose, initialize_config_dir
 
-from engram_jax.core import batch
-from engram_jax.eval import evaluation
 from engram_jax import fit
+from engram_jax.core import batch
+from engram_jax.core.types import Episode, Item, Question
+from engram_jax.data import io
+from engram_jax.eval import evaluation
 from engram_jax.eval import pipeline as P
 from engram_jax.fit.folds import DEFAULT_SEED
 from engram_jax.ops import bm25 as bm25_ops
-from engram_jax.data import io
-from engram_jax.core.types import Episode, Item, Question
 
 WORDS = [f'w{i}' for i in range(40)]
 COLD = fit.Temperatures(rank=1e-7, depth=1e-7, greedy=1e-7, final=1e-7, cutoff=1e-7)
@@ -35,15 +35,19 @@ def _episodes(n_eps=2, n=60, q=48, d=16, seed=0, gold=None):
   rng = np.random.default_rng(seed)
   eps, embs = [], []
   for e in range(n_eps):
-    items = tuple(Item(id=f'e{e}i{i}', text=' '.join(rng.choice(WORDS, 8)), parent='s', position=i)
-                  for i in range(n))
+    items = tuple(Item(id=f'e{e}i{i}', text=' '.join(rng.choice(WORDS, 8)), parent='s', position=i) for i in range(n))
     g = np.zeros(q, int) if gold is None else gold(e)
-    qs = tuple(Question(id=f'e{e}q{j}', text=' '.join(rng.choice(WORDS, 4)), gold=(f'e{e}i{g[j]}',),
-                        gold_parents=('s',), category=1) for j in range(q))
+    qs = tuple(
+      Question(
+        id=f'e{e}q{j}', text=' '.join(rng.choice(WORDS, 4)), gold=(f'e{e}i{g[j]}',), gold_parents=('s',), category=1
+      )
+      for j in range(q)
+    )
     docs = rng.normal(size=(n, d))
     queries = rng.normal(size=(q, d))
-    embs.append((docs / np.linalg.norm(docs, axis=1, keepdims=True),
-                 queries / np.linalg.norm(queries, axis=1, keepdims=True)))
+    embs.append(
+      (docs / np.linalg.norm(docs, axis=1, keepdims=True), queries / np.linalg.norm(queries, axis=1, keepdims=True))
+    )
     eps.append(Episode(id=f'e{e}', items=items, questions=qs))
   return eps, embs
 
@@ -51,8 +55,10 @@ def _episodes(n_eps=2, n=60, q=48, d=16, seed=0, gold=None):
 def _planted(pipe, **kw):
   """Episodes whose gold item is the planted pipeline's hard top-1 (as a 1-element list)."""
   eps, embs = _episodes(**kw)
-  top1 = [np.asarray(P.pipeline_topk(pipe, batch.episode_arrays(e, *x), jax.random.key(0), k=1))[:, 0]
-          for e, x in zip(eps, embs)]
+  top1 = [
+    np.asarray(P.pipeline_topk(pipe, batch.episode_arrays(e, *x), jax.random.key(0), k=1))[:, 0]
+    for e, x in zip(eps, embs)
+  ]
   eps, embs = _episodes(gold=lambda e: top1[e], **kw)
   return eps, embs, [batch.episode_arrays(e, *x) for e, x in zip(eps, embs)]
 
@@ -68,8 +74,9 @@ def _tide(recency):
 
 def _rrf(*legs, weights):
   """An RRF pipeline of ``(leg name, leg node, depth)`` legs with these weights."""
-  return P.make_pipeline(legs={n: {**node, 'depth': d, 'weight': w} for (n, node, d), w in zip(legs, weights)},
-                         fusion='rrf', name='rrf')
+  return P.make_pipeline(
+    legs={n: {**node, 'depth': d, 'weight': w} for (n, node, d), w in zip(legs, weights)}, fusion='rrf', name='rrf'
+  )
 
 
 COS, BM25 = ('cos', {'op': 'cosine'}, 10), ('bm25', {'op': 'bm25'}, 10)
@@ -103,8 +110,9 @@ def test_fit_recovers_planted_rrf_weights():
 
 # cfsr, cfs and mmr: slow tier (heavy compiles); the fast tier checks their twins on batched rows through
 # test_registry_twins (engram_jax.testing.check_operator)
-@pytest.mark.parametrize('case', [pytest.param(c, marks=pytest.mark.slow) for c in ('cfsr', 'cfs', 'mmr')]
-                         + ['bm25', 'tide'])
+@pytest.mark.parametrize(
+  'case', [pytest.param(c, marks=pytest.mark.slow) for c in ('cfsr', 'cfs', 'mmr')] + ['bm25', 'tide']
+)
 def test_soft_pipeline_is_the_hard_one_when_cold(case):
   eps, embs = _episodes(n_eps=2, n=40, q=6, seed=3)
   arrays = [batch.episode_arrays(e, *x) for e, x in zip(eps, embs)]
@@ -120,8 +128,9 @@ def test_soft_pipeline_is_the_hard_one_when_cold(case):
   else:
     pipe = _tide(0.2)
     params = ['legs.tide.recency']
-  problem, knobs, every = fit.make_problem(pipe, params, temperatures=COLD,
-                                           settings=fit.Settings(greedy_pool=64, candidates=30))
+  problem, knobs, every = fit.make_problem(
+    pipe, params, temperatures=COLD, settings=fit.Settings(greedy_pool=64, candidates=30)
+  )
   rows = fit.build_rows(problem, pipe, eps, arrays, seed=DEFAULT_SEED)
   vals = fit.effective_values(problem, knobs.raw, every)
   soft = np.asarray(jax.jit(functools.partial(fit.soft_scores, problem))(vals, rows))
@@ -194,8 +203,10 @@ def test_annealing_schedule_and_the_gap_monitor():
   # the soft twin's approx-NDCG, cooled, is the hard NDCG at the same knobs (the gap closes as T -> 0)
   vals = fit.effective_values(problem, knobs.raw, every)
   hard = _ndcg(start, eps, embs, arrays)
-  gaps = [abs(float(fit.soft_ndcg_rows(soft_eval, vals, rows, np.arange(96), scale=t, batch_size=40).mean()) - hard)
-          for t in (1.0, 1e-2, 1e-6)]
+  gaps = [
+    abs(float(fit.soft_ndcg_rows(soft_eval, vals, rows, np.arange(96), scale=t, batch_size=40).mean()) - hard)
+    for t in (1.0, 1e-2, 1e-6)
+  ]
   assert gaps[2] < 1e-3 and gaps[2] <= gaps[0], gaps
   annealed = fit.fit(problem, knobs, every, rows, np.arange(96), anneal=(1.0, 0.1), **kw)
   assert annealed.scales[0] == 1.0
@@ -225,8 +236,18 @@ def test_splits_are_seeded_and_disjoint_and_the_assertion_fires():
   qids = [q.id for e in eps for q in e.questions]
   qids[5] = qids[0]
   with pytest.raises(ValueError, match='overlap the scored ids'):
-    fit.crossfit(problem, knobs, every, rows, row_episodes=['e0'] * 4 + ['e1'] * 4, question_ids=qids,
-                 folds=[['e0'], ['e1']], optimizer=optax.adam(0.1), steps=1, batch_size=4)
+    fit.crossfit(
+      problem,
+      knobs,
+      every,
+      rows,
+      row_episodes=['e0'] * 4 + ['e1'] * 4,
+      question_ids=qids,
+      folds=[['e0'], ['e1']],
+      optimizer=optax.adam(0.1),
+      steps=1,
+      batch_size=4,
+    )
 
 
 def test_unknown_knobs_are_clear_errors():
@@ -246,12 +267,24 @@ def test_unknown_knobs_are_clear_errors():
 @pytest.mark.slow
 @pytest.mark.skipif(not HAVE, reason='LoCoMo not found under the data root')
 def test_experiment_writes_fitted_json(tmp_path):
-  from experiments import fit as fit_exp  # pylint: disable=import-outside-toplevel
+  from experiments import fit as fit_exp
+
   with initialize_config_dir(config_dir=CONF, version_base='1.3'):
-    cfg = compose(config_name='fit', overrides=[
-        'embedder=hashing', 'dataset.loader.conversations=[conv-30,conv-26]', 'pipeline=rrf_cos_bm25',
-        'fit.folds=2', 'fit.steps=2', 'fit.batch_size=16', 'eval.n_resamples=100', 'eval.progress=false',
-        'fit.baselines=[cosine]', f'paths.cache_dir={tmp_path}/cache'])
+    cfg = compose(
+      config_name='fit',
+      overrides=[
+        'embedder=hashing',
+        'dataset.loader.conversations=[conv-30,conv-26]',
+        'pipeline=rrf_cos_bm25',
+        'fit.folds=2',
+        'fit.steps=2',
+        'fit.batch_size=16',
+        'eval.n_resamples=100',
+        'eval.progress=false',
+        'fit.baselines=[cosine]',
+        f'paths.cache_dir={tmp_path}/cache',
+      ],
+    )
   res = fit_exp.run(cfg, tmp_path / 'out')
   fitted = json.loads((tmp_path / 'out' / 'fitted.json').read_text())
   assert fitted['pipeline'] == 'rrf_cos_bm25' and sorted(fitted['folds']) == ['conv-26', 'conv-30']
@@ -278,8 +311,9 @@ def test_experiment_writes_fitted_json(tmp_path):
 
 
 def test_search_config_composes_and_flattens():
-  from experiments.lib import common  # pylint: disable=import-outside-toplevel
-  from experiments.research import search_compare  # pylint: disable=import-outside-toplevel
+  from experiments.lib import common
+  from experiments.research import search_compare
+
   with initialize_config_dir(config_dir=CONF, version_base='1.3'):
     cfg = compose(config_name='fit_search', overrides=['values.k0=30', '+values.legs.cos.weight=0.5'])
   assert cfg.fit.split == 'holdout' and list(cfg.pipeline) == ['rrf_cos_bm25']

@@ -16,8 +16,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from engram_jax import fit
-from engram_jax.eval import pipeline as P
 from engram_jax.data import io
+from engram_jax.eval import pipeline as P
 from engram_jax.ops import registry
 from engram_jax.testing.episodes import random_padded_episodes
 from experiments import fit as fit_exp
@@ -63,8 +63,11 @@ def _check(seed=0):
 
 def test_check_before_step_0_refuses_the_buggy_twin_by_name():
   with operator('buggy'):
-    with pytest.raises(ValueError, match=r'^refusing to fit: operator bm25_recent \(leg rec, hand-set knob values\): '
-                                         r'cold soft twin != hard leg: top-10 ids differ on [1-9]'):
+    with pytest.raises(
+      ValueError,
+      match=r'^refusing to fit: operator bm25_recent \(leg rec, hand-set knob values\): '
+      r'cold soft twin != hard leg: top-10 ids differ on [1-9]',
+    ):
       _check()
 
 
@@ -75,11 +78,26 @@ def test_check_before_step_0_passes_the_guide_s_operator():
 
 def _compose(module: str, tmp_path, extra=()):
   with initialize_config_dir(config_dir=CONF, version_base='1.3'):
-    return compose(config_name='fit', overrides=[
-        'embedder=hashing', 'dataset.loader.conversations=[conv-30,conv-26]', 'pipeline=[]', f'ops_modules=[{module}]',
-        '+pipeline.bm25_recent={fusion: none, legs: {rec: {op: bm25_recent}}}', f'fit.params=[{",".join(PARAMS)}]',
-        'fit.folds=2', 'fit.steps=3', 'fit.batch_size=32', 'fit.gap_checks=0', 'fit.baselines=[bm25]',
-        'eval.n_resamples=100', 'eval.progress=false', f'paths.cache_dir={tmp_path}/cache', *extra])
+    return compose(
+      config_name='fit',
+      overrides=[
+        'embedder=hashing',
+        'dataset.loader.conversations=[conv-30,conv-26]',
+        'pipeline=[]',
+        f'ops_modules=[{module}]',
+        '+pipeline.bm25_recent={fusion: none, legs: {rec: {op: bm25_recent}}}',
+        f'fit.params=[{",".join(PARAMS)}]',
+        'fit.folds=2',
+        'fit.steps=3',
+        'fit.batch_size=32',
+        'fit.gap_checks=0',
+        'fit.baselines=[bm25]',
+        'eval.n_resamples=100',
+        'eval.progress=false',
+        f'paths.cache_dir={tmp_path}/cache',
+        *extra,
+      ],
+    )
 
 
 @pytest.mark.slow

@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from engram_jax.metrics import boundary
-from engram_jax.eval import evaluation
-from engram_jax.data import io
 from engram_jax.core.types import Episode, Item, Question
+from engram_jax.data import io
+from engram_jax.eval import evaluation
+from engram_jax.metrics import boundary
 
 try:
   HAVE = (io.resolve_data_root() / 'locomo' / 'locomo10.json').is_file()
@@ -20,12 +20,22 @@ real = pytest.mark.skipif(not HAVE, reason='LoCoMo not found under the data root
 
 def _episode():
   # parents: A = a0 a1 a2 (3+3+3 = 9 tokens), B = b0 b1 (2+2 = 4), C = c0..c3 (10 each = 40)
-  text = {'a0': 'w w w', 'a1': 'w w w', 'a2': 'w w w', 'b0': 'w w', 'b1': 'w w',
-          'c0': ' '.join(['w'] * 10), 'c1': ' '.join(['w'] * 10), 'c2': ' '.join(['w'] * 10),
-          'c3': ' '.join(['w'] * 10)}
+  text = {
+    'a0': 'w w w',
+    'a1': 'w w w',
+    'a2': 'w w w',
+    'b0': 'w w',
+    'b1': 'w w',
+    'c0': ' '.join(['w'] * 10),
+    'c1': ' '.join(['w'] * 10),
+    'c2': ' '.join(['w'] * 10),
+    'c3': ' '.join(['w'] * 10),
+  }
   items = tuple(Item(id=i, text=t, parent=i[0].upper(), position=n) for n, (i, t) in enumerate(text.items()))
-  qs = (Question(id='q0', text='?', gold=('a2', 'c3'), gold_parents=('A', 'C'), category=1),
-        Question(id='q1', text='?', gold=('b1',), gold_parents=(), category=2))
+  qs = (
+    Question(id='q0', text='?', gold=('a2', 'c3'), gold_parents=('A', 'C'), category=1),
+    Question(id='q1', text='?', gold=('b1',), gold_parents=(), category=2),
+  )
   return Episode(id='e', items=items, questions=qs)
 
 
@@ -89,14 +99,23 @@ def test_parent_recall_metric_matches_boundary():
 
 
 def test_parent_recall_in_evaluate():
-  from engram_jax.data import embed  # pylint: disable=import-outside-toplevel
+  from engram_jax.data import embed
   from engram_jax.eval import pipeline
+
   ep = _episode()
   enc = embed.hashing_encoder(16)
   embs = evaluation.embed_episodes([ep], enc)
   pipes = {'cos': pipeline.make_pipeline(legs={'cos': {'op': 'cosine'}}, name='cos')}
-  res = evaluation.evaluate([ep], embs, pipes, k=3, metrics=['parent_recall@3', 'recall@3'], seed=0,
-                            progress=False, episode_metrics={'parent_recall': boundary.parent_recall_at})
+  res = evaluation.evaluate(
+    [ep],
+    embs,
+    pipes,
+    k=3,
+    metrics=['parent_recall@3', 'recall@3'],
+    seed=0,
+    progress=False,
+    episode_metrics={'parent_recall': boundary.parent_recall_at},
+  )
   for i, q in enumerate(ep.questions):
     got = res.scores['cos']['parent_recall@3'][i]
     assert got == pytest.approx(boundary.parent_recall(res.retrieved['cos'][i], ep, q))
@@ -106,15 +125,39 @@ def test_parent_recall_in_evaluate():
 @pytest.mark.slow
 @real
 def test_entry_point_on_one_conversation(tmp_path):
-  from experiments.research import boundary_table as entry  # pylint: disable=import-outside-toplevel
+  from experiments.research import boundary_table as entry
+
   out = tmp_path / 'run'
-  entry.main(['--evaluate', 'experiment=boundary', 'pipeline=[cosine,bm25]', 'embedder=hashing', 'eval.k=40',
-              'dataset.loader.conversations=[conv-30]', 'eval.n_resamples=100', 'eval.progress=false',
-              'dataset.metrics=[recall@10,parent_recall@10]', f'paths.cache_dir={tmp_path}/cache',
-              '--out', str(out), '--k', '10', '--policy', '0:inf', '300:1000', '--n-resamples', '100'])
+  entry.main(
+    [
+      '--evaluate',
+      'experiment=boundary',
+      'pipeline=[cosine,bm25]',
+      'embedder=hashing',
+      'eval.k=40',
+      'dataset.loader.conversations=[conv-30]',
+      'eval.n_resamples=100',
+      'eval.progress=false',
+      'dataset.metrics=[recall@10,parent_recall@10]',
+      f'paths.cache_dir={tmp_path}/cache',
+      '--out',
+      str(out),
+      '--k',
+      '10',
+      '--policy',
+      '0:inf',
+      '300:1000',
+      '--n-resamples',
+      '100',
+    ]
+  )
   rows = json.loads((out / 'boundary.json').read_text())['locomo']
-  assert [(r['pipeline'], r['policy']) for r in rows] == [('cosine', '0:inf'), ('cosine', '300:1000'),
-                                                          ('bm25', '0:inf'), ('bm25', '300:1000')]
+  assert [(r['pipeline'], r['policy']) for r in rows] == [
+    ('cosine', '0:inf'),
+    ('cosine', '300:1000'),
+    ('bm25', '0:inf'),
+    ('bm25', '300:1000'),
+  ]
   res = json.loads((out / 'results.json').read_text())
   for r in rows:
     assert r['n'] == res['n_questions'] == 105 and r['k'] == 10

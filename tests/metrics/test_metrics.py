@@ -15,8 +15,9 @@ def test_hand_computed_ndcg_and_recall():
   topk = np.array([[3, 0, 1]])
   labels = np.zeros((1, 5), bool)
   labels[0, [0, 4]] = True
-  assert math.isclose(float(metrics.ndcg_at_k(topk, labels, k=3)[0]), (1 / math.log2(3)) / (1 + 1 / math.log2(3)),
-                      rel_tol=1e-6)
+  assert math.isclose(
+    float(metrics.ndcg_at_k(topk, labels, k=3)[0]), (1 / math.log2(3)) / (1 + 1 / math.log2(3)), rel_tol=1e-6
+  )
   assert float(metrics.recall_at_k(topk, labels, k=3)[0]) == 0.5
   assert float(metrics.hit_at_k(topk, labels, k=3)[0]) == 1.0
   assert float(metrics.recall_all_at_k(topk, labels, k=3)[0]) == 0.0
@@ -47,8 +48,7 @@ def test_against_ir_measures_and_reference(n, k, data):
   run = [ir_measures.ScoredDoc(str(i), str(d), float(kk - r)) for i in range(q) for r, d in enumerate(topk[i])]
   nd = ir_measures.nDCG @ k
   rc = ir_measures.R @ k
-  expected = {(m, r.query_id): r.value for r in ir_measures.iter_calc([nd, rc], qrels, run)
-              for m in [r.measure]}
+  expected = {(m, r.query_id): r.value for r in ir_measures.iter_calc([nd, rc], qrels, run) for m in [r.measure]}
   got_nd = np.asarray(metrics.ndcg_at_k(topk, labels, k=k))
   got_rc = np.asarray(metrics.recall_at_k(topk, labels, k=k))
   for i in range(q):
@@ -62,6 +62,7 @@ def test_against_ir_measures_and_reference(n, k, data):
 @given(st.integers(1, 20), st.integers(1, 12), st.data())
 def test_ndcg_any_matches_the_official_transcription(n, k, data):
   from engram_jax.metrics import official
+
   rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1)))
   labels = rng.random((1, n)) < 0.3
   labels[0, rng.integers(n)] = True
@@ -69,5 +70,5 @@ def test_ndcg_any_matches_the_official_transcription(n, k, data):
   ids = [f'answer_{i}' if labels[0, i] else f'x_{i}' for i in range(n)]
   gold = [ids[i] for i in np.flatnonzero(labels[0])]
   expected = official.ndcg_any(ranking.tolist(), gold, ids, k=k)
-  got = float(metrics.ndcg_any_at_k(ranking[None, :min(k, n)], labels, k=k)[0])
+  got = float(metrics.ndcg_any_at_k(ranking[None, : min(k, n)], labels, k=k)[0])
   assert math.isclose(got, expected, abs_tol=1e-6)

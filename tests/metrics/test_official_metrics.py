@@ -11,21 +11,25 @@ from engram_jax.metrics import official as O
 
 def upstream_eval(rankings, correct_docs, corpus_ids, k):
   """A literal transcription of LongMemEval eval_utils.evaluate_retrieval (np.asfarray -> float64 array)."""
+
   def dcg(rel, k):
     rel = np.asarray(rel, dtype=np.float64)[:k]
     if rel.size:
       return rel[0] + np.sum(rel[1:] / np.log2(np.arange(2, rel.size + 1)))
-    return 0.
+    return 0.0
 
   def ndcg(rankings, correct_docs, corpus_ids, k):
     relevances = [1 if d in correct_docs else 0 for d in corpus_ids]
     ideal = dcg(sorted(relevances, reverse=True), k)
     actual = dcg([relevances[i] for i in rankings[:k]], k)
-    return 0. if ideal == 0 else actual / ideal
+    return 0.0 if ideal == 0 else actual / ideal
 
   recalled = set(corpus_ids[i] for i in rankings[:k])
-  return (float(any(d in recalled for d in correct_docs)), float(all(d in recalled for d in correct_docs)),
-          ndcg(rankings, correct_docs, corpus_ids, k))
+  return (
+    float(any(d in recalled for d in correct_docs)),
+    float(all(d in recalled for d in correct_docs)),
+    ndcg(rankings, correct_docs, corpus_ids, k),
+  )
 
 
 def _upstream_flat_index(data, granularity, sess_id):
@@ -148,8 +152,9 @@ def test_turn2session_refuses_a_too_short_ranking():
   with pytest.raises(ValueError, match='longer ranking'):
     O.evaluate_retrieval_turn2session([0, 1], ['s2_1'], corpus, k=2)
   # Long enough: fine, and equal to the full ranking's result.
-  assert (O.evaluate_retrieval_turn2session([0, 1, 2, 3], ['s2_1'], corpus, k=2)
-          == O.evaluate_retrieval_turn2session([0, 1, 2, 3], ['s2_1'], corpus, k=2))
+  assert O.evaluate_retrieval_turn2session([0, 1, 2, 3], ['s2_1'], corpus, k=2) == O.evaluate_retrieval_turn2session(
+    [0, 1, 2, 3], ['s2_1'], corpus, k=2
+  )
 
 
 def test_matches_literal_upstream_on_random_cases():
@@ -169,9 +174,11 @@ def test_matches_literal_upstream_on_random_cases():
       continue
     for k in (1, 2, 3, 5, 10):
       assert tuple(O.evaluate_retrieval(rankings, gold, corpus, k=k)) == pytest.approx(
-          upstream_eval(rankings, gold, corpus, k))
+        upstream_eval(rankings, gold, corpus, k)
+      )
       assert tuple(O.evaluate_retrieval_turn2session(rankings, gold, corpus, k=k)) == pytest.approx(
-          _upstream_turn2session(rankings, gold, corpus, k))
+        _upstream_turn2session(rankings, gold, corpus, k)
+      )
 
 
 def test_correct_docs_and_skip_reason():
@@ -185,8 +192,14 @@ def test_correct_docs_and_skip_reason():
 def test_longmemeval_scores_layout():
   corpus = ['s1_1', 'answer_a_2', 's2_1']
   out = O.longmemeval_scores([1, 0, 2], corpus, level='turn', ks=(1, 2))
-  assert out['turn'] == {'recall_any@1': 1.0, 'recall_all@1': 1.0, 'ndcg_any@1': 1.0,
-                         'recall_any@2': 1.0, 'recall_all@2': 1.0, 'ndcg_any@2': 1.0}
+  assert out['turn'] == {
+    'recall_any@1': 1.0,
+    'recall_all@1': 1.0,
+    'ndcg_any@1': 1.0,
+    'recall_any@2': 1.0,
+    'recall_all@2': 1.0,
+    'ndcg_any@2': 1.0,
+  }
   assert set(out['session']) == set(out['turn'])
   out = O.longmemeval_scores([0, 1], ['s1', 'answer_a'], level='session')
   assert out['turn'] == {} and out['session']['recall_any@1'] == 0.0 and out['session']['ndcg_any@50'] == 1.0
@@ -194,14 +207,17 @@ def test_longmemeval_scores_layout():
     O.longmemeval_scores([0], ['a'], level='doc')
 
 
-@pytest.mark.parametrize('text, expected', [
+@pytest.mark.parametrize(
+  'text, expected',
+  [
     ('The  Eiffel-Tower!', 'eiffeltower'),
     ('An apple a day', 'apple day'),
     ('  Washington, D.C..', 'washington dc'),
     ('THEATRE of the Absurd', 'theatre of absurd'),
     ('pesäpallo', 'pesäpallo'),
     ('', ''),
-])
+  ],
+)
 def test_normalize_answer(text, expected):
   assert O.normalize_answer(text) == expected
 
@@ -255,13 +271,15 @@ def test_reader_protocol_and_offline_reader():
 def test_turn_level_session_metrics_are_upstreams_turn2session():
   """The dataset metrics ``session_recall_any@k`` / ``session_ndcg_any@k`` of a turn-level episode equal the literal
   upstream transcription on random rankings (retrieved top turns), and a too-short ranking is refused."""
-  from engram_jax.data import longmemeval as L  # pylint: disable=import-outside-toplevel
-  from engram_jax.core.types import Episode, Item, Question  # pylint: disable=import-outside-toplevel
+  from engram_jax.core.types import Episode, Item, Question
+  from engram_jax.data import longmemeval as L
+
   ids = ['s1_1', 's1_3', 'answer_a_2', 'noans_a_4', 's2_1', 's2_3', 'answer_b_1', 's3_1', 's3_3', 's4_1']
-  ep = Episode(id='q', items=tuple(Item(id=i, text=i, parent=O.turn_to_session_id(i), position=n)
-                                   for n, i in enumerate(ids)),
-               questions=(Question(id='q', text='x', gold=('answer_a_2', 'answer_b_1'), gold_parents=(),
-                                   category='c'),))
+  ep = Episode(
+    id='q',
+    items=tuple(Item(id=i, text=i, parent=O.turn_to_session_id(i), position=n) for n, i in enumerate(ids)),
+    questions=(Question(id='q', text='x', gold=('answer_a_2', 'answer_b_1'), gold_parents=(), category='c'),),
+  )
   correct = O.longmemeval_correct_docs(ids)
   rng = np.random.default_rng(0)
   for _ in range(30):

@@ -57,8 +57,9 @@ def test_bootstrap_matches_scipy_within_monte_carlo_error():
   rng = np.random.default_rng(4)
   for v in (rng.random(300), (rng.random(500) < 0.3).astype(float), rng.exponential(size=120)):
     ours = stats.bootstrap_ci(v, seed=7)
-    ref = sps.bootstrap((v,), np.mean, n_resamples=10_000, method='percentile', rng=np.random.default_rng(8),
-                        vectorized=True).confidence_interval
+    ref = sps.bootstrap(
+      (v,), np.mean, n_resamples=10_000, method='percentile', rng=np.random.default_rng(8), vectorized=True
+    ).confidence_interval
     se = v.std(ddof=1) / np.sqrt(len(v))
     assert abs(ours.lo - ref.low) < 0.1 * se and abs(ours.hi - ref.high) < 0.1 * se
 
@@ -69,9 +70,14 @@ def test_sign_flip_p_matches_scipy_permutation_test():
     a = rng.random(400)
     b = a + shift + rng.normal(0, 0.1, 400)
     ours = stats.paired_test(a, b, seed=3).p
-    ref = sps.permutation_test((a, b), lambda x, y, axis: np.mean(x - y, axis=axis), vectorized=True,
-                               permutation_type='samples', n_resamples=10_000,
-                               rng=np.random.default_rng(11)).pvalue
+    ref = sps.permutation_test(
+      (a, b),
+      lambda x, y, axis: np.mean(x - y, axis=axis),
+      vectorized=True,
+      permutation_type='samples',
+      n_resamples=10_000,
+      rng=np.random.default_rng(11),
+    ).pvalue
     assert abs(ours - ref) < 0.02 + 0.1 * ref
 
 
@@ -108,8 +114,9 @@ def test_bootstrap_means_is_the_documented_draw(q):
   rng, c = np.random.default_rng(5), stats.chunk_size(q)
   dtype = np.uint16 if q <= 1 << 16 else np.uint32
   assert stats.index_dtype(q) is dtype
-  ref = np.concatenate([v[:, rng.integers(0, q, size=(q, min(c, r - s)), dtype=dtype)].mean(axis=1)
-                        for s in range(0, r, c)], axis=1)
+  ref = np.concatenate(
+    [v[:, rng.integers(0, q, size=(q, min(c, r - s)), dtype=dtype)].mean(axis=1) for s in range(0, r, c)], axis=1
+  )
   np.testing.assert_allclose(got, ref, rtol=0, atol=1e-6)
 
 
@@ -117,8 +124,13 @@ def test_bootstrap_means_on_a_binary_grid_are_float64_exact():
   v = np.random.default_rng(15).choice([0.0, 0.25, 0.5, 1.0], (3, 777))
   got = stats.bootstrap_means(v, seed=6, n_resamples=500)
   rng = np.random.default_rng(6)
-  ref = np.concatenate([v[:, rng.integers(0, 777, size=(777, min(168, 500 - s)), dtype=np.uint16)].mean(axis=1)
-                        for s in range(0, 500, 168)], axis=1)
+  ref = np.concatenate(
+    [
+      v[:, rng.integers(0, 777, size=(777, min(168, 500 - s)), dtype=np.uint16)].mean(axis=1)
+      for s in range(0, 500, 168)
+    ],
+    axis=1,
+  )
   assert stats.chunk_size(777) == 168
   np.testing.assert_allclose(got, ref, rtol=0, atol=1e-15)
 
@@ -160,7 +172,7 @@ def test_sign_table_and_batch_invariant_pvalues():
   padded = np.concatenate([d, np.zeros((3, 3))], axis=1)
   for b, v in ((0, 0), (0, 255), (1, 0b10110101), (2, 0b00000111)):
     signs = np.array([1.0 if (v >> j) & 1 else -1.0 for j in range(8)])
-    np.testing.assert_allclose(table[256 * b + v], padded[:, 8 * b:8 * b + 8] @ signs, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(table[256 * b + v], padded[:, 8 * b : 8 * b + 8] @ signs, rtol=0, atol=1e-12)
   d = np.concatenate([rng.normal(0.1, 1, (4, 333)), rng.choice([-1.0, -0.5, 0.0, 0.5, 1.0], (4, 333))])
   batch = stats.sign_flip_pvalues(d, seed=3, n_resamples=2000)
   assert np.array_equal(batch, [stats.sign_flip_pvalues(row, seed=3, n_resamples=2000)[0] for row in d])

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from engram_jax.metrics import report, stats
 from engram_jax.eval.evaluation import EvalResult
+from engram_jax.metrics import report, stats
 
 R = 1500
 
@@ -15,8 +15,11 @@ def _result() -> EvalResult:
   scores = {}
   for p in range(3):
     hit = rng.random(300) < 0.4 + 0.1 * p
-    scores[f'p{p}'] = {'ndcg@10': np.where(hit, rng.random(300), 0.0), 'hit@10': hit.astype(float),
-                       'recall@10': rng.choice([0.0, 0.5, 1.0], 300)}
+    scores[f'p{p}'] = {
+      'ndcg@10': np.where(hit, rng.random(300), 0.0),
+      'hit@10': hit.astype(float),
+      'recall@10': rng.choice([0.0, 0.5, 1.0], 300),
+    }
   ids = [str(i) for i in range(300)]
   return EvalResult(ids, ids, cats, [1] * 300, scores, {p: [[]] * 300 for p in scores}, 10)
 
@@ -63,14 +66,29 @@ def test_per_question_records_equal_a_plain_loop():
   gives it, for float32, float64, int and bool score rows (always Python floats in the file)."""
   rng = np.random.default_rng(0)
   q = 7
-  res = EvalResult(question_ids=[f'q{i}' for i in range(q)], episode_ids=['e'] * q, categories=[1, 2, 'x', 1, 2, 1, 3],
-                   n_gold=list(range(q)),
-                   scores={'a': {'m32': rng.random(q).astype(np.float32), 'm64': rng.random(q)},
-                           'b': {'int': rng.integers(0, 2, q), 'bool': rng.random(q) > 0.5}},
-                   retrieved={'a': [[f'd{i}', f'd{i + 1}'] for i in range(q)], 'b': [[] for _ in range(q)]}, k=2)
-  want = [{'id': qid, 'episode': res.episode_ids[i], 'category': res.categories[i], 'n_gold': res.n_gold[i],
-           'scores': {p: {m: float(v[i]) for m, v in ms.items()} for p, ms in res.scores.items()},
-           'retrieved': {p: ids[i] for p, ids in res.retrieved.items()}} for i, qid in enumerate(res.question_ids)]
+  res = EvalResult(
+    question_ids=[f'q{i}' for i in range(q)],
+    episode_ids=['e'] * q,
+    categories=[1, 2, 'x', 1, 2, 1, 3],
+    n_gold=list(range(q)),
+    scores={
+      'a': {'m32': rng.random(q).astype(np.float32), 'm64': rng.random(q)},
+      'b': {'int': rng.integers(0, 2, q), 'bool': rng.random(q) > 0.5},
+    },
+    retrieved={'a': [[f'd{i}', f'd{i + 1}'] for i in range(q)], 'b': [[] for _ in range(q)]},
+    k=2,
+  )
+  want = [
+    {
+      'id': qid,
+      'episode': res.episode_ids[i],
+      'category': res.categories[i],
+      'n_gold': res.n_gold[i],
+      'scores': {p: {m: float(v[i]) for m, v in ms.items()} for p, ms in res.scores.items()},
+      'retrieved': {p: ids[i] for p, ids in res.retrieved.items()},
+    }
+    for i, qid in enumerate(res.question_ids)
+  ]
   got = report.per_question(res)
   assert got == want
-  assert all(type(v) is float for r in got for ms in r['scores'].values() for v in ms.values())  # pylint: disable=unidiomatic-typecheck
+  assert all(type(v) is float for r in got for ms in r['scores'].values() for v in ms.values())

@@ -17,8 +17,10 @@ from engram_jax.ops import bm25
 from engram_jax.ops.pools import write_time
 from engram_jax.ops.registry import Knob, Operator, SoftTwin, knob_defaults, register
 
-KNOBS = bm25.KNOBS + (Knob('c', 0.5, transform='softplus', check='>=0', doc='recency boost'),
-                      Knob('p', 1.0, transform='log', check='>0', doc='recency exponent'))
+KNOBS = bm25.KNOBS + (
+  Knob('c', 0.5, transform='softplus', check='>=0', doc='recency boost'),
+  Knob('p', 1.0, transform='log', check='>0', doc='recency exponent'),
+)
 _D = knob_defaults(KNOBS)
 
 
@@ -35,8 +37,17 @@ def boost(t: Array, *, c, p) -> Array:
   return 1.0 + c * jnp.where(pos, jnp.where(pos, t, 1.0) ** p, 0.0)
 
 
-def bm25_recent_leg(ep, key: Array, *, k1: float = _D['k1'], b: float = _D['b'], epsilon: float = _D['epsilon'],
-                    tokenizer: str = _D['tokenizer'], c: float = _D['c'], p: float = _D['p']) -> Array:
+def bm25_recent_leg(
+  ep,
+  key: Array,
+  *,
+  k1: float = _D['k1'],
+  b: float = _D['b'],
+  epsilon: float = _D['epsilon'],
+  tokenizer: str = _D['tokenizer'],
+  c: float = _D['c'],
+  p: float = _D['p'],
+) -> Array:
   s = bm25.bm25_leg(ep, key, k1=k1, b=b, epsilon=epsilon, tokenizer=tokenizer)
   return s * boost(write_time(ep.positions, ep.where), c=c, p=p)  # [N]: right
 
@@ -47,6 +58,12 @@ def _soft(rows, values, ctx) -> Array:
   return jnp.where(ctx.where, s, -jnp.inf)
 
 
-OPERATOR = Operator(name='bm25_recent', leg=bm25_recent_leg, doc='BM25 x (1 + c t^p), buggy twin', knobs=KNOBS,
-                    soft=SoftTwin(rows=bm25.term_rows, scores=_soft, fill=bm25.TERM_FILL), needs=bm25.BM25.needs)
+OPERATOR = Operator(
+  name='bm25_recent',
+  leg=bm25_recent_leg,
+  doc='BM25 x (1 + c t^p), buggy twin',
+  knobs=KNOBS,
+  soft=SoftTwin(rows=bm25.term_rows, scores=_soft, fill=bm25.TERM_FILL),
+  needs=bm25.BM25.needs,
+)
 register(OPERATOR, replace=True)

@@ -9,15 +9,15 @@ import inspect
 import jax
 import jax.numpy as jnp
 import numpy as np
+import strategies
 from jax.test_util import check_grads
 
-import strategies
-from engram_jax.core import batch
 from engram_jax import fit, ops
+from engram_jax.core import batch
+from engram_jax.core.types import Episode, Item, Question
 from engram_jax.eval import pipeline
 from engram_jax.ops import cfs, greedy, mmr, pools
 from engram_jax.testing import reference as ref
-from engram_jax.core.types import Episode, Item, Question
 
 COLD = 1e-7  # a temperature at which every soft op must equal its hard twin (inputs without ties)
 
@@ -71,14 +71,23 @@ def small_episode(seed=0, d=8):
   time-aware CFS-R is neither open nor shut, and the texts share words with the questions (BM25);
   the questions carry every text cue of engram_jax.core.features (a learned gate's inputs)."""
   rng = np.random.default_rng(seed)
-  items = tuple(Item(id=f'i{k}', text=f'memory number {k} about cats' if k % 3 else f'note {k} on budgets',
-                     parent=f's{k // 4}', position=k) for k in range(N_ITEMS))
-  qs = (Question(id='q0', text='cats memory now', gold=('i2',), gold_parents=('s0',), category=1),
-        Question(id='q1', text='budgets: how many, and when', gold=('i9',), gold_parents=('s2',), category=2))
+  items = tuple(
+    Item(
+      id=f'i{k}',
+      text=f'memory number {k} about cats' if k % 3 else f'note {k} on budgets',
+      parent=f's{k // 4}',
+      position=k,
+    )
+    for k in range(N_ITEMS)
+  )
+  qs = (
+    Question(id='q0', text='cats memory now', gold=('i2',), gold_parents=('s0',), category=1),
+    Question(id='q1', text='budgets: how many, and when', gold=('i9',), gold_parents=('s2',), category=2),
+  )
   ep = Episode(id='e', items=items, questions=qs)
   docs = ref.unit_vectors(rng, N_ITEMS, d)
   other = docs[5] - (docs[5] @ docs[2]) * docs[2]
-  docs[5] = 0.75 * docs[2] + np.sqrt(1 - 0.75 ** 2) * other / np.linalg.norm(other)
+  docs[5] = 0.75 * docs[2] + np.sqrt(1 - 0.75**2) * other / np.linalg.norm(other)
   queries = ref.unit_vectors(rng, N_QUESTIONS, d)
   queries[0] = (docs[2] + docs[5]) / np.linalg.norm(docs[2] + docs[5])
   return ep, docs.astype(np.float32), queries.astype(np.float32)
@@ -123,8 +132,9 @@ def check_declaration(name):
     if knob.transform is not None:
       assert not knob.static
 
-  arr = small_arrays(tokenizers=pipeline.build_options(
-      [pipeline.make_pipeline(legs={name: {'op': name}})])['tokenizers'])
+  arr = small_arrays(
+    tokenizers=pipeline.build_options([pipeline.make_pipeline(legs={name: {'op': name}})])['tokenizers']
+  )
   key = jax.random.key(0)
   scores = np.asarray(jax.jit(functools.partial(op.leg, **op.defaults))(arr, key))
   where = np.asarray(arr.where)
@@ -149,10 +159,12 @@ def check_declaration(name):
   assert set(op.soft.fill) <= set(rows)
   rows = jax.tree_util.tree_map(jnp.asarray, rows)
   ctx = fit.SoftContext(
-      where=jnp.asarray(pools.pad_items(np.broadcast_to(where, (N_QUESTIONS, n_pad)), n_pad, False)),
-      cos=jnp.asarray(pools.question_cosines(arr, N_QUESTIONS, n_pad)),
-      positions=jnp.asarray(np.broadcast_to(np.asarray(arr.positions), (N_QUESTIONS, n_pad))),
-      temperatures=fit.Temperatures(), settings=settings)
+    where=jnp.asarray(pools.pad_items(np.broadcast_to(where, (N_QUESTIONS, n_pad)), n_pad, False)),
+    cos=jnp.asarray(pools.question_cosines(arr, N_QUESTIONS, n_pad)),
+    positions=jnp.asarray(np.broadcast_to(np.asarray(arr.positions), (N_QUESTIONS, n_pad))),
+    temperatures=fit.Temperatures(),
+    settings=settings,
+  )
 
   def soft(values):
     return op.soft.scores(rows, {**op.defaults, **values}, ctx)
@@ -211,7 +223,7 @@ def run(fn, queries, docs, where=None, **kw):
   wh[:n] = True if where is None else where
   qs = ref.pad(np.concatenate([queries, np.repeat(queries[:1], Q - len(queries), 0)]), Q, D_PAD)
   sel = fn(qs, ref.pad(docs, N_PAD, D_PAD), **hyper(fn, where=wh, **kw))
-  return np.asarray(sel.indices)[:len(queries)], np.asarray(sel.scores)[:len(queries)]
+  return np.asarray(sel.indices)[: len(queries)], np.asarray(sel.scores)[: len(queries)]
 
 
 def tie_docs():
@@ -267,9 +279,14 @@ def check_soft_greedy_tends_to_hard(hard_fn, soft_fn, kw):
 
   @jax.jit
   def run_all(qs, docs):
-    return [(hard_fn(qs, docs, k=8, where=where, pool=pool, **kw),
-             soft_fn(qs, docs, k=8, where=where, pool=pool, temperature=COLD, **kw),
-             soft_fn(qs, docs, k=8, where=where, pool=pool, temperature=0.05, **kw)) for pool in (None, 12)]
+    return [
+      (
+        hard_fn(qs, docs, k=8, where=where, pool=pool, **kw),
+        soft_fn(qs, docs, k=8, where=where, pool=pool, temperature=COLD, **kw),
+        soft_fn(qs, docs, k=8, where=where, pool=pool, temperature=0.05, **kw),
+      )
+      for pool in (None, 12)
+    ]
 
   for hard, soft, warm in run_all(qs, docs):
     np.testing.assert_array_equal(np.argmax(soft.probs, -1), hard.indices)

@@ -2,15 +2,15 @@
 b; its registry declaration (the soft twin on term statistics)."""
 
 import jax
-import pytest
 import jax.numpy as jnp
 import numpy as np
+import ops_testing
+import pytest
+import strategies
 from hypothesis import assume, given
 from hypothesis import strategies as st
 from rank_bm25 import BM25Okapi
 
-import ops_testing
-import strategies
 from engram_jax.ops import bm25
 from engram_jax.testing import reference as ref
 
@@ -37,21 +37,28 @@ def test_bm25_equals_rank_bm25(corpus, k1, b, eps):
   q, d = _tf(query, docs, pad_rows=pad_rows, pad_cols=pad_cols)
   where = np.arange(len(docs) + pad_rows) < len(docs)
   got = bm25.bm25_scores(q, d, where=where, k1=k1, b=b, epsilon=eps)
-  np.testing.assert_allclose(np.asarray(got)[:len(docs)], expected, rtol=1e-9, atol=1e-12)
-  assert np.all(np.isneginf(np.asarray(got)[len(docs):]))
+  np.testing.assert_allclose(np.asarray(got)[: len(docs)], expected, rtol=1e-9, atol=1e-12)
+  assert np.all(np.isneginf(np.asarray(got)[len(docs) :]))
 
 
-@given(strategies.corpora(), st.floats(0.1, 3.0), st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.integers(1, 4),
-       st.sampled_from([None, 1, 2]))
+@given(
+  strategies.corpora(),
+  st.floats(0.1, 3.0),
+  st.floats(0.0, 1.0),
+  st.floats(0.0, 1.0),
+  st.integers(1, 4),
+  st.sampled_from([None, 1, 2]),
+)
 @pytest.mark.slow
 def test_sparse_bm25_equals_rank_bm25_and_dense(corpus, k1, b, eps, n_queries, batch_size):
   """The sparse form (what the leg runs) against rank_bm25, with padded items, questions and vocabulary, repeated
   query terms, out-of-vocabulary terms and question chunks of every size."""
   query, docs = corpus
   assume(any(docs))
-  queries = [query[:len(query) - j] + query[:j] for j in range(n_queries)]  # varied repetition
-  lex = bm25.build_lexicon(docs, queries, n_rows=len(docs) + 3, q_rows=n_queries + 2, l_multiple=4, t_multiple=2,
-                           v_multiple=8)
+  queries = [query[: len(query) - j] + query[:j] for j in range(n_queries)]  # varied repetition
+  lex = bm25.build_lexicon(
+    docs, queries, n_rows=len(docs) + 3, q_rows=n_queries + 2, l_multiple=4, t_multiple=2, v_multiple=8
+  )
   where = np.arange(len(docs) + 3) < len(docs)
   got = np.asarray(bm25.bm25_sparse_scores(lex, where=where, k1=k1, b=b, epsilon=eps, batch_size=batch_size))
   qtf, dtf = lex.dense()
@@ -59,9 +66,9 @@ def test_sparse_bm25_equals_rank_bm25_and_dense(corpus, k1, b, eps, n_queries, b
   for i, q in enumerate(queries):
     with np.errstate(invalid='ignore'):
       expected = np.nan_to_num(BM25Okapi(docs, k1=k1, b=b, epsilon=eps).get_scores(q), nan=0.0)
-    np.testing.assert_allclose(got[i, :len(docs)], expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got[i, : len(docs)], expected, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(got, dense, rtol=1e-6, atol=1e-6)
-  assert np.all(np.isneginf(got[:, len(docs):]))
+  assert np.all(np.isneginf(got[:, len(docs) :]))
 
 
 def test_lexicon_is_sparse_and_sorted():
@@ -102,8 +109,9 @@ def test_check_grads_bm25():
 @pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_jit_eager_vmap_and_all_masked():
   c = ops_testing.jit_case()
-  ops_testing.check_jit_eager_vmap_and_all_masked(lambda x, w: bm25.bm25_scores(x, c['dtf'], where=w), c['qtf'],
-                                                  n=c['n'], qn=c['qn'])
+  ops_testing.check_jit_eager_vmap_and_all_masked(
+    lambda x, w: bm25.bm25_scores(x, c['dtf'], where=w), c['qtf'], n=c['n'], qn=c['qn']
+  )
 
 
 @pytest.mark.slow

@@ -3,10 +3,10 @@ when cold and has correct gradients; its registry declaration."""
 
 import hypothesis.strategies as st
 import numpy as np
+import ops_testing
 import pytest
 from hypothesis import given
 
-import ops_testing
 from engram_jax.ops import cfs, greedy
 from engram_jax.testing import reference as ref
 
@@ -14,8 +14,13 @@ N_PAD, D_PAD, Q = ops_testing.N_PAD, ops_testing.D_PAD, ops_testing.Q
 cfs_jit, run = ops_testing.cfs_jit, ops_testing.run
 
 
-@given(ops_testing.greedy_episodes(), st.sampled_from([4, 45]), st.sampled_from([None, 6]), st.floats(0.0, 2.0),
-       st.floats(0.1, 1.0))
+@given(
+  ops_testing.greedy_episodes(),
+  st.sampled_from([4, 45]),
+  st.sampled_from([None, 6]),
+  st.floats(0.0, 2.0),
+  st.floats(0.1, 1.0),
+)
 def test_cfs_matches_reference(ep, k, pool, beta, sigma):
   docs, queries, where = ep
   sel = cfs_jit(queries, docs, k=k, beta=beta, sigma=sigma, where=where, pool=pool)
@@ -62,6 +67,7 @@ def test_traced_hyperparameters_do_not_recompile():
 
 
 # ---- soft twin --------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_soft_cfs_tends_to_hard():

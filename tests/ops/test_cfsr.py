@@ -7,14 +7,14 @@ import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
+import ops_testing
 import pytest
 import scipy.optimize
+import strategies
 from hypothesis import given
 
-import ops_testing
-import strategies
-from engram_jax.core import batch, ranking
 from engram_jax import ops
+from engram_jax.core import batch, ranking
 from engram_jax.ops import cfsr, greedy
 from engram_jax.testing import reference as ref
 
@@ -108,8 +108,9 @@ def test_jit_eager_vmap_loop_and_grads():
   np.testing.assert_allclose(vmapped, jitted, rtol=1e-12)
   chunked = cfsr_jit(qs, docs, where=where, batch_size=2, **kw)  # lax.map over chunks of 2 (+ remainder)
   np.testing.assert_allclose(chunked, jitted, rtol=1e-12)
-  batched = cfsr_jit(np.stack([qs, qs]), np.stack([docs, docs[::-1]])[:, None],
-                     where=np.stack([where, where[::-1]])[:, None], **kw)
+  batched = cfsr_jit(
+    np.stack([qs, qs]), np.stack([docs, docs[::-1]])[:, None], where=np.stack([where, where[::-1]])[:, None], **kw
+  )
   np.testing.assert_allclose(batched[0], jitted, rtol=1e-12)
   np.testing.assert_allclose(batched[1], cfsr_jit(qs, docs[::-1], where=where[::-1], **kw), rtol=1e-12)
 
@@ -127,6 +128,7 @@ def test_jit_eager_vmap_loop_and_grads():
 
 # ---- soft twin: the same operator on pools gathered once -------------------------------------------------------
 
+
 def test_cfsr_pool_scores_equal_cfsr_scores():
   docs, qs = ops_testing.unit_episode(n=40, d=10, q=4)
   where = np.arange(40) < 37
@@ -137,9 +139,12 @@ def test_cfsr_pool_scores_equal_cfsr_scores():
   @jax.jit
   def both(lam, w):
     full = cfsr.cfsr_scores(qs, docs, where=where, pool=12, iterations=30, lam=lam, w=w)
-    return [full] + [cfsr.cfsr_pool_scores(np.take_along_axis(cos, idx, -1), g, valid=where[idx], lam=lam, w=w,
-                                           iterations=30, batch_size=bs, lam_grad=mode)
-                     for mode, bs in (('reverse', None), ('forward', 3))]
+    return [full] + [
+      cfsr.cfsr_pool_scores(
+        np.take_along_axis(cos, idx, -1), g, valid=where[idx], lam=lam, w=w, iterations=30, batch_size=bs, lam_grad=mode
+      )
+      for mode, bs in (('reverse', None), ('forward', 3))
+    ]
 
   full, *pooled = both(0.02, 0.7)
   for p in pooled:
@@ -159,11 +164,13 @@ def test_check_grads_cfsr_pool_scores():
 
   ops_testing.grads_ok(loss, (0.05, 0.7), modes=['rev'])
   ops_testing.grads_ok(functools.partial(loss, mode='forward'), (0.05, 0.7), modes=['rev'])
-  np.testing.assert_allclose(jax.jit(jax.grad(functools.partial(loss, mode='forward')))(0.05, 0.7),
-                             jax.jit(jax.grad(loss))(0.05, 0.7), rtol=1e-9)
+  np.testing.assert_allclose(
+    jax.jit(jax.grad(functools.partial(loss, mode='forward')))(0.05, 0.7), jax.jit(jax.grad(loss))(0.05, 0.7), rtol=1e-9
+  )
 
 
 # ---- large episodes: no N x N Gram above GRAM_ITEMS -------------------------------------------------------------
+
 
 def largest_intermediate(jaxpr) -> int:
   """The most elements of any value computed in ``jaxpr`` (ClosedJaxpr or Jaxpr), sub-computations included."""
@@ -204,7 +211,7 @@ def test_pool_legs_above_the_gram_threshold(name):
   got = np.asarray(jax.jit(leg)(big, key))[:q, :n]
   np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want))
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-  assert largest_intermediate(jax.make_jaxpr(leg)(big, key)) < n_big ** 2
+  assert largest_intermediate(jax.make_jaxpr(leg)(big, key)) < n_big**2
   assert largest_intermediate(jax.make_jaxpr(leg)(small, key)) >= small.docs.shape[0] ** 2  # the Gram
 
 

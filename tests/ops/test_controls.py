@@ -4,10 +4,10 @@ declarations (no soft twin: they are not fitted)."""
 import hypothesis.strategies as st
 import jax
 import numpy as np
+import ops_testing
 import pytest
 from hypothesis import given
 
-import ops_testing
 from engram_jax.ops import controls
 from engram_jax.ops.cosine import cosine_scores
 from engram_jax.testing import reference as ref
@@ -30,8 +30,9 @@ def episodes(draw):
   where = np.zeros(N_PAD, bool)
   where[rng.choice(N_PAD, n, replace=False)] = True
   # BM25-like: zero for most items (no shared term), else a positive raw score around the midpoints.
-  bm25 = np.where(rng.random((Q, N_PAD)) < draw(st.sampled_from([0.0, 0.6, 1.0])), 0.0,
-                  rng.exponential(6.0, (Q, N_PAD)))
+  bm25 = np.where(
+    rng.random((Q, N_PAD)) < draw(st.sampled_from([0.0, 0.6, 1.0])), 0.0, rng.exponential(6.0, (Q, N_PAD))
+  )
   n_terms = rng.integers(0, 20, size=Q)
   return docs, queries, where, bm25, n_terms
 
@@ -43,8 +44,7 @@ def test_additive_fuse_matches_reference(ep, pool, threshold):
   got = np.asarray(fuse_jit(sem, bm25, n_terms, where=where, threshold=threshold, pool=pool))
   assert not np.isnan(got).any() and (got <= 1.0).all()
   for qi in range(Q):
-    want = ref.additive_fuse_ref(sem[qi], bm25[qi], int(n_terms[qi]), where=where, threshold=threshold,
-                                 pool=pool)
+    want = ref.additive_fuse_ref(sem[qi], bm25[qi], int(n_terms[qi]), where=where, threshold=threshold, pool=pool)
     np.testing.assert_array_equal(np.isneginf(got[qi]), np.isneginf(want))
     np.testing.assert_allclose(got[qi], want, rtol=1e-12)
 
@@ -80,12 +80,19 @@ def test_perturbed_cosine():
   key = jax.random.key(7)
   cos = np.asarray(cosine_scores(qs, docs, where=where))
   got = np.asarray(cos2_jit(qs, docs, key=key, eps=0.3, where=where))
-  noise = np.array([[float(jax.random.normal(jax.random.fold_in(jax.random.fold_in(key, r), i), (), got.dtype))
-                      for i in range(N_PAD)] for r in range(Q)])  # one draw per (question, item)
+  noise = np.array(
+    [
+      [float(jax.random.normal(jax.random.fold_in(jax.random.fold_in(key, r), i), (), got.dtype)) for i in range(N_PAD)]
+      for r in range(Q)
+    ]
+  )  # one draw per (question, item)
   np.testing.assert_allclose(got, cos + 0.3 * noise, rtol=1e-6)  # -inf stays -inf where masked
   # the draw does not depend on the padding: the first rows and columns of a larger problem are the same
-  big = np.asarray(controls.perturbed_cosine(np.pad(qs, [(0, 3), (0, 0)]), np.pad(docs, [(0, 5), (0, 0)]), key=key,
-                                             eps=0.3, where=np.pad(where, (0, 5))))
+  big = np.asarray(
+    controls.perturbed_cosine(
+      np.pad(qs, [(0, 3), (0, 0)]), np.pad(docs, [(0, 5), (0, 0)]), key=key, eps=0.3, where=np.pad(where, (0, 5))
+    )
+  )
   np.testing.assert_allclose(big[:Q, :N_PAD], got, rtol=1e-12, atol=1e-12)
   np.testing.assert_array_equal(np.isneginf(got), ~np.broadcast_to(where, got.shape))
   np.testing.assert_array_equal(cos2_jit(qs, docs, key=key, eps=0.0, where=where), cos)

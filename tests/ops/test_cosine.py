@@ -1,10 +1,10 @@
 """Cosine: JAX equals the NumPy reference; jit / eager / vmap and all-masked lists; its registry declaration."""
 
 import numpy as np
-from hypothesis import given
-
 import ops_testing
 import strategies
+from hypothesis import given
+
 from engram_jax.ops import cosine
 from engram_jax.testing import reference as ref
 
@@ -17,8 +17,9 @@ def test_cosine_matches_reference(qd):
 
 def test_jit_eager_vmap_and_all_masked():
   c = ops_testing.jit_case()
-  ops_testing.check_jit_eager_vmap_and_all_masked(lambda x, w: cosine.cosine_scores(x, c['docs'], where=w),
-                                                  c['queries'], n=c['n'], qn=c['qn'])
+  ops_testing.check_jit_eager_vmap_and_all_masked(
+    lambda x, w: cosine.cosine_scores(x, c['docs'], where=w), c['queries'], n=c['n'], qn=c['qn']
+  )
 
 
 def test_declaration():

@@ -47,8 +47,16 @@ CFS_OPS = ('cfs',)
 CFSR_OPS = ('cfsr', 'tcfsr_prior', 'tcfsr_basis', 'tcfsr_gated')
 BM25_FUNCS = [bm25.bm25_leg, bm25.bm25_scores, tide.tide_leg]
 CFS_FUNCS = [cfs.cfs_leg, cfs.cfs_select, cfs.soft_cfs_select, cfs.soft_cfs_select_gram]
-CFSR_FUNCS = [cfsr.cfsr_leg, cfsr.cfsr_scores, tcfsr.tcfsr_prior_leg, tcfsr.tcfsr_basis_leg, tcfsr.tcfsr_gated_leg,
-              tcfsr.tcfsr_prior_scores, tcfsr.tcfsr_basis_scores, tcfsr.tcfsr_gated_scores]
+CFSR_FUNCS = [
+  cfsr.cfsr_leg,
+  cfsr.cfsr_scores,
+  tcfsr.tcfsr_prior_leg,
+  tcfsr.tcfsr_basis_leg,
+  tcfsr.tcfsr_gated_leg,
+  tcfsr.tcfsr_prior_scores,
+  tcfsr.tcfsr_basis_scores,
+  tcfsr.tcfsr_gated_scores,
+]
 
 
 def _default(fn, name):
@@ -107,8 +115,7 @@ def test_cfsr_pool_scores_defaults(name):
   assert _default(cfsr.cfsr_pool_scores, name) == CFSR[name]
 
 
-@pytest.mark.parametrize('fn', [pipeline.Pipeline, pipeline.make_pipeline, rrf.rrf_fuse, rrf.soft_rrf_fuse],
-                         ids=_id)
+@pytest.mark.parametrize('fn', [pipeline.Pipeline, pipeline.make_pipeline, rrf.rrf_fuse, rrf.soft_rrf_fuse], ids=_id)
 def test_rrf_k0_default(fn):
   assert _default(fn, 'k0') == RRF_K0
 

@@ -2,12 +2,12 @@
 become leg scores, and the relaxed greedy loop's gradients stay finite when cold."""
 
 import jax
-import pytest
 import jax.numpy as jnp
 import numpy as np
+import ops_testing
+import pytest
 from hypothesis import given
 
-import ops_testing
 from engram_jax.ops import cfs, greedy, mmr
 from engram_jax.testing import reference as ref
 
@@ -40,10 +40,10 @@ def test_soft_greedy_gradients_finite_when_cold(dtype=np.float32):
 
   @jax.jit
   def grads(beta, sigma, lam):
-    cfs_loss = lambda b, s: jnp.sum(cfs.soft_cfs_select_gram(rel, g, k=10, beta=b, sigma=s, temperature=1e-5).probs
-                                    * jnp.arange(30))
-    mmr_loss = lambda l: jnp.sum(mmr.soft_mmr_select_gram(rel, g, k=10, lam=l, temperature=1e-5).probs
-                                 * jnp.arange(30))
+    cfs_loss = lambda b, s: jnp.sum(
+      cfs.soft_cfs_select_gram(rel, g, k=10, beta=b, sigma=s, temperature=1e-5).probs * jnp.arange(30)
+    )
+    mmr_loss = lambda l: jnp.sum(mmr.soft_mmr_select_gram(rel, g, k=10, lam=l, temperature=1e-5).probs * jnp.arange(30))
     return jax.grad(cfs_loss, argnums=(0, 1))(beta, sigma) + (jax.grad(mmr_loss)(lam),)
 
   assert all(np.isfinite(v) for v in grads(0.2, 0.4, 0.5))

@@ -5,10 +5,10 @@ import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
+import ops_testing
 import pytest
 from hypothesis import given
 
-import ops_testing
 from engram_jax.ops import mmr
 from engram_jax.testing import reference as ref
 
@@ -49,6 +49,7 @@ def test_jit_eager_vmap_loop_batch():
 
 # ---- soft twin --------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_soft_mmr_tends_to_hard():
   ops_testing.check_soft_greedy_tends_to_hard(mmr.mmr_select, mmr.soft_mmr_select, dict(lam=0.6))
@@ -70,6 +71,7 @@ def test_declaration():
 def test_soft_mmr_gradient_is_finite_with_padded_pool_slots():
   rel = np.array([0.9, 0.5, 0.2, -np.inf])  # the soft twin's pool cosines: the last slot is padding
   valid = np.array([True, True, True, False])
-  f = lambda lam: jnp.sum(mmr.soft_mmr_select_gram(rel, np.eye(4), k=2, lam=lam, temperature=0.1,
-                                                   where=valid).probs * jnp.arange(4))
+  f = lambda lam: jnp.sum(
+    mmr.soft_mmr_select_gram(rel, np.eye(4), k=2, lam=lam, temperature=0.1, where=valid).probs * jnp.arange(4)
+  )
   assert np.isfinite(jax.grad(f)(0.5))

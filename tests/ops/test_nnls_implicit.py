@@ -17,7 +17,7 @@ from engram_jax.fit import Settings
 from engram_jax.ops import cfsr, nnls_implicit
 
 CONVERGED = 4000  # projected-gradient steps: converged to ~1e-12 on these problems (lam >= 0.1, P <= 8: kappa <= 90)
-P = 8             # one padded shape (smaller problems mask entries), so each test compiles once
+P = 8  # one padded shape (smaller problems mask entries), so each test compiles once
 
 
 def nnls_ref(g: np.ndarray, b: np.ndarray, lam: float) -> np.ndarray:
@@ -61,10 +61,10 @@ def strictly_complementary(g, b, lam, a, tol=1e-6) -> bool:
 
 @jax.jit
 def _implicit_grads(g, b, valid, lam, ct):
-  f = lambda g, b, lam: jnp.dot(ct, nnls_implicit.nnls_ridge_implicit(g, b, lam=lam, iterations=CONVERGED,
-                                                                      valid=valid))
+  f = lambda g, b, lam: jnp.dot(ct, nnls_implicit.nnls_ridge_implicit(g, b, lam=lam, iterations=CONVERGED, valid=valid))
   return jax.grad(f, argnums=(0, 1, 2))(g, b, lam), nnls_implicit.nnls_ridge_implicit(
-      g, b, lam=lam, iterations=CONVERGED, valid=valid)
+    g, b, lam=lam, iterations=CONVERGED, valid=valid
+  )
 
 
 @jax.jit
@@ -156,8 +156,10 @@ def test_cfsr_pool_scores_implicit_same_values_and_converged_grads():
   for iterations in (80, CONVERGED):
     vals = {m: loss(0.05, 0.7, b, m, iterations) for m in cfsr.LAM_GRADS}
     assert vals['implicit'] == vals['reverse'] == vals['forward']
-  grads = {m: jax.jit(jax.grad(functools.partial(loss, mode=m, iterations=CONVERGED), argnums=(0, 1, 2)))(0.05, 0.7, b)
-           for m in ('reverse', 'implicit')}
+  grads = {
+    m: jax.jit(jax.grad(functools.partial(loss, mode=m, iterations=CONVERGED), argnums=(0, 1, 2)))(0.05, 0.7, b)
+    for m in ('reverse', 'implicit')
+  }
   for x, y in zip(grads['implicit'], grads['reverse']):
     assert rel_err(x, y) < 1e-6
 

@@ -50,8 +50,11 @@ def registered_from(module_name: str):
 
 def test_buggy_batched_twin_is_rejected_by_name():
   with registered_from('tests.ops.buggy_recency'):
-    with pytest.raises(AssertionError, match=r"check_operator\('bm25_recent'\): operator bm25_recent .*"
-                                             r"cold soft twin != hard leg: top-10 ids differ on [1-9]"):
+    with pytest.raises(
+      AssertionError,
+      match=r"check_operator\('bm25_recent'\): operator bm25_recent .*"
+      r'cold soft twin != hard leg: top-10 ids differ on [1-9]',
+    ):
       check_operator('bm25_recent')
 
 
@@ -62,19 +65,21 @@ def _declared(leg, knobs):
 def test_declaration_must_match_the_leg():
   def leg(ep, key, *, a=1.0, b=2.0):
     del ep, key
+
   with pytest.raises(AssertionError, match=r"'decl_test'.*knobs \['b', 'a'\] do not match .*\['a', 'b'\]"):
     check_declaration(_declared(leg, (registry.Knob('b', 2.0), registry.Knob('a', 1.0))))
   with pytest.raises(AssertionError, match=r"knob b: the leg's default 2.0 is not the declared 3.0"):
     check_declaration(_declared(leg, (registry.Knob('a', 1.0), registry.Knob('b', 3.0))))
   with pytest.raises(AssertionError, match=r'knob b: its default is out of its own range'):
-    check_declaration(_declared(leg, (registry.Knob('a', 1.0, check='[0,1]'),
-                                      registry.Knob('b', 2.0, check='[0,1]'))))
-  with pytest.raises(AssertionError, match=r"knobs \[.a.\] have a transform \(fittable\) but the operator has no soft twin"):
+    check_declaration(_declared(leg, (registry.Knob('a', 1.0, check='[0,1]'), registry.Knob('b', 2.0, check='[0,1]'))))
+  with pytest.raises(
+    AssertionError, match=r'knobs \[.a.\] have a transform \(fittable\) but the operator has no soft twin'
+  ):
     check_declaration(_declared(leg, (registry.Knob('a', 1.0, transform='log'), registry.Knob('b', 2.0))))
   check_declaration(_declared(leg, (registry.Knob('a', 1.0), registry.Knob('b', 2.0))))
 
 
-@given(st.integers(1, 4), st.integers(1, 12), st.integers(0, 2 ** 31 - 1))
+@given(st.integers(1, 4), st.integers(1, 12), st.integers(0, 2**31 - 1))
 def test_helpers_reduce_over_the_item_axis_only(b, n, seed):
   """``write_time`` and ``minmax`` on ``[B, N]`` equal them row by row (as rax functions take leading axes)."""
   rng = np.random.default_rng(seed)
@@ -109,7 +114,7 @@ def test_no_default_literal_of_a_declared_knob_outside_its_declaration():
       if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
         continue
       args = node.args
-      pairs = list(zip(args.args[len(args.args) - len(args.defaults):], args.defaults))
+      pairs = list(zip(args.args[len(args.args) - len(args.defaults) :], args.defaults))
       pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
       for arg, default in pairs:
         value = _literal(default)
@@ -132,8 +137,12 @@ def _flipped_gradient_twin(rows, values, ctx):
 
 
 def test_a_gradient_that_points_the_wrong_way_is_rejected():
-  op = registry.Operator(name='flipped_test', leg=_recent_leg, knobs=(registry.Knob('c', 0.3, transform='identity'),),
-                         soft=registry.SoftTwin(rows=lambda *a: {}, scores=_flipped_gradient_twin))
+  op = registry.Operator(
+    name='flipped_test',
+    leg=_recent_leg,
+    knobs=(registry.Knob('c', 0.3, transform='identity'),),
+    soft=registry.SoftTwin(rows=lambda *a: {}, scores=_flipped_gradient_twin),
+  )
   before = dict(registry.OPERATORS)
   try:
     registry.register(op)
@@ -146,18 +155,27 @@ def test_a_gradient_that_points_the_wrong_way_is_rejected():
 
 def test_stages_that_drift_from_the_leg_are_rejected():
   """A staged leg whose finish does not reproduce the leg (here: w read as 1 - w) fails check_stages by name."""
-  from engram_jax.testing.operators import check_stages  # pylint: disable=import-outside-toplevel
-  from engram_jax.testing.episodes import random_padded_episodes  # pylint: disable=import-outside-toplevel
+  from engram_jax.testing.episodes import random_padded_episodes
+  from engram_jax.testing.operators import check_stages
+
   _, arrays = random_padded_episodes(0)
   good = cfsr.CFSR
   check_stages(good, arrays[:1], good.defaults, seed=0)
   bad_finish = lambda ep, p, key, **kw: cfsr.cfsr_finish(ep, p, key, **{**kw, 'w': 1.0 - kw['w']})
-  bad = registry.Operator(name='cfsr_bad_stages', leg=good.leg, knobs=good.knobs,
-                          stages=registry.Stages(prepare=good.stages.prepare, finish=bad_finish, by=good.stages.by))
+  bad = registry.Operator(
+    name='cfsr_bad_stages',
+    leg=good.leg,
+    knobs=good.knobs,
+    stages=registry.Stages(prepare=good.stages.prepare, finish=bad_finish, by=good.stages.by),
+  )
   with pytest.raises(AssertionError, match=r"check_operator\('cfsr_bad_stages'\): its stages .* differ from the leg"):
     check_stages(bad, arrays[:1], bad.defaults, seed=0)
-  traced = registry.Operator(name='cfsr_traced_by', leg=good.leg, knobs=good.knobs,
-                             stages=registry.Stages(prepare=good.stages.prepare, finish=good.stages.finish, by=('lam',)))
+  traced = registry.Operator(
+    name='cfsr_traced_by',
+    leg=good.leg,
+    knobs=good.knobs,
+    stages=registry.Stages(prepare=good.stages.prepare, finish=good.stages.finish, by=('lam',)),
+  )
   with pytest.raises(AssertionError, match='static knobs only'):
     check_stages(traced, arrays[:1], traced.defaults, seed=0)
 
@@ -170,6 +188,7 @@ def _per_question_leg(mean_of_rows: bool):
     c = jnp.mean(c) if mean_of_rows else (c[:, None] if c.ndim else c)  # the bug: one value for every question
     s = jnp.einsum('qd,nd->qn', ep.queries, ep.docs)
     return jnp.where(ep.where, s + c * pools.write_time(ep.positions, ep.where), -jnp.inf)
+
   return leg
 
 
@@ -179,6 +198,7 @@ def _per_question_twin(mean_of_rows: bool):
     c = jnp.asarray(values['c'])
     c = jnp.mean(c) if mean_of_rows else (c[:, None] if c.ndim else c)  # the bug: one value for the whole batch
     return jnp.where(ctx.where, ctx.cos + c * pools.write_time(ctx.positions, ctx.where), -jnp.inf)
+
   return scores
 
 
@@ -186,11 +206,16 @@ def _per_question_twin(mean_of_rows: bool):
 def test_a_per_question_knob_is_checked_in_the_leg_and_the_twin(bug):
   """A knob declared per_question passes when leg and twin take per-question values; a twin or a leg that averages
   them (each still right at a scalar value) is rejected by name."""
-  op = registry.Operator(name='perq_test', leg=_per_question_leg(bug == 'leg'),
-                         knobs=(registry.Knob('c', 0.3, transform='identity', per_question=True),),
-                         soft=registry.SoftTwin(rows=lambda *a: {}, scores=_per_question_twin(bug == 'twin')))
-  message = {'twin': r"'perq_test'\): knob c \(per_question\): the twin given one value per row does not reproduce",
-             'leg': r"'perq_test'\): knob c \(per_question\): the leg given one value per question differs"}
+  op = registry.Operator(
+    name='perq_test',
+    leg=_per_question_leg(bug == 'leg'),
+    knobs=(registry.Knob('c', 0.3, transform='identity', per_question=True),),
+    soft=registry.SoftTwin(rows=lambda *a: {}, scores=_per_question_twin(bug == 'twin')),
+  )
+  message = {
+    'twin': r"'perq_test'\): knob c \(per_question\): the twin given one value per row does not reproduce",
+    'leg': r"'perq_test'\): knob c \(per_question\): the leg given one value per question differs",
+  }
   before = dict(registry.OPERATORS)
   try:
     registry.register(op)

@@ -2,16 +2,16 @@
 gamma / 2 with zero gate weights, matches a plain NumPy reading of its definition, its soft twin on gathered pools
 equals it, the gate reads the question's text features, and its registry declaration."""
 
-import pytest
 import functools
 
 import hypothesis.strategies as st
 import jax
 import numpy as np
+import ops_testing
+import pytest
+import strategies
 from hypothesis import given, settings
 
-import ops_testing
-import strategies
 from engram_jax.core import features, ranking
 from engram_jax.ops import cfsr, tcfsr
 from engram_jax.ops import tcfsr_learned as tl
@@ -20,8 +20,7 @@ from engram_jax.testing import reference as ref
 N_PAD, D_PAD, Q = 24, 8, 3
 STATIC = ('pool', 'iterations', 'power_iterations', 'batch_size', 'theta', 'delta')
 learned_jit = jax.jit(tl.tcfsr_learned_scores, static_argnames=STATIC)
-prior_jit = jax.jit(tcfsr.tcfsr_prior_scores, static_argnames=('pool', 'iterations', 'power_iterations',
-                                                                 'batch_size'))
+prior_jit = jax.jit(tcfsr.tcfsr_prior_scores, static_argnames=('pool', 'iterations', 'power_iterations', 'batch_size'))
 cfsr_jit = jax.jit(cfsr.cfsr_scores, static_argnames=('pool', 'iterations', 'power_iterations', 'batch_size'))
 episodes = functools.partial(strategies.padded_episodes, n_pad=N_PAD, d_pad=D_PAD, q=Q)
 POS = np.arange(N_PAD)
@@ -55,8 +54,7 @@ def test_zero_gamma_is_cfsr_and_zero_weights_are_the_half_prior(ep):
   np.testing.assert_allclose(half, prior, rtol=1e-6, atol=1e-6)
 
 
-@given(episodes(), st.lists(st.floats(-3.0, 3.0), min_size=6, max_size=6), st.floats(0.0, 1.0),
-       st.floats(0.0, 0.9))
+@given(episodes(), st.lists(st.floats(-3.0, 3.0), min_size=6, max_size=6), st.floats(0.0, 1.0), st.floats(0.0, 0.9))
 def test_matches_reference(ep, u, gamma, theta):
   docs, queries, where = ep
   u = np.asarray(u, np.float32)
@@ -95,14 +93,24 @@ def test_pool_scores_equal_the_hard_operator():
   where = np.arange(24) < 22
   u = np.array([1.0, -0.5, 0.2, 0.1, 3.0, 0.5], np.float32)
   kw = dict(lam=0.02, w=0.7, gamma=0.3, theta=0.6, delta=0.2)
-  hard = np.asarray(tl.tcfsr_learned_scores(qs, docs, np.arange(24), F, weights=u, where=where, pool=10,
-                                            iterations=30, **kw))
+  hard = np.asarray(
+    tl.tcfsr_learned_scores(qs, docs, np.arange(24), F, weights=u, where=where, pool=10, iterations=30, **kw)
+  )
   cos = np.where(where, qs @ docs.T, -np.inf)
   idx = np.asarray(ranking.top_k(cos, k=10, where=np.broadcast_to(where, cos.shape))[0])
   t = np.asarray(tcfsr.write_time(np.arange(24), where))
-  got = np.asarray(tl.learned_pool_scores(np.take_along_axis(cos, idx, -1),
-                                          (docs @ docs.T)[idx[:, :, None], idx[:, None, :]], t[idx], where[idx], F,
-                                          weights=u, iterations=30, **kw))
+  got = np.asarray(
+    tl.learned_pool_scores(
+      np.take_along_axis(cos, idx, -1),
+      (docs @ docs.T)[idx[:, :, None], idx[:, None, :]],
+      t[idx],
+      where[idx],
+      F,
+      weights=u,
+      iterations=30,
+      **kw,
+    )
+  )
   np.testing.assert_allclose(got, np.take_along_axis(hard, idx, -1), rtol=1e-5, atol=1e-6)
 
 

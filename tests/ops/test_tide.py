@@ -4,10 +4,10 @@ weight; its registry declaration (knobs ``recency``, ``pool``, ``base``)."""
 import hypothesis.strategies as st
 import jax
 import numpy as np
+import ops_testing
 import pytest
 from hypothesis import given
 
-import ops_testing
 from engram_jax.ops import tide
 from engram_jax.testing import reference as ref
 
@@ -80,14 +80,16 @@ def test_jit_eager_vmap_loop():
   np.testing.assert_array_equal(vmapped, np.stack([tide_jit(b, pos, **kw) for b in base]))
   np.testing.assert_array_equal(vmapped, jitted)
   # Per-row masks and positions broadcast.
-  per_row = tide_jit(base, np.broadcast_to(pos, base.shape), weight=0.2, depth=7,
-                     where=np.broadcast_to(where, base.shape))
+  per_row = tide_jit(
+    base, np.broadcast_to(pos, base.shape), weight=0.2, depth=7, where=np.broadcast_to(where, base.shape)
+  )
   np.testing.assert_array_equal(per_row, jitted)
   with pytest.raises(ValueError):
     tide.tide_scores(base, pos, weight=0.1, depth=0)
 
 
 # ---- soft twin: the hard operator on precomputed base scores ---------------------------------------------------
+
 
 def test_check_grads_tide():
   docs, qs = ops_testing.unit_episode(n=20, d=6, q=2, seed=5)
@@ -105,7 +107,7 @@ def test_leg_is_the_base_top_pool_plus_recency(base):
   s = np.asarray(tide.base_scores(arr, key, base=base, k1=1.2, b=0.75, epsilon=0.25))
   want = np.asarray(tide.tide_scores(s, arr.positions, weight=0.4, depth=5, where=arr.where))
   np.testing.assert_array_equal(got, want)
-  assert (np.isfinite(got[:ops_testing.N_QUESTIONS]).sum(-1) == 5).all()
+  assert (np.isfinite(got[: ops_testing.N_QUESTIONS]).sum(-1) == 5).all()
   with pytest.raises(ValueError, match="unknown base 'nope'"):
     tide.tide_leg(arr, key, base='nope')
 
@@ -119,8 +121,9 @@ def test_memory_is_linear_in_n():
   assert max(sizes) <= base.size
   got = np.asarray(tide.tide_scores(base, np.arange(4096), weight=0.1, depth=50))
   for i in range(4):
-    np.testing.assert_allclose(got[i], ref.tide_scores_ref(base[i], np.arange(4096.0), weight=0.1, depth=50),
-                               rtol=1e-12)
+    np.testing.assert_allclose(
+      got[i], ref.tide_scores_ref(base[i], np.arange(4096.0), weight=0.1, depth=50), rtol=1e-12
+    )
 
 
 @pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins

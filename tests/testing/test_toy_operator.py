@@ -27,9 +27,9 @@ from hydra import compose, initialize_config_dir
 from jax import Array
 
 from engram_jax import fit
-from engram_jax.eval import pipeline as P
 from engram_jax.core.batch import EpisodeArrays, episode_arrays
 from engram_jax.data import io
+from engram_jax.eval import pipeline as P
 from engram_jax.ops import OPERATORS, Knob, Operator, SoftTwin, register
 from engram_jax.ops.cosine import cosine_scores
 from engram_jax.testing import reference as ref
@@ -45,6 +45,7 @@ TOY_NODE = {'fusion': 'none', 'legs': {'toy': {'op': 'toy', 'c': 0.5}}}
 
 
 # ---- the operator: hard leg, soft twin, declaration --------------------------------------------------------------
+
 
 def write_fraction(positions: Array, where: Array) -> Array:
   """Write-order fraction ``[..., N]``: ``p_i / max(N_real - 1, 1)`` (``N_real`` per list), 0 for masked items."""
@@ -73,9 +74,13 @@ def _soft(rows: Mapping[str, Array], values: Mapping[str, Array], ctx: fit.SoftC
   return jnp.where(ctx.where, ctx.cos + values['c'] * t, -jnp.inf)
 
 
-TOY = Operator(name='toy', leg=toy_leg, doc='toy: cosine + c * write fraction',
-               knobs=(Knob('c', 0.0, transform='identity', doc='weight of the write fraction'),),
-               soft=SoftTwin(rows=_rows, scores=_soft))
+TOY = Operator(
+  name='toy',
+  leg=toy_leg,
+  doc='toy: cosine + c * write fraction',
+  knobs=(Knob('c', 0.0, transform='identity', doc='weight of the write fraction'),),
+  soft=SoftTwin(rows=_rows, scores=_soft),
+)
 
 
 @pytest.fixture(scope='module', autouse=True)
@@ -97,6 +102,7 @@ def _compose(config_name: str, overrides: list[str]):
 
 # ---- the declaration alone --------------------------------------------------------------------------------------
 
+
 def test_declaration_validates_and_is_fittable():
   assert P.make_pipeline(name='toy', legs={'toy': {'op': 'toy'}}).legs[0].option('c') == 0.0
   pipe = P.make_pipeline(name='toy', legs=TOY_NODE['legs'])
@@ -117,21 +123,32 @@ def test_soft_twin_is_the_hard_leg():
   for b, arr in zip(eps, arrays):
     n, q = b.episode.n_items, len(b.episode.questions)
     hard = np.asarray(toy_leg(arr, jax.random.key(0), c=0.7))[:q, :n]
-    np.testing.assert_allclose(soft[at:at + q, :n], hard, rtol=1e-5, atol=1e-6)
-    assert np.all(np.isneginf(soft[at:at + q, n:]))
+    np.testing.assert_allclose(soft[at : at + q, :n], hard, rtol=1e-5, atol=1e-6)
+    assert np.all(np.isneginf(soft[at : at + q, n:]))
     at += q
 
 
 # ---- (a) evaluated from a config ----------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 @real
 def test_evaluated_from_config(tmp_path):
-  from experiments import evaluate  # pylint: disable=import-outside-toplevel
+  from experiments import evaluate
+
   # The toy pipeline is added as a config node next to the composed `cosine` one (`+pipeline.toy=...`).
-  cfg = _compose('config', ['embedder=hashing', 'dataset.loader.conversations=[conv-30]', 'pipeline=[cosine]',
-                            '+pipeline.toy={fusion: none, legs: {toy: {op: toy, c: 0.5}}}', 'eval.n_resamples=100',
-                            'eval.progress=false', f'paths.cache_dir={tmp_path}/cache'])
+  cfg = _compose(
+    'config',
+    [
+      'embedder=hashing',
+      'dataset.loader.conversations=[conv-30]',
+      'pipeline=[cosine]',
+      '+pipeline.toy={fusion: none, legs: {toy: {op: toy, c: 0.5}}}',
+      'eval.n_resamples=100',
+      'eval.progress=false',
+      f'paths.cache_dir={tmp_path}/cache',
+    ],
+  )
   assert list(cfg.pipeline) == ['cosine', 'toy']
   evaluate.run(cfg, tmp_path / 'out')
   saved = json.loads((tmp_path / 'out' / 'results.json').read_text())
@@ -146,17 +163,32 @@ def test_evaluated_from_config(tmp_path):
 
 # ---- (b) fitted by gradient ---------------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 @real
 def test_fitted_by_experiments_fit(tmp_path):
-  from experiments import fit as fit_exp  # pylint: disable=import-outside-toplevel
+  from experiments import fit as fit_exp
+
   # fusion none is enough: the loss is approx-NDCG on soft ranks of the final scores cos + c t, which move with c
   # (the toy's soft twin is the hard formula), so the gradient in c is not zero and no RRF wrapper is needed.
   # experiments.fit fits exactly one pipeline: `pipeline=[]` empties the composed group, then the toy's node is added.
-  cfg = _compose('fit', ['embedder=hashing', 'dataset.loader.conversations=[conv-30,conv-26]', 'pipeline=[]',
-                         '+pipeline.toy={fusion: none, legs: {toy: {op: toy, c: 0.0}}}', 'fit.params=[legs.toy.c]',
-                         'fit.folds=2', 'fit.steps=4', 'fit.batch_size=32', 'fit.baselines=[cosine]',
-                         'eval.n_resamples=100', 'eval.progress=false', f'paths.cache_dir={tmp_path}/cache'])
+  cfg = _compose(
+    'fit',
+    [
+      'embedder=hashing',
+      'dataset.loader.conversations=[conv-30,conv-26]',
+      'pipeline=[]',
+      '+pipeline.toy={fusion: none, legs: {toy: {op: toy, c: 0.0}}}',
+      'fit.params=[legs.toy.c]',
+      'fit.folds=2',
+      'fit.steps=4',
+      'fit.batch_size=32',
+      'fit.baselines=[cosine]',
+      'eval.n_resamples=100',
+      'eval.progress=false',
+      f'paths.cache_dir={tmp_path}/cache',
+    ],
+  )
   assert list(cfg.pipeline) == ['toy']
   res = fit_exp.run(cfg, tmp_path / 'out')
   fitted = json.loads((tmp_path / 'out' / 'fitted.json').read_text())
@@ -175,14 +207,17 @@ def test_fitted_by_experiments_fit(tmp_path):
 
 # ---- (c) timed by the bench ---------------------------------------------------------------------------------------
 
+
 def test_timed_by_the_bench(monkeypatch):
-  from experiments.bench import operators as bench  # pylint: disable=import-outside-toplevel
+  from experiments.bench import operators as bench
+
   eps = synthetic_episodes(n_episodes=1, n_queries=8, dim=16, n_items=(40, 60))
   (row,) = bench.time_operators(eps, ['toy'], repeats=1, overrides={'toy': {'c': 0.3}})
   assert row['op'] == 'toy' and row['jax_s'] > 0 and row['options'] == {'c': 0.3}
   assert row['ref_s'] is None and row['ratio'] is None  # no NumPy reference: JAX side only
   assert '| toy |' in bench.format_table([row], n_episodes=1, n_queries=8) and 'n/a' in bench.format_table(
-      [row], n_episodes=1, n_queries=8)
+    [row], n_episodes=1, n_queries=8
+  )
 
   # With a reference adapter (one dict entry), the bench also times it and checks agreement.
   def toy_ref(e, i, o):
