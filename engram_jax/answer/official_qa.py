@@ -71,7 +71,13 @@ def fc_messages(question: str, facts: Sequence[tuple[str, str]]) -> list[dict[st
 
 
 def fc_score(reply: str, answers: str | Sequence[str]) -> float:
-  """MemoryAgentBench SubEM of a (<= 10-token) reply: :func:`engram_jax.metrics.official.subem_official`."""
+  """MemoryAgentBench SubEM of a (<= 10-token) reply: :func:`engram_jax.metrics.official.subem_official`.
+
+  Example:
+    >>> from engram_jax.answer import fc_score
+    >>> fc_score('The answer is Paris.', ['Paris']), fc_score('London', ['Paris'])  # MemoryAgentBench SubEM
+    (1.0, 0.0)
+  """
   return official.subem_official(reply, answers)
 
 
@@ -175,6 +181,11 @@ def locomo_score(reply: str, answer: str | None, category: int) -> float:
 
   Raises:
     ValueError: on a category outside 1-5, or a missing gold answer for categories 1-4.
+
+  Example:
+    >>> from engram_jax.answer import locomo_score
+    >>> round(locomo_score('She adopted a dog', 'a dog', category=4), 3)  # LoCoMo token F1 (Porter-stemmed)
+    0.5
   """
   if category == 5:
     low = reply.lower()

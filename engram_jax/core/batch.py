@@ -26,6 +26,15 @@ class EpisodeArrays:
   terms, ``[Q, T]`` question terms, ``[V]`` vocabulary mask) of every tokenizer asked for in :func:`episode_arrays`
   (:data:`engram_jax.core.lexicon.TOKENIZERS`): always ``'words'``, e.g. ``'flat'`` for LongMemEval's flat-bm25.
   ``query_len`` counts the ``'words'`` tokens of each question.
+
+  Example:
+    >>> import numpy as np
+    >>> from engram_jax import Episode, Item, Question, episode_arrays
+    >>> items = (Item('a', 'dog adopted', 'S1', 0), Item('b', 'invoice overdue', 'S1', 1))
+    >>> ep = Episode('e', items, (Question('q', 'which dog?', ('a',), ('S1',), 1),))
+    >>> arrays = episode_arrays(ep, np.eye(2, 4, dtype=np.float32), np.eye(1, 4, dtype=np.float32), n_multiple=8)
+    >>> arrays.docs.shape, arrays.where.tolist(), arrays.labels.shape  # [N, D], [N], [Q, N]
+    ((2, 4), [True, True], (1, 2))
   """
 
   docs: Array  # [N, D] unit-norm item embeddings
@@ -64,6 +73,15 @@ def episode_arrays(
 
   Raises:
     ValueError: on NaN/inf embeddings, shape mismatches (naming the episode) or an unknown tokenizer.
+
+  Example:
+    >>> import numpy as np
+    >>> from engram_jax import Episode, Item, Question, episode_arrays
+    >>> items = (Item('a', 'dog adopted', 'S1', 0), Item('b', 'invoice overdue', 'S1', 1))
+    >>> ep = Episode('e', items, (Question('q', 'which dog?', ('a',), ('S1',), 1),))
+    >>> arrays = episode_arrays(ep, np.eye(2, 4, dtype=np.float32), np.eye(1, 4, dtype=np.float32), n_multiple=8)
+    >>> int(arrays.where.sum()), bool(arrays.labels[0, 0])
+    (2, True)
   """
   tokenize_fns = {t: get_tokenizer(t) for t in dict.fromkeys(('words', *tokenizers))}
   n, q = episode.n_items, len(episode.questions)

@@ -30,6 +30,13 @@ def top_k(scores: Array, *, k: int, where: Array | None = None) -> tuple[Array, 
   Returns:
     ``(indices [..., k] int32, values [..., k])``; masked picks (when fewer than ``k`` real items)
     come last and have value ``-inf``.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from engram_jax import top_k
+    >>> idx, vals = top_k(jnp.array([0.5, 0.9, 0.5, 0.1]), k=2)
+    >>> print(idx)  # the tie at 0.5 goes to the later item (2)
+    [1 2]
   """
   s = _masked(scores, where)
   n = s.shape[-1]
@@ -47,6 +54,12 @@ def ranks(scores: Array, *, where: Array | None = None) -> Array:
 
   Returns:
     ``[..., N]`` int32 ranks (1 = best). Not differentiable; see ``relax.soft_ranks``.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from engram_jax import ranks
+    >>> print(ranks(jnp.array([0.5, 0.9, 0.5, 0.1])))  # 1-based; ties: the later item first
+    [3 1 2 4]
   """
   s = _masked(scores, where)
   n = s.shape[-1]

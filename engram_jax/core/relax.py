@@ -59,6 +59,12 @@ def soft_ranks(
 
   Returns:
     ``[..., N]`` (or ``[..., M]``) float ranks; items that are masked or ``-inf`` get ``n_real + 1``.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from engram_jax import soft_ranks
+    >>> [round(r, 3) for r in soft_ranks(jnp.array([0.2, 0.9, 0.5]), temperature=1e-3).tolist()]
+    [3.0, 1.0, 2.0]
   """
   scores = jnp.asarray(scores)
   valid = _valid(scores, where)
@@ -142,6 +148,13 @@ def approx_ndcg(
 
   Returns:
     ``[...]`` per-list values in [0, 1]; 0 for a list with no (real) gold item or no real item.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from engram_jax import approx_ndcg
+    >>> scores, labels = jnp.array([0.9, 0.5, 0.2]), jnp.array([False, True, False])
+    >>> round(float(approx_ndcg(scores, labels, k=2, temperature=1e-3)), 4)  # hard NDCG@2: 1 / log2(3)
+    0.6309
   """
   scores = jnp.asarray(scores)
   n = scores.shape[-1]

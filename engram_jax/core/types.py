@@ -23,6 +23,11 @@ class Item:
     position: write order, ``0..N-1``; a larger position was written later.
     time: timestamp string as given by the source, or ``None``.
     speaker: speaker or role, or ``None``.
+
+  Example:
+    >>> from engram_jax import Item
+    >>> Item(id='D1:1', text='I adopted a dog.', parent='S1', position=0, speaker='Caroline').parent
+    'S1'
   """
 
   id: str
@@ -45,6 +50,12 @@ class Question:
     category: category integer / type string as stored upstream.
     answer: the gold answer (stringified), or ``None``.
     time: question timestamp when the source has one.
+
+  Example:
+    >>> from engram_jax import Question
+    >>> q = Question(id='q1', text='What pet did Caroline adopt?', gold=('D1:1',), gold_parents=('S1',), category=4)
+    >>> q.gold
+    ('D1:1',)
   """
 
   id: str
@@ -58,7 +69,15 @@ class Question:
 
 @dataclasses.dataclass(frozen=True)
 class Episode:
-  """A corpus of items (in write order) and the questions asked against it."""
+  """A corpus of items (in write order) and the questions asked against it.
+
+  Example:
+    >>> from engram_jax import Episode, Item, Question
+    >>> items = (Item('D1:1', 'I adopted a dog.', 'S1', 0), Item('D1:2', 'The invoice is overdue.', 'S1', 1))
+    >>> ep = Episode('conv-0', items, (Question('q1', 'Which pet?', ('D1:1',), ('S1',), 4),))
+    >>> ep.n_items, len(ep.questions)
+    (2, 1)
+  """
 
   id: str
   items: tuple[Item, ...]

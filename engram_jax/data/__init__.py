@@ -1,1 +1,17 @@
-"""Dataset loaders: plain Python/NumPy, validating, reporting every normalisation."""
+"""Datasets: loaders that validate and count every normalisation (:mod:`~engram_jax.data.locomo`,
+:mod:`~engram_jax.data.longmemeval`, :mod:`~engram_jax.data.factconsolidation`; files found through
+:mod:`~engram_jax.data.io`), seeded pilot sets and disjoint training splits (:mod:`~engram_jax.data.splits`), and
+sentence embeddings with an atomic disk cache (:mod:`~engram_jax.data.embed`).
+"""
+
+import lazy_loader
+
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+  __name__,
+  submod_attrs={
+    'locomo': ['load_locomo'],
+    'longmemeval': ['load_longmemeval'],
+    'factconsolidation': ['load_factconsolidation'],
+    'embed': ['hashing_encoder', 'embed_texts'],
+  },
+)

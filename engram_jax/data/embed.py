@@ -168,7 +168,15 @@ class HashingEncoder:
 
 
 def hashing_encoder(dim: int = 256, seed: int = 0) -> HashingEncoder:
-  """A ``HashingEncoder`` (``texts -> [T, dim]`` float32, with ``.spec``)."""
+  """A ``HashingEncoder`` (``texts -> [T, dim]`` float32, with ``.spec``).
+
+  Example:
+    >>> from engram_jax.data import hashing_encoder
+    >>> enc = hashing_encoder(dim=64)
+    >>> vecs = enc(['a dog', 'an invoice'])
+    >>> vecs.shape, round(float((vecs ** 2).sum(-1)[0]), 4)  # unit-norm rows
+    ((2, 64), 1.0)
+  """
   if int(dim) < 1:
     raise ValueError(f'hashing_encoder: dim must be >= 1, got {dim}')
   return HashingEncoder(int(dim), int(seed))
@@ -835,6 +843,14 @@ def embed_texts(
 
   Raises:
     ValueError: if the encoder returns NaN/inf or zero vectors, or vectors of another dimension than its spec.
+
+  Example:
+    >>> import tempfile
+    >>> from engram_jax.data import embed_texts, hashing_encoder
+    >>> with tempfile.TemporaryDirectory() as cache:
+    ...   vecs = embed_texts(['a dog', 'a dog'], cache_dir=cache, model_id='hashing', encoder=hashing_encoder(dim=32), progress=False)
+    >>> vecs.shape, bool((vecs[0] == vecs[1]).all())
+    ((2, 32), True)
   """
   return embed_with_report(
     texts,

@@ -470,6 +470,12 @@ def load_factconsolidation(
   Raises:
     ValueError: naming the file for malformed JSON, a row without ``metadata.source``, two rows with one source,
       no row for the requested one, or a malformed row (see :func:`episode_from_row`).
+
+  Example:
+    >>> from engram_jax.data import load_factconsolidation
+    >>> episodes, report = load_factconsolidation(size='6k', hop='sh')  # needs the data root (README, Data)
+    >>> sum(len(ep.questions) for ep in episodes)
+    100
   """
   if size not in FILES:
     raise ValueError(f'Unknown FactConsolidation size {size!r}; available: {sorted(FILES)}')

@@ -298,6 +298,12 @@ def load_locomo(
 
   Raises:
     ValueError: naming the file and the sample / turn / question for malformed input (see the module docstring).
+
+  Example:
+    >>> from engram_jax.data import load_locomo
+    >>> episodes, report = load_locomo(conversations=['conv-26'])  # needs the data root (README, Data)
+    >>> len(episodes), episodes[0].id
+    (1, 'conv-26')
   """
   path = dataset_file(root, 'locomo', filename)
   samples = _check_samples(read_json(path), str(path))

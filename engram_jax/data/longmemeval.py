@@ -472,6 +472,12 @@ def load_longmemeval(
 
   Returns:
     ``(episodes, report)``; episode id = question id; questions without gold at this level are excluded.
+
+  Example:
+    >>> from engram_jax.data import load_longmemeval
+    >>> episodes, report = load_longmemeval(level='session')  # needs the data root (README, Data)
+    >>> len(episodes) > 400, len(episodes[0].questions)
+    (True, 1)
   """
   entries = read_longmemeval(root, split=split)
   episodes, report = episodes_from_entries(

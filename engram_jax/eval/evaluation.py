@@ -28,7 +28,18 @@ from engram_jax.metrics import labels as metrics_lib
 
 @dataclasses.dataclass
 class EvalResult:
-  """Per-question outcomes of several pipelines on the same questions (row i is the same question)."""
+  """Per-question outcomes of several pipelines on the same questions (row i is the same question).
+
+  Example:
+    >>> import numpy as np
+    >>> from engram_jax import Episode, Item, Question, evaluate, make_pipeline
+    >>> items = (Item('a', 'dog adopted', 'S1', 0), Item('b', 'invoice overdue', 'S1', 1))
+    >>> ep = Episode('e', items, (Question('q', 'which dog?', ('a',), ('S1',), 1),))
+    >>> emb = (np.eye(2, 4, dtype=np.float32), np.eye(1, 4, dtype=np.float32))
+    >>> res = evaluate([ep], [emb], {'cos': make_pipeline(legs={'cos': {'op': 'cosine'}})}, k=1, metrics=['ndcg@1'], seed=0, progress=False)
+    >>> res.k, res.episode_ids, res.retrieved['cos']
+    (1, ['e'], [['a']])
+  """
 
   question_ids: list[str]
   episode_ids: list[str]
@@ -123,6 +134,16 @@ def evaluate(
 
   Raises:
     ValueError: if ``k`` exceeds an episode's number of items, or a metric's cutoff exceeds ``k``.
+
+  Example:
+    >>> import numpy as np
+    >>> from engram_jax import Episode, Item, Question, evaluate, make_pipeline
+    >>> items = tuple(Item(f'i{j}', t, 'S1', j) for j, t in enumerate(['dog adopted', 'invoice overdue', 'hike in the alps']))
+    >>> ep = Episode('e', items, (Question('q', 'which dog?', ('i0',), ('S1',), 1),))
+    >>> emb = (np.eye(3, 4, dtype=np.float32), np.eye(1, 4, dtype=np.float32))  # (items, questions) embeddings
+    >>> res = evaluate([ep], [emb], {'bm25': make_pipeline(legs={'bm25': {'op': 'bm25'}})}, k=2, metrics=['recall@2'], seed=0, progress=False)
+    >>> res.question_ids, res.scores['bm25']['recall@2'].tolist(), res.retrieved['bm25'][0][0]
+    (['q'], [1.0], 'i0')
   """
   episode_metrics = dict(episode_metrics or {})
   parsed = [(m, *metrics_lib.parse_metric(m, tuple(episode_metrics))) for m in metrics]

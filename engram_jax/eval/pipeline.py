@@ -103,7 +103,14 @@ def make_leg(name: str, node: Mapping[str, Any]) -> LegSpec:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Pipeline:
-  """Named legs and a fusion (``'none'`` for one leg, ``'rrf'``). Hashes by identity, so it can be jit-static."""
+  """Named legs and a fusion (``'none'`` for one leg, ``'rrf'``). Hashes by identity, so it can be jit-static.
+
+  Example:
+    >>> from engram_jax import make_pipeline
+    >>> pipe = make_pipeline(legs={'cos': {'op': 'cosine'}}, name='dense')
+    >>> pipe.fusion, pipe.leg('cos').op
+    ('none', 'cosine')
+  """
 
   legs: tuple[LegSpec, ...]
   fusion: str = 'none'
@@ -138,6 +145,12 @@ def make_pipeline(
   Raises:
     ValueError: one line naming the pipeline, the leg and the bad option (unknown operator or knob, a value out
       of its range, duplicate leg names).
+
+  Example:
+    >>> from engram_jax import make_pipeline
+    >>> pipe = make_pipeline(legs={'cos': {'op': 'cosine'}, 'bm25': {'op': 'bm25', 'k1': 1.2}}, fusion='rrf', name='hybrid')
+    >>> [(leg.name, leg.op, leg.depth) for leg in pipe.legs], pipe.k0
+    ([('cos', 'cosine', 10), ('bm25', 'bm25', 10)], 60.0)
   """
   try:
     if isinstance(legs, Mapping):
@@ -257,6 +270,17 @@ def pipeline_scores(
   ``values`` (optional, by path, e.g. from :func:`traced_values`) replace the pipeline's knob values, leg weights
   and ``k0``; they may be traced arrays (one compiled program for every pipeline of the same
   :func:`structure_key`).
+
+  Example:
+    >>> import jax, numpy as np
+    >>> from engram_jax import Episode, Item, Question, episode_arrays, make_pipeline, pipeline_scores
+    >>> items = (Item('a', 'dog adopted', 'S1', 0), Item('b', 'invoice overdue', 'S1', 1))
+    >>> ep = Episode('e', items, (Question('q', 'which dog?', ('a',), ('S1',), 1),))
+    >>> arrays = episode_arrays(ep, np.eye(2, 4, dtype=np.float32), np.eye(1, 4, dtype=np.float32), n_multiple=8)
+    >>> pipe = make_pipeline(legs={'cos': {'op': 'cosine'}, 'bm25': {'op': 'bm25'}}, fusion='rrf')
+    >>> s = pipeline_scores(pipe, arrays, jax.random.key(0))
+    >>> s.shape, int(s[0].argmax())  # [Q, N] padded; item 0 ranks first
+    ((1, 2), 0)
   """
   values = dict(values or {})
   leg_scores = legs_scores(pipeline, ep, key, values)
@@ -276,7 +300,19 @@ def pipeline_topk(
   pipeline: Pipeline, ep: EpisodeArrays, key: Array, *, k: int, values: Mapping[str, Any] | None = None
 ) -> Array:
   """Top-``k`` item indices ``[Q, k]`` under the shared tie rule. Jit with ``pipeline`` and ``k`` static
-  (``values``: see :func:`pipeline_scores`)."""
+  (``values``: see :func:`pipeline_scores`).
+
+  Example:
+    >>> import jax, numpy as np
+    >>> from engram_jax import Episode, Item, Question, episode_arrays, make_pipeline, pipeline_topk
+    >>> texts = ['dog adopted', 'invoice overdue', 'hike in the alps']
+    >>> items = tuple(Item(f'i{j}', t, 'S1', j) for j, t in enumerate(texts))
+    >>> ep = Episode('e', items, (Question('q', 'which dog?', ('i0',), ('S1',), 1),))
+    >>> arrays = episode_arrays(ep, np.eye(3, 4, dtype=np.float32), np.eye(1, 4, dtype=np.float32))
+    >>> pipe = make_pipeline(legs={'bm25': {'op': 'bm25'}})
+    >>> pipeline_topk(pipe, arrays, jax.random.key(0), k=2)[0].tolist()  # item 0 holds 'dog'; the rest tie at 0: later first
+    [0, 2]
+  """
   idx, vals = ranking.top_k(pipeline_scores(pipeline, ep, key, values), k=k, where=ep.where)
   return jnp.where(jnp.isneginf(vals), -1, idx)
 

@@ -34,6 +34,14 @@ def ndcg_at_k(topk: Array, labels: Array, *, k: int) -> Array:
   Definition:
     .. math:: \mathrm{DCG@k} = \sum_{i=1}^{k} \frac{g_i}{\log_2(i+1)}, \qquad
               \mathrm{NDCG@k} = \mathrm{DCG@k} / \mathrm{IDCG@k}
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from engram_jax import ndcg_at_k
+    >>> topk = jnp.array([[2, 0, -1]])  # retrieved item indices; -1 = empty slot
+    >>> labels = jnp.array([[True, False, False]])  # item 0 is gold
+    >>> round(float(ndcg_at_k(topk, labels, k=3)[0]), 4)  # 1 / log2(3)
+    0.6309
   """
   xp, dtype = _xp(topk, labels)
   g = _gains(topk, labels, k)
@@ -46,7 +54,16 @@ def ndcg_at_k(topk: Array, labels: Array, *, k: int) -> Array:
 
 
 def recall_at_k(topk: Array, labels: Array, *, k: int) -> Array:
-  """Fraction of the gold items found in the top ``k``."""
+  """Fraction of the gold items found in the top ``k``.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from engram_jax import recall_at_k
+    >>> topk = jnp.array([[2, 0, 1]])
+    >>> labels = jnp.array([[True, True, False, False]])
+    >>> print(recall_at_k(topk, labels, k=1), recall_at_k(topk, labels, k=2))
+    [0.] [0.5]
+  """
   xp, _ = _xp(topk, labels)
   hits = xp.sum(_gains(topk, labels, k), axis=-1)
   n_gold = xp.sum(xp.asarray(labels), axis=-1)

@@ -205,7 +205,15 @@ def bootstrap_cis(
 
 
 def bootstrap_ci(values: np.ndarray, *, seed: int, n_resamples: int = 10_000, confidence: float = 0.95) -> Interval:
-  """Mean of ``values [Q]`` with a percentile bootstrap interval (:func:`bootstrap_cis` of one row)."""
+  """Mean of ``values [Q]`` with a percentile bootstrap interval (:func:`bootstrap_cis` of one row).
+
+  Example:
+    >>> import numpy as np
+    >>> from engram_jax.metrics import bootstrap_ci
+    >>> ci = bootstrap_ci(np.array([0.0, 1.0] * 50), seed=0, n_resamples=2000)
+    >>> ci.mean, ci.lo < 0.5 < ci.hi
+    (0.5, True)
+  """
   return bootstrap_cis(_check(values)[None], seed=seed, n_resamples=n_resamples, confidence=confidence)[0]
 
 
@@ -315,7 +323,16 @@ def paired_test(
   a: np.ndarray, b: np.ndarray, *, seed: int, n_resamples: int = 10_000, confidence: float = 0.95
 ) -> PairedResult:
   """Paired comparison of two methods on the same questions ``a [Q]``, ``b [Q]`` (:func:`paired_tests` of one
-  row)."""
+  row).
+
+  Example:
+    >>> import numpy as np
+    >>> from engram_jax.metrics import paired_test
+    >>> a = np.linspace(0, 1, 40)
+    >>> r = paired_test(a + 0.1, a, seed=0, n_resamples=2000)  # b is a minus 0.1 on every question
+    >>> round(r.delta, 3), r.p < 0.01
+    (0.1, True)
+  """
   a, b = _check(a), _check(b)
   if a.shape != b.shape:
     raise ValueError(f'Shape mismatch: paired arrays {a.shape} vs {b.shape}')

@@ -18,6 +18,26 @@ from engram_jax.ops import (  # noqa: F401
   tcfsr_learned,
   tide,  # (importing registers)
 )
+from engram_jax.ops.bm25 import bm25_scores
+from engram_jax.ops.cfs import cfs_select, soft_cfs_select
+from engram_jax.ops.cfsr import cfsr_scores
+from engram_jax.ops.controls import additive_fuse, perturbed_cosine
+from engram_jax.ops.cosine import cosine_scores
+from engram_jax.ops.greedy import Selection, SoftSelection
+from engram_jax.ops.mmr import mmr_select, soft_mmr_select
+from engram_jax.ops.nnls import nnls_ridge_pg
 from engram_jax.ops.registry import OPERATORS, Knob, Operator, SoftTwin, get, register
+from engram_jax.ops.rrf import rrf_fuse, soft_rrf_fuse
+from engram_jax.ops.tcfsr import soft_tcfsr_gated_scores, tcfsr_basis_scores, tcfsr_gated_scores, tcfsr_prior_scores
+from engram_jax.ops.tcfsr_learned import tcfsr_learned_scores
+from engram_jax.ops.tide import tide_scores
 
-__all__ = ['OPERATORS', 'Knob', 'Operator', 'SoftTwin', 'get', 'register']
+__all__ = [
+  # hard operators and their soft twins (a smooth hard operator is its own twin)
+  'cosine_scores', 'bm25_scores', 'mmr_select', 'soft_mmr_select', 'cfs_select', 'soft_cfs_select', 'cfsr_scores',
+  'nnls_ridge_pg', 'tide_scores', 'tcfsr_prior_scores', 'tcfsr_basis_scores', 'tcfsr_gated_scores',
+  'soft_tcfsr_gated_scores', 'tcfsr_learned_scores', 'perturbed_cosine', 'additive_fuse', 'rrf_fuse',
+  'soft_rrf_fuse', 'Selection', 'SoftSelection',
+  # the registry
+  'Knob', 'Operator', 'SoftTwin', 'get', 'register',
+]  # fmt: skip

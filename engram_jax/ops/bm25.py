@@ -162,6 +162,14 @@ def bm25_scores(
 
   Returns:
     ``[..., N]`` scores. Differentiable in ``k1`` and ``b``.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from engram_jax import bm25_scores
+    >>> doc_tf = jnp.array([[2, 0, 1], [0, 1, 0], [0, 0, 3]], jnp.float32)  # [N=3 items, V=3 terms]
+    >>> query_tf = jnp.array([1, 0, 0], jnp.float32)  # the query holds term 0 once
+    >>> [round(s, 3) for s in bm25_scores(query_tf, doc_tf).tolist()]  # only items holding term 0 score
+    [0.668, 0.0, 0.0]
   """
   doc_tf = jnp.asarray(doc_tf)
   real = jnp.ones(doc_tf.shape[0], bool) if where is None else jnp.asarray(where, bool)

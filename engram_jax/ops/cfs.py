@@ -84,6 +84,13 @@ def cfs_select(
     (the CFS objective at each pick).
 
   Not differentiable (argmax); ``soft_cfs_select`` (to come) is its relaxed twin.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from engram_jax import cfs_select
+    >>> docs = jnp.array([[1.0, 0.0], [0.995, 0.0998], [0.6, 0.8]])
+    >>> print(cfs_select(jnp.array([0.8, 0.6]), docs, k=3, beta=2.0, sigma=0.4).indices)
+    [2 0 1]
   """
 
   def one(q, d, wh, g):
@@ -166,6 +173,14 @@ def soft_cfs_select(
 
   Returns:
     :class:`SoftSelection` with ``probs [..., K, N]``; tends to the hard picks as ``temperature -> 0``.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from engram_jax import cfs_select, soft_cfs_select
+    >>> docs = jnp.array([[1.0, 0.0], [0.995, 0.0998], [0.6, 0.8]])
+    >>> soft = soft_cfs_select(jnp.array([0.8, 0.6]), docs, k=3, beta=2.0, sigma=0.4, temperature=1e-3)
+    >>> bool((soft.probs.argmax(-1) == cfs_select(jnp.array([0.8, 0.6]), docs, k=3, beta=2.0, sigma=0.4).indices).all())
+    True
   """
 
   def one(q, d, wh, g):

@@ -123,6 +123,17 @@ def cfsr_scores(
 
   Returns:
     ``[..., N]`` scores in [0, 1] for pool items, ``-inf`` elsewhere (outside the pool or masked).
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from engram_jax import cfsr_scores
+    >>> docs = jax.random.normal(jax.random.key(0), (20, 8))
+    >>> docs = docs / jnp.linalg.norm(docs, axis=-1, keepdims=True)
+    >>> query = docs[3] + docs[7]
+    >>> query = query / jnp.linalg.norm(query)
+    >>> s = cfsr_scores(query, docs, pool=5)  # only the cosine top-5 are scored
+    >>> int(jnp.isfinite(s).sum()), sorted(jnp.argsort(-s)[:2].tolist())
+    (5, [3, 7])
   """
 
   def one(q, d, wh, g):

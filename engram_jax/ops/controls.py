@@ -54,6 +54,15 @@ def perturbed_cosine(query: Array, docs: Array, *, key: Array, eps: ArrayLike, w
 
   Returns:
     ``[..., N]`` scores.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from engram_jax import cosine_scores, perturbed_cosine
+    >>> docs = jnp.eye(3)
+    >>> q = jnp.array([0.6, 0.8, 0.0])
+    >>> s = perturbed_cosine(q, docs, key=jax.random.key(0), eps=0.0)
+    >>> bool(jnp.allclose(s, cosine_scores(q, docs)))  # eps = 0 is cosine
+    True
   """
   s = cosine_scores(query, docs, where=where)
   return s + jnp.asarray(eps, s.dtype) * item_noise(key, s.shape, s.dtype)
@@ -131,6 +140,14 @@ def additive_fuse(
 
   Returns:
     ``[..., N]`` fused scores in ``(-inf, 1]``; ``-inf`` for non-candidates and masked items.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from engram_jax import additive_fuse
+    >>> semantic = jnp.array([0.9, 0.5, 0.05])  # item 2 is below the semantic gate (0.1)
+    >>> bm25 = jnp.array([0.0, 3.0, 5.0])
+    >>> [round(s, 3) for s in additive_fuse(semantic, bm25, jnp.array(2), pool=3).tolist()]
+    [0.45, 0.349, -inf]
   """
   semantic = jnp.asarray(semantic)
   bm25 = jnp.asarray(bm25, semantic.dtype)

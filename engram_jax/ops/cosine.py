@@ -25,6 +25,13 @@ def cosine_scores(query: Array, docs: Array, *, where: Array | None = None) -> A
 
   Returns:
     ``[..., N]`` scores.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from engram_jax import cosine_scores
+    >>> docs = jnp.eye(3)  # three unit-norm items
+    >>> print(cosine_scores(jnp.array([0.6, 0.8, 0.0]), docs, where=jnp.array([True, True, False])))
+    [ 0.6  0.8 -inf]
   """
   s = jnp.einsum('...d,nd->...n', query, docs)
   if where is not None:

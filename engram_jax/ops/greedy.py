@@ -38,6 +38,13 @@ class Selection(NamedTuple):
   Attributes:
     indices: ``[..., K]`` int32 item indices; -1 where fewer than K real candidates were left.
     scores: ``[..., K]`` the objective value at each pick; ``-inf`` where the index is -1.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from engram_jax import mmr_select
+    >>> sel = mmr_select(jnp.array([1.0, 0.0]), jnp.eye(2), k=3)  # k > N pads with -1
+    >>> print(sel.indices)
+    [ 0  1 -1]
   """
 
   indices: Array
@@ -51,6 +58,13 @@ class SoftSelection(NamedTuple):
     probs: ``[..., K, N]`` pick distributions: row t is the softmax-relaxed one-hot of pick t (sums to 1,
       or to 0 where no real candidate was left).
     scores: ``[..., K]`` the expected objective value at each pick.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from engram_jax import soft_mmr_select
+    >>> soft = soft_mmr_select(jnp.array([1.0, 0.0]), jnp.eye(2), k=2, temperature=1.0)
+    >>> soft.probs.shape, bool(jnp.allclose(soft.probs.sum(-1), 1.0))  # one distribution over items per pick
+    ((2, 2), True)
   """
 
   probs: Array

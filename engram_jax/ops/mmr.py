@@ -73,6 +73,14 @@ def mmr_select(
   Returns:
     :class:`Selection` with ``indices [..., K]`` (ties go to the later item) and ``scores [..., K]``
     (the MMR objective at each pick; the first is :math:`\lambda \cos(q, c_1)`).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from engram_jax import mmr_select
+    >>> docs = jnp.array([[1.0, 0.0], [0.995, 0.0998], [0.0, 1.0]])  # item 1 nearly repeats item 0
+    >>> sel = mmr_select(jnp.array([0.8, 0.6]), docs, k=2, lam=0.5)
+    >>> print(sel.indices)  # item 1 first (most relevant); item 0, a near-copy of it, loses to item 2
+    [1 2]
   """
 
   def one(q, d, wh, g):
@@ -135,6 +143,14 @@ def soft_mmr_select(
   Returns:
     :class:`SoftSelection` with ``probs [..., K, N]``. As ``temperature -> 0`` (no ties), ``probs`` tends to
     the one-hot of the hard picks and ``scores`` to the hard scores.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from engram_jax import mmr_select, soft_mmr_select
+    >>> docs = jnp.array([[1.0, 0.0], [0.995, 0.0998], [0.0, 1.0]])
+    >>> soft = soft_mmr_select(jnp.array([0.8, 0.6]), docs, k=2, lam=0.5, temperature=1e-3)
+    >>> print(soft.probs.argmax(-1), mmr_select(jnp.array([0.8, 0.6]), docs, k=2, lam=0.5).indices)  # cold: the hard picks
+    [1 2] [1 2]
   """
 
   def one(q, d, wh, g):

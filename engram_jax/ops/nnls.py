@@ -55,6 +55,14 @@ def nnls_ridge_pg(
   Returns:
     ``[..., P]`` non-negative coefficients after ``iterations`` steps (differentiable in ``lam``,
     ``g`` and ``b`` by unrolled reverse mode).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from engram_jax import nnls_ridge_pg
+    >>> g = jnp.eye(2)  # Gram of two orthonormal pool items
+    >>> b = jnp.array([0.5, -0.2])  # their inner products with the target
+    >>> print(nnls_ridge_pg(g, b, lam=0.0, iterations=50).round(3))  # the negative one is clipped to 0
+    [0.5 0. ]
   """
 
   def one(g, b, valid):

@@ -49,6 +49,11 @@ class Knob:
       padded question axis) in the hard leg, ``[B]`` (one per row) in the twin, each question scored exactly as
       with that value as a scalar. Such a knob can be conditioned on the question
       (:mod:`engram_jax.fit.conditioned`); ``engram_jax.testing.check_operator`` checks both claims.
+
+  Example:
+    >>> from engram_jax import Knob
+    >>> Knob('lam', 0.005, transform='log', check='>0', doc='ridge weight')
+    Knob(name='lam', default=0.005, transform='log', static=False, check='>0', doc='ridge weight', per_question=False)
   """
 
   name: str
@@ -135,6 +140,11 @@ class SoftTwin:
     selection: True when ``scores`` returns a soft selection (greedy pickers: CFS, MMR), which RRF fuses by its
       pick probabilities and which needs an RRF fusion around it.
     fill: the padding value of each rows entry when episodes of different shapes are stacked (default 0).
+
+  Example:
+    >>> import engram_jax.ops as ops
+    >>> ops.get('mmr').soft.selection, ops.get('cfsr').soft.selection  # MMR's twin returns soft picks
+    (True, False)
   """
 
   rows: Callable[..., dict[str, Any]]
@@ -175,6 +185,12 @@ class Operator:
     needs: optional ``options -> {build option: value}`` for :func:`engram_jax.core.batch.episode_arrays` (e.g. the
       term counts of a BM25 tokenizer).
     stages: optional :class:`Stages`: the leg split where a sweep can share its first part.
+
+  Example:
+    >>> import engram_jax.ops as ops
+    >>> op = ops.get('cfsr')
+    >>> op.name, [k.name for k in op.knobs if k.transform]  # the fittable knobs
+    ('cfsr', ['lam', 'w'])
   """
 
   name: str
@@ -227,7 +243,19 @@ OPERATORS: dict[str, Operator] = {}
 
 
 def register(op: Operator, *, replace: bool = False) -> Operator:
-  """Add ``op`` to the registry (a second operator of the same name is an error unless ``replace``)."""
+  """Add ``op`` to the registry (a second operator of the same name is an error unless ``replace``).
+
+  Example:
+    >>> import engram_jax.ops as ops
+    >>> from engram_jax import Knob, Operator, register
+    >>> from engram_jax.ops import registry
+    >>> def half_cosine(ep, key, *, scale=0.5):
+    ...   return scale * ops.cosine_scores(ep.queries, ep.docs, where=ep.where)
+    >>> op = register(Operator('half_cosine', half_cosine, (Knob('scale', 0.5, check='>0'),), doc='cosine x scale'))
+    >>> ops.get('half_cosine') is op
+    True
+    >>> del registry.OPERATORS['half_cosine']  # (tests add operators for a with-block: tests/ops/test_registry_twins.py)
+  """
   if op.name in OPERATORS and not replace and OPERATORS[op.name] is not op:
     raise ValueError(f'operator {op.name!r} is already registered')
   OPERATORS[op.name] = op
@@ -235,7 +263,13 @@ def register(op: Operator, *, replace: bool = False) -> Operator:
 
 
 def get(name: str) -> Operator:
-  """The operator registered as ``name``; a one-line error listing the known names otherwise."""
+  """The operator registered as ``name``; a one-line error listing the known names otherwise.
+
+  Example:
+    >>> import engram_jax.ops as ops
+    >>> ops.get('bm25').doc
+    "Okapi BM25 (rank_bm25's BM25Okapi semantics)"
+  """
   if name not in OPERATORS:
     raise ValueError(f'unknown operator {name!r}; registered: {sorted(OPERATORS)}')
   return OPERATORS[name]

@@ -33,6 +33,13 @@ def rrf_fuse(
 
   Returns:
     ``[..., N]`` fused scores (0 for real items no leg ranked within its depth).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from engram_jax import rrf_fuse
+    >>> legs = jnp.array([[0.9, 0.1, 0.5], [1.0, 3.0, 2.0]])  # [L=2 legs, N=3 items]
+    >>> [round(s * 61 * 62, 1) for s in rrf_fuse(legs, weights=jnp.array([1.0, 1.0]), depths=[3, 1], k0=60.0).tolist()]  # x 61*62; leg 2 counts its top-1 only
+    [62.0, 122.0, 61.0]
   """
   leg_scores = jnp.asarray(leg_scores)
   n_legs, n = leg_scores.shape[0], leg_scores.shape[-1]
@@ -105,6 +112,15 @@ def soft_rrf_fuse(
 
   Returns:
     ``[..., N]`` fused scores (``-inf`` for masked items).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from engram_jax import rrf_fuse, soft_rrf_fuse
+    >>> legs = jnp.array([[0.9, 0.1, 0.5], [1.0, 3.0, 2.0]])
+    >>> hard = rrf_fuse(legs, weights=jnp.array([1.0, 2.0]), depths=[3, 3])
+    >>> soft = soft_rrf_fuse(legs, weights=jnp.array([1.0, 2.0]), depths=[3, 3], temperature=1e-3, depth_temperature=1e-3)
+    >>> bool(jnp.allclose(soft, hard, atol=1e-5))  # cold, the twin is the hard fusion
+    True
   """
   legs = list(leg_scores)
   n_legs = len(legs)

@@ -193,6 +193,15 @@ def tcfsr_prior_scores(
 
   Returns:
     ``[..., N]`` scores, ``-inf`` outside the pool or masked.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from engram_jax import cfsr_scores, tcfsr_prior_scores
+    >>> docs = jax.random.normal(jax.random.key(0), (20, 8))
+    >>> docs = docs / jnp.linalg.norm(docs, axis=-1, keepdims=True)
+    >>> query = docs[3] / jnp.linalg.norm(docs[3])
+    >>> bool(jnp.allclose(tcfsr_prior_scores(query, docs, jnp.arange(20), pool=5, gamma=0.0), cfsr_scores(query, docs, pool=5)))
+    True
   """
   check_corpus(docs, positions, pool, iterations)
   per_query = jnp.ndim(gamma) > 0
@@ -238,6 +247,15 @@ def tcfsr_basis_scores(
 
   Returns:
     ``[..., N]`` scores in [0, 1] for pool items, ``-inf`` elsewhere.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from engram_jax import tcfsr_basis_scores
+    >>> docs = jax.random.normal(jax.random.key(0), (20, 8))
+    >>> docs = docs / jnp.linalg.norm(docs, axis=-1, keepdims=True)
+    >>> s = tcfsr_basis_scores(docs[3], docs, jnp.arange(20), pool=5, alpha=0.2)
+    >>> s.shape, int(jnp.isfinite(s).sum())
+    ((20,), 5)
   """
   check_corpus(docs, positions, pool, iterations)
 
@@ -362,6 +380,15 @@ def tcfsr_gated_scores(
   Args: as :func:`tcfsr_prior_scores`, plus ``theta`` (near-duplicate cosine), ``delta`` (how far below the
     best pool cosine an item still counts) and ``rho0`` (gate threshold on :math:`r_q`, in units of the
     write-order fraction).
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from engram_jax import tcfsr_gated_scores
+    >>> docs = jax.random.normal(jax.random.key(0), (20, 8))
+    >>> docs = docs / jnp.linalg.norm(docs, axis=-1, keepdims=True)
+    >>> s = tcfsr_gated_scores(docs[:2], docs, jnp.arange(20), pool=5)  # two queries
+    >>> s.shape, jnp.isfinite(s).sum(-1).tolist()
+    ((2, 20), [5, 5])
   """
   return _gated(
     query,
@@ -406,6 +433,16 @@ def soft_tcfsr_gated_scores(
 
   Differentiable in ``lam``, ``w``, ``gamma``, ``theta``, ``rho0`` and ``temperature``; tends to the hard
   operator as ``temperature -> 0`` (away from exact ties at the thresholds).
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from engram_jax import soft_tcfsr_gated_scores, tcfsr_gated_scores
+    >>> docs = jax.random.normal(jax.random.key(0), (20, 8))
+    >>> docs = docs / jnp.linalg.norm(docs, axis=-1, keepdims=True)
+    >>> hard = tcfsr_gated_scores(docs[:2], docs, jnp.arange(20), pool=5)
+    >>> soft = soft_tcfsr_gated_scores(docs[:2], docs, jnp.arange(20), pool=5, temperature=1e-4)
+    >>> bool(jnp.allclose(soft, hard, atol=1e-4))
+    True
   """
   return _gated(
     query,

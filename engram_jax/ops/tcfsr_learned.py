@@ -142,6 +142,18 @@ def tcfsr_learned_scores(
 
   Returns:
     ``[Q, N]`` scores, ``-inf`` outside the pool or masked.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from engram_jax import tcfsr_learned_scores
+    >>> from engram_jax.core.features import FEATURES
+    >>> from engram_jax.ops.tcfsr_learned import GATE_INPUTS
+    >>> docs = jax.random.normal(jax.random.key(0), (20, 8))
+    >>> docs = docs / jnp.linalg.norm(docs, axis=-1, keepdims=True)
+    >>> features = jnp.zeros((2, len(FEATURES)))  # each question's text cues (engram_jax.core.features)
+    >>> s = tcfsr_learned_scores(docs[:2], docs, jnp.arange(20), features, weights=jnp.zeros(len(GATE_INPUTS)), pool=5)
+    >>> s.shape
+    (2, 20)
   """
   check_corpus(docs, positions, pool, iterations)
   if query_features.shape[:-1] != query.shape[:-1]:

@@ -76,6 +76,13 @@ def tide_scores(base: Array, positions: Array, *, weight: ArrayLike, depth: int,
 
   Returns:
     ``[..., N]`` scores; ``-inf`` outside the base's top-``depth`` and for masked items.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from engram_jax import tide_scores
+    >>> base = jnp.array([0.9, 0.5, 0.8, 0.1])  # e.g. cosine; item 3 is the newest
+    >>> [round(s, 3) for s in tide_scores(base, jnp.arange(4), weight=0.3, depth=3).tolist()]  # item 3 is outside the top-3
+    [0.9, 0.6, 1.0, -inf]
   """
   base = jnp.asarray(base)
   n = base.shape[-1]

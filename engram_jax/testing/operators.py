@@ -232,6 +232,10 @@ def check_operator(name: str, *, seed: int = 0) -> None:
   for its declaration (and that its leg runs) only.
 
   Out-of-tree operators get the same check: register the module, then call ``check_operator('<name>')``.
+
+  Example:
+    >>> from engram_jax import check_operator
+    >>> check_operator('tide')  # returns None, or raises AssertionError naming the check and the knob
   """
   op = registry.get(name)
   check_declaration(op)
