@@ -26,7 +26,8 @@ from engram_jax.ops.cosine import cosine_scores
 from engram_jax.ops.greedy import Selection, SoftSelection
 from engram_jax.ops.mmr import mmr_select, soft_mmr_select
 from engram_jax.ops.nnls import nnls_ridge_pg
-from engram_jax.ops.registry import OPERATORS, Knob, Operator, SoftTwin, get, register
+from engram_jax.ops.registry import OPERATORS as OPERATORS  # the table itself (data: not in __all__)
+from engram_jax.ops.registry import Knob, Operator, SoftTwin, get, register
 from engram_jax.ops.rrf import rrf_fuse, soft_rrf_fuse
 from engram_jax.ops.tcfsr import soft_tcfsr_gated_scores, tcfsr_basis_scores, tcfsr_gated_scores, tcfsr_prior_scores
 from engram_jax.ops.tcfsr_learned import tcfsr_learned_scores
