@@ -92,5 +92,7 @@ def test_coverage_check_fails_on_an_undocumented_name():
 
 
 def test_import_engram_jax_imports_no_jax():
-  code = 'import sys, engram_jax; assert engram_jax.__all__; bad = {"jax", "numpy"} & set(sys.modules); assert not bad, bad'
+  code = (
+    'import sys, engram_jax; assert engram_jax.__all__; bad = {"jax", "numpy"} & set(sys.modules); assert not bad, bad'
+  )
   subprocess.run([sys.executable, '-c', code], check=True)
