@@ -11,6 +11,12 @@ normalised cosine. Everything the solver needs is the pool Gram :math:`G = C C^\
 :math:`b = C z_q` (the pool cosines), so an episode's Gram :math:`E E^\top` (N x N) can be computed
 once and the P x P blocks gathered per query (``gram=``).
 
+Building blocks, public so that a variant reuses them instead of copying them (docs/extending.md, "Building on
+CFS-R"): :func:`cosine_pool` (one query's pool and Gram block), :func:`nnls_ridge_pg` (the solve, scalar or per-item
+ridge, with its step rule :func:`ridge_step` and :func:`power_lmax`), :func:`cfsr_blend` (the blend),
+:func:`scatter_pool` (pool scores back to items), and for soft twins :func:`engram_jax.ops.pools.cosine_pool_rows`
+and :func:`engram_jax.ops.pools.scatter_rows`.
+
 Hard: :func:`cfsr_scores` (what is scored). Soft twin: CFS-R is differentiable in ``lam`` and ``w`` as it stands
 (the cosine pool cut moves with neither), so the twin is :func:`cfsr_pool_scores` on pools gathered once before
 training (forward-mode gradient in ``lam``).
@@ -29,7 +35,7 @@ from engram_jax.core import ranking
 from engram_jax.core.batch import EpisodeArrays
 from engram_jax.ops import nnls_implicit, pools
 from engram_jax.ops.greedy import episode_gram, map_queries
-from engram_jax.ops.nnls import nnls_ridge_pg  # noqa: F401  (re-exported: the CFS-R solve)
+from engram_jax.ops.nnls import nnls_ridge_pg, power_lmax, ridge_step  # noqa: F401  (re-exported: the CFS-R solve)
 from engram_jax.ops.registry import Knob, Operator, SoftTwin, Stages, knob_defaults, register
 
 # The declaration of CFS-R's knobs: the one place their defaults are written (signatures below read _D; the
@@ -72,6 +78,27 @@ def cosine_pool(q: Array, d: Array, wh: Array, g: Array | None, *, pool: int) ->
     c = d[idx]
     gp = c @ c.T
   return cos, idx, wh[idx], gp
+
+
+def cfsr_blend(a: Array, cos: Array, valid: Array, *, w: ArrayLike) -> Array:
+  r"""CFS-R's blend on a pool: :math:`w\,\mathrm{mm}(a) + (1 - w)\,\mathrm{mm}(\cos)` over the ``valid`` entries
+  (:func:`minmax`), ``-inf`` elsewhere.
+
+  Args:
+    a: ``[..., P]`` solve coefficients (:func:`nnls_ridge_pg`); cos: ``[..., P]`` pool cosines; valid: ``[..., P]``;
+    w: blend weight (traced).
+
+  Returns:
+    ``[..., P]`` scores in [0, 1] on valid entries, ``-inf`` elsewhere.
+  """
+  w_ = jnp.asarray(w, cos.dtype)
+  s = w_ * minmax(a, valid) + (1.0 - w_) * minmax(cos, valid)
+  return jnp.where(valid, s, -jnp.inf)
+
+
+def scatter_pool(s: Array, idx: Array, n: int) -> Array:
+  """One query's pool scores ``s [P]`` at item indices ``idx [P]`` (distinct) in an ``[n]`` row of ``-inf``."""
+  return jnp.full((n,), -jnp.inf, s.dtype).at[idx].set(s, unique_indices=True)
 
 
 def cfsr_scores(
@@ -130,10 +157,7 @@ def cfsr_scores(
     cos, idx, valid, gp = cosine_pool(q, d, wh, g, pool=pool)
     b = cos[idx]
     a = nnls_ridge_pg(gp, b, lam=lam, iterations=iterations, valid=valid, power_iterations=power_iterations)
-    w_ = jnp.asarray(w, cos.dtype)
-    s = w_ * minmax(a, valid) + (1.0 - w_) * minmax(b, valid)
-    s = jnp.where(valid, s, -jnp.inf)
-    return jnp.full((n,), -jnp.inf, s.dtype).at[idx].set(s, unique_indices=True)
+    return scatter_pool(cfsr_blend(a, b, valid, w=w), idx, n)
 
   if pool < 1 or iterations < 0:
     raise ValueError(f'pool must be >= 1 and iterations >= 0, got {pool}, {iterations}')
@@ -231,9 +255,7 @@ def cfsr_pool_scores(
     )
   else:
     raise ValueError(f'lam_grad must be one of {LAM_GRADS}, got {lam_grad!r}')
-  w_ = jnp.asarray(w, b.dtype)
-  s = w_ * minmax(a, fv) + (1.0 - w_) * minmax(fb, fv)
-  return jnp.where(fv, s, -jnp.inf).reshape(batch + (p,))
+  return cfsr_blend(a, fb, fv, w=w).reshape(batch + (p,))
 
 
 def cfsr_leg(
@@ -296,10 +318,7 @@ def cfsr_finish(
 
   def one(b, idx, valid, gp):
     a = nnls_ridge_pg(gp, b, lam=lam, iterations=iterations, valid=valid, power_iterations=20)
-    w_ = jnp.asarray(w, b.dtype)
-    s = w_ * minmax(a, valid) + (1.0 - w_) * minmax(b, valid)
-    s = jnp.where(valid, s, -jnp.inf)
-    return jnp.full((n,), -jnp.inf, s.dtype).at[idx].set(s, unique_indices=True)
+    return scatter_pool(cfsr_blend(a, b, valid, w=w), idx, n)
 
   args = (prepared['b'], prepared['idx'], prepared['valid'], prepared['gram'])
   if batch_size is None or args[0].shape[0] <= 1:  # as map_queries chunks cfsr_scores's queries

@@ -103,6 +103,17 @@ def solve_pool(
   alpha: ArrayLike = 0.0,
   anchor: ArrayLike = _B['anchor'],
 ) -> PoolSolve:
+  r"""One query's CFS-R pool and solve, time optionally appended to the basis.
+
+  Args:
+    q: ``[D]`` query; d: ``[N, D]`` items; wh: ``[N]`` real items; g: optional ``[N, N]`` episode Gram;
+    t_all: ``[N]`` write fractions (:func:`engram_jax.ops.pools.write_time`); pool, iterations, power_iterations:
+    static; lam: ridge (scalar or ``[P]`` per pool slot, :func:`engram_jax.ops.nnls.nnls_ridge_pg`); alpha, anchor:
+    the time feature :math:`\alpha t` and its target :math:`\alpha \tau` (0: plain CFS-R).
+
+  Returns:
+    :class:`PoolSolve` (``[P]`` / ``[P, P]`` fields).
+  """
   cos, idx, valid, gp = cosine_pool(q, d, wh, g, pool=pool)
   both = valid[:, None] & valid[None, :]
   gp = jnp.where(both, gp, 0.0)  # padded rows may hold junk or NaN: keep them out of every product
@@ -120,11 +131,14 @@ def solve_pool(
 
 
 def scatter_pool(n: int, sol: PoolSolve, s: Array) -> Array:
+  """Pool scores ``s [P]`` of a :class:`PoolSolve` at its items in an ``[n]`` row of ``-inf`` (invalid slots too)."""
   s = jnp.where(sol.valid, s, -jnp.inf)
   return jnp.full((n,), -jnp.inf, s.dtype).at[sol.idx].set(s, unique_indices=True)
 
 
 def blend_pool(sol: PoolSolve, w: ArrayLike) -> Array:
+  """CFS-R's blend ``w mm(a) + (1 - w) mm(cos)`` of a :class:`PoolSolve` (``[P]``, not masked: see
+  :func:`engram_jax.ops.cfsr.cfsr_blend` for the masked one)."""
   w_ = jnp.asarray(w, sol.cos.dtype)
   return w_ * minmax(sol.a, sol.valid) + (1.0 - w_) * minmax(sol.cos, sol.valid)
 
