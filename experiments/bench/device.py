@@ -21,6 +21,11 @@ reference's top-10; for the fit step, the relative difference of the loss and of
 CPU-only machine that is a dry run of the script: the default device is that CPU). Tolerances: float32 on both
 sides; a GPU may sum in another order (and XLA's default matmul precision on recent NVIDIA GPUs is TF32 unless
 ``--precision highest``), so ids may differ on near-ties: the table reports the counts rather than failing.
+
+On a device machine without network access, carry what LoCoMo needs: the data root (``ENGRAM_DATA_ROOT``, 2.7 MB)
+and the embedding cache (``ENGRAM_CACHE_DIR``: MiniLM and LoCoMo's vectors, 37 MB here), or pass ``--data
+synthetic``. Not yet run on a GPU (none was lent to issue 30): the budget of under 5 minutes is an estimate (two
+passes, each compiling the three pipelines, CFS-R and a fit step per episode shape bucket).
 """
 
 from __future__ import annotations
