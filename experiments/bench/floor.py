@@ -31,8 +31,9 @@ def cfsr_floor(
   * ``leg``: the CFS-R leg as the evaluation runs it (cosine, top-P pool, Gram blocks, projected gradient, blend);
   * ``pool``: its pool step alone (:func:`engram_jax.ops.cfsr.cfsr_prepare`: cosine, top-P, the P x P blocks
     gathered from the episode Gram), and ``pool: top-P`` without the block gather (the gather is the difference);
-  * ``power``: the solver's power iterations alone (``iterations=0``), ``solve``: the solver (``power_iterations``
-    + ``iterations`` batched P x P matvecs per query, in chunks of ``batch_size`` queries, the leg's chunking);
+  * ``power``: the solver's power iterations alone (:func:`engram_jax.ops.nnls.power_lmax`); ``solve``: the solver
+    (``power_iterations`` + ``iterations`` batched P x P matvecs per query, in chunks of ``batch_size`` queries, the
+    leg's chunking);
     projected gradient = solve - power; blend + scatter = leg - pool - solve;
   * ``gemm``: a dense matmul of the same FLOP count, for this machine's compute rate.
 
@@ -70,7 +71,9 @@ def cfsr_floor(
     )
     return jax.jit(lambda g, b, v: jax.lax.map(lambda x: one(*x), (g, b, v), batch_size=batch_size))
 
-  chunked, power_only = solver(iterations), solver(0)
+  chunked = solver(iterations)
+  power_one = lambda g, v: cfsr_ops.power_lmax(g, valid=v, iterations=power_iterations)
+  power_only = jax.jit(lambda g, b, v: jax.lax.map(lambda x: power_one(x[0], x[2]), (g, b, v), batch_size=batch_size))
 
   def live_blocks(a):
     pr = jax.block_until_ready(pools(a))
