@@ -11,6 +11,12 @@ normalised cosine. Everything the solver needs is the pool Gram :math:`G = C C^\
 :math:`b = C z_q` (the pool cosines), so an episode's Gram :math:`E E^\top` (N x N) can be computed
 once and the P x P blocks gathered per query (``gram=``).
 
+Building blocks, public so that a variant reuses them instead of copying them (docs/extending.md, "Building on
+CFS-R"): :func:`cosine_pool` (one query's pool and Gram block), :func:`nnls_ridge_pg` (the solve, scalar or per-item
+ridge, with its step rule :func:`ridge_step` and :func:`power_lmax`), :func:`cfsr_blend` (the blend),
+:func:`scatter_pool` (pool scores back to items), and for soft twins :func:`engram_jax.ops.pools.cosine_pool_rows`
+and :func:`engram_jax.ops.pools.scatter_rows`.
+
 Hard: :func:`cfsr_scores` (what is scored). Soft twin: CFS-R is differentiable in ``lam`` and ``w`` as it stands
 (the cosine pool cut moves with neither), so the twin is :func:`cfsr_pool_scores` on pools gathered once before
 training (forward-mode gradient in ``lam``).
@@ -29,7 +35,7 @@ from engram_jax.core import ranking
 from engram_jax.core.batch import EpisodeArrays
 from engram_jax.ops import nnls_implicit, pools
 from engram_jax.ops.greedy import episode_gram, map_queries
-from engram_jax.ops.nnls import nnls_ridge_pg  # noqa: F401  (re-exported: the CFS-R solve)
+from engram_jax.ops.nnls import nnls_ridge_pg, power_lmax, ridge_step  # noqa: F401  (re-exported: the CFS-R solve)
 from engram_jax.ops.registry import Knob, Operator, SoftTwin, Stages, knob_defaults, register
 
 # The declaration of CFS-R's knobs: the one place their defaults are written (signatures below read _D; the
@@ -74,6 +80,70 @@ def cosine_pool(q: Array, d: Array, wh: Array, g: Array | None, *, pool: int) ->
   return cos, idx, wh[idx], gp
 
 
+def cfsr_blend(a: Array, cos: Array, valid: Array, *, w: ArrayLike) -> Array:
+  r"""CFS-R's blend on a pool: :math:`w\,\mathrm{mm}(a) + (1 - w)\,\mathrm{mm}(\cos)` over the ``valid`` entries
+  (:func:`minmax`), ``-inf`` elsewhere.
+
+  Args:
+    a: ``[..., P]`` solve coefficients (:func:`nnls_ridge_pg`); cos: ``[..., P]`` pool cosines; valid: ``[..., P]``;
+    w: blend weight (traced).
+
+  Returns:
+    ``[..., P]`` scores in [0, 1] on valid entries, ``-inf`` elsewhere.
+  """
+  w_ = jnp.asarray(w, cos.dtype)
+  s = w_ * minmax(a, valid) + (1.0 - w_) * minmax(cos, valid)
+  return jnp.where(valid, s, -jnp.inf)
+
+
+def scatter_pool(s: Array, idx: Array, n: int) -> Array:
+  """One query's pool scores ``s [P]`` at item indices ``idx [P]`` (distinct) in an ``[n]`` row of ``-inf``."""
+  return jnp.full((n,), -jnp.inf, s.dtype).at[idx].set(s, unique_indices=True)
+
+
+def _skipped(like):
+  """What a skipped chunk returns: ``-inf`` for floats (unranked), False / 0 otherwise, in ``like``'s shapes."""
+  fill = lambda x: jnp.full(x.shape, -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else 0, x.dtype)
+  return jax.tree_util.tree_map(fill, like)
+
+
+def map_live_queries(
+  fn, query: Array, docs: Array, where: Array | None, gram: Array | None, *, live, batch_size, per_query=()
+):
+  """:func:`engram_jax.ops.greedy.map_queries` for queries ``[Q, D]`` of one shared corpus, in chunks of
+  ``batch_size``, where a chunk with no live query (``live [Q]`` False: padded questions) is not computed: its rows
+  are ``-inf`` (False / 0 for non-float outputs). Live rows equal ``map_queries`` bit for bit (the same chunks).
+  Without ``live`` or ``batch_size``, with batch axes, or with a remainder chunk, it is ``map_queries``.
+  ``per_query``: ``[Q]`` values passed to ``fn`` after ``gram``, as in ``map_queries``.
+
+  A padded episode's question axis is rounded up to a bucket (a multiple of 64), so on LoCoMo about one chunk in
+  six is padding: skipping it saves that share of CFS-R's pool and solve.
+  """
+  query = jnp.asarray(query)
+  per_query = tuple(jnp.asarray(x) for x in per_query)
+  plain = lambda: map_queries(fn, query, docs, where, gram, batch_size=batch_size, per_query=per_query)
+  if live is None or batch_size is None or query.ndim != 2 or jnp.ndim(docs) != 2 or query.shape[0] <= 1:
+    return plain()
+  if any(x.shape != query.shape[:1] for x in per_query):
+    return plain()
+  q = query.shape[0]
+  bs = min(int(batch_size), q)
+  if q % bs:  # lax.map's remainder chunk differs in size: keep map_queries' chunks (and bits)
+    return plain()
+  docs = jnp.asarray(docs)
+  where = jnp.ones(docs.shape[:1], bool) if where is None else jnp.asarray(where, bool)
+  chunks = tuple(x.reshape((q // bs, bs) + x.shape[1:]) for x in (query, *per_query))
+  alive = jnp.asarray(live, bool).reshape((q // bs, bs))
+
+  def chunk(args):
+    xs, lc = args
+    run = lambda xs: jax.vmap(lambda qi, *pi: fn(qi, docs, where, gram, *pi))(*xs)
+    return jax.lax.cond(jnp.any(lc), run, lambda xs: _skipped(jax.eval_shape(run, xs)), xs)
+
+  out = jax.lax.map(chunk, (chunks, alive))
+  return jax.tree_util.tree_map(lambda y: y.reshape((q,) + y.shape[2:]), out)
+
+
 def cfsr_scores(
   query: Array,
   docs: Array,
@@ -86,6 +156,7 @@ def cfsr_scores(
   w: ArrayLike = _D['w'],
   power_iterations: int = 20,
   batch_size: int | None = None,
+  query_where: Array | None = None,
 ) -> Array:
   r"""CFS-R scores: non-negative reconstruction share blended with cosine, over a cosine pool.
 
@@ -120,6 +191,8 @@ def cfsr_scores(
       chunks, ``vmap`` inside) so that each chunk's P x P Grams stay in cache across the
       iterations; ``None`` solves every query at once (``vmap``). Same result either way. On CPU a
       chunk of 8-32 queries is several times faster for a LoCoMo episode (~200 queries).
+    query_where: optional ``[Q]`` real queries (queries ``[Q, D]`` of one corpus, with ``batch_size``): a chunk of
+      padded queries only is skipped (its rows ``-inf``), :func:`map_live_queries`.
 
   Returns:
     ``[..., N]`` scores in [0, 1] for pool items, ``-inf`` elsewhere (outside the pool or masked).
@@ -141,14 +214,11 @@ def cfsr_scores(
     cos, idx, valid, gp = cosine_pool(q, d, wh, g, pool=pool)
     b = cos[idx]
     a = nnls_ridge_pg(gp, b, lam=lam, iterations=iterations, valid=valid, power_iterations=power_iterations)
-    w_ = jnp.asarray(w, cos.dtype)
-    s = w_ * minmax(a, valid) + (1.0 - w_) * minmax(b, valid)
-    s = jnp.where(valid, s, -jnp.inf)
-    return jnp.full((n,), -jnp.inf, s.dtype).at[idx].set(s, unique_indices=True)
+    return scatter_pool(cfsr_blend(a, b, valid, w=w), idx, n)
 
   if pool < 1 or iterations < 0:
     raise ValueError(f'pool must be >= 1 and iterations >= 0, got {pool}, {iterations}')
-  return map_queries(one, query, docs, where, gram, batch_size=batch_size)
+  return map_live_queries(one, query, docs, where, gram, live=query_where, batch_size=batch_size)
 
 
 def _solve_pools(lam, b, g, valid, iterations, power_iterations, batch_size, tangent):
@@ -242,9 +312,7 @@ def cfsr_pool_scores(
     )
   else:
     raise ValueError(f'lam_grad must be one of {LAM_GRADS}, got {lam_grad!r}')
-  w_ = jnp.asarray(w, b.dtype)
-  s = w_ * minmax(a, fv) + (1.0 - w_) * minmax(fb, fv)
-  return jnp.where(fv, s, -jnp.inf).reshape(batch + (p,))
+  return cfsr_blend(a, fb, fv, w=w).reshape(batch + (p,))
 
 
 def cfsr_leg(
@@ -274,6 +342,7 @@ def cfsr_leg(
     lam=lam,
     w=w,
     batch_size=batch_size,
+    query_where=ep.query_where,
   )
 
 
@@ -286,7 +355,8 @@ def cfsr_prepare(ep: EpisodeArrays, key: Array, *, pool: int, batch_size: int | 
     cos, idx, valid, gp = cosine_pool(q, d, wh, g, pool=pool)
     return {'b': cos[idx], 'idx': idx, 'valid': valid, 'gram': gp}
 
-  return map_queries(one, ep.queries, ep.docs, ep.where, episode_gram(ep.docs), batch_size=batch_size)
+  gram = episode_gram(ep.docs)
+  return map_live_queries(one, ep.queries, ep.docs, ep.where, gram, live=ep.query_where, batch_size=batch_size)
 
 
 def cfsr_finish(
@@ -307,15 +377,25 @@ def cfsr_finish(
 
   def one(b, idx, valid, gp):
     a = nnls_ridge_pg(gp, b, lam=lam, iterations=iterations, valid=valid, power_iterations=20)
-    w_ = jnp.asarray(w, b.dtype)
-    s = w_ * minmax(a, valid) + (1.0 - w_) * minmax(b, valid)
-    s = jnp.where(valid, s, -jnp.inf)
-    return jnp.full((n,), -jnp.inf, s.dtype).at[idx].set(s, unique_indices=True)
+    return scatter_pool(cfsr_blend(a, b, valid, w=w), idx, n)
 
   args = (prepared['b'], prepared['idx'], prepared['valid'], prepared['gram'])
-  if batch_size is None or args[0].shape[0] <= 1:  # as map_queries chunks cfsr_scores's queries
+  q = args[0].shape[0]
+  if batch_size is None or q <= 1:  # as map_queries chunks cfsr_scores's queries
     return jax.vmap(one)(*args)
-  return jax.lax.map(lambda a: one(*a), args, batch_size=min(int(batch_size), args[0].shape[0]))
+  bs = min(int(batch_size), q)
+  if q % bs:
+    return jax.lax.map(lambda a: one(*a), args, batch_size=bs)
+  # as map_live_queries: chunks of padded questions only are skipped (rows -inf)
+  chunks = jax.tree_util.tree_map(lambda x: x.reshape((q // bs, bs) + x.shape[1:]), args)
+  alive = jnp.asarray(ep.query_where, bool).reshape((q // bs, bs))
+
+  def chunk(xs):
+    c, lc = xs
+    run = lambda c: jax.vmap(one)(*c)
+    return jax.lax.cond(jnp.any(lc), run, lambda c: _skipped(jax.eval_shape(run, c)), c)
+
+  return jax.lax.map(chunk, (chunks, alive)).reshape((q, n))
 
 
 def _rows(ep: EpisodeArrays, n_questions: int, n_pad: int, options, settings) -> dict:

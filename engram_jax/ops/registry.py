@@ -30,6 +30,9 @@ import numpy as np
 # Leg-level keys of a pipeline YAML leg node; an operator's knobs may not use them.
 LEG_KEYS = ('op', 'depth', 'weight')
 TRANSFORMS = ('log', 'logit', 'softplus', 'identity')
+# The open range of each bounded transform's values: a fittable knob's default must lie inside (Knob refuses a default
+# on the boundary, e.g. 0 under log, where the unconstrained value is -inf).
+OPEN_DOMAIN = {'log': (0.0, math.inf), 'softplus': (0.0, math.inf), 'logit': (0.0, 1.0)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +76,19 @@ class Knob:
       raise ValueError(f'knob {self.name}: a static knob cannot be fitted')
     if self.per_question and self.transform is None:
       raise ValueError(f'knob {self.name}: a per-question knob must be fittable (declare its transform)')
+    bounds = OPEN_DOMAIN.get(self.transform)
+    default = self.default
+    if (
+      bounds
+      and isinstance(default, (int, float))
+      and not isinstance(default, bool)
+      and not bounds[0] < default < bounds[1]
+    ):
+      raise ValueError(
+        f'knob {self.name}: default {default!r} is not inside the open range {bounds} of its {self.transform!r} '
+        'transform (its unconstrained value is infinite: a fit cannot move it from there); declare a default '
+        "inside, or transform='identity' with a check"
+      )
 
   def canonical(self, value: Any) -> Any:
     """``value`` in the knob's declared type, so that a number's spelling never changes a compiled program: an

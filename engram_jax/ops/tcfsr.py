@@ -103,6 +103,17 @@ def solve_pool(
   alpha: ArrayLike = 0.0,
   anchor: ArrayLike = _B['anchor'],
 ) -> PoolSolve:
+  r"""One query's CFS-R pool and solve, time optionally appended to the basis.
+
+  Args:
+    q: ``[D]`` query; d: ``[N, D]`` items; wh: ``[N]`` real items; g: optional ``[N, N]`` episode Gram;
+    t_all: ``[N]`` write fractions (:func:`engram_jax.ops.pools.write_time`); pool, iterations, power_iterations:
+    static; lam: ridge (scalar or ``[P]`` per pool slot, :func:`engram_jax.ops.nnls.nnls_ridge_pg`); alpha, anchor:
+    the time feature :math:`\alpha t` and its target :math:`\alpha \tau` (0: plain CFS-R).
+
+  Returns:
+    :class:`PoolSolve` (``[P]`` / ``[P, P]`` fields).
+  """
   cos, idx, valid, gp = cosine_pool(q, d, wh, g, pool=pool)
   both = valid[:, None] & valid[None, :]
   gp = jnp.where(both, gp, 0.0)  # padded rows may hold junk or NaN: keep them out of every product
@@ -120,11 +131,14 @@ def solve_pool(
 
 
 def scatter_pool(n: int, sol: PoolSolve, s: Array) -> Array:
+  """Pool scores ``s [P]`` of a :class:`PoolSolve` at its items in an ``[n]`` row of ``-inf`` (invalid slots too)."""
   s = jnp.where(sol.valid, s, -jnp.inf)
   return jnp.full((n,), -jnp.inf, s.dtype).at[sol.idx].set(s, unique_indices=True)
 
 
 def blend_pool(sol: PoolSolve, w: ArrayLike) -> Array:
+  """CFS-R's blend ``w mm(a) + (1 - w) mm(cos)`` of a :class:`PoolSolve` (``[P]``, not masked: see
+  :func:`engram_jax.ops.cfsr.cfsr_blend` for the masked one)."""
   w_ = jnp.asarray(w, sol.cos.dtype)
   return w_ * minmax(sol.a, sol.valid) + (1.0 - w_) * minmax(sol.cos, sol.valid)
 
@@ -140,16 +154,17 @@ def check_corpus(docs: Array, positions: Array, pool: int, iterations: int) -> N
     raise ValueError(f'pool must be >= 1 and iterations >= 0, got {pool}, {iterations}')
 
 
-def _run(one, query, docs, positions, where, gram, batch_size, per_query=()):
+def _run(one, query, docs, positions, where, gram, batch_size, per_query=(), query_where=None):
   n = docs.shape[0]
   where = jnp.ones((n,), bool) if where is None else jnp.asarray(where, bool)
   t_all = write_time(positions, where)
-  return map_queries(
+  return cfsr.map_live_queries(
     lambda q, d, wh, g, *x: one(q, d, wh, g, t_all, *x),
     query,
     docs,
     where,
     gram,
+    live=query_where,
     batch_size=batch_size,
     per_query=per_query,
   )
@@ -169,6 +184,7 @@ def tcfsr_prior_scores(
   gamma: ArrayLike = _P['gamma'],
   power_iterations: int = 20,
   batch_size: int | None = None,
+  query_where: Array | None = None,
 ) -> Array:
   r"""CFS-R with a recency prior inside the blend.
 
@@ -187,7 +203,8 @@ def tcfsr_prior_scores(
     positions: ``[N]`` write order, ``0..N_real-1`` for real items.
     where: ``[N]`` True for real items.
     gram: optional ``[N, N]`` ``docs @ docs.T``.
-    pool, iterations, power_iterations, batch_size: static, as CFS-R.
+    pool, iterations, power_iterations, batch_size: static, as CFS-R; query_where: optional ``[Q]`` real queries
+      (chunks of padded ones are skipped, rows ``-inf``: :func:`engram_jax.ops.cfsr.map_live_queries`).
     lam, w: CFS-R's ridge weight and blend; traced.
     gamma: recency weight on the [0, 1] blend scale, a scalar or ``[...]`` (one per query); traced.
 
@@ -211,7 +228,9 @@ def tcfsr_prior_scores(
     gam = gamma_q[0] if per_query else gamma
     return scatter_pool(d.shape[0], sol, blend_pool(sol, w) + jnp.asarray(gam, sol.cos.dtype) * sol.t)
 
-  return _run(one, query, docs, positions, where, gram, batch_size, per_query=(gamma,) if per_query else ())
+  return _run(
+    one, query, docs, positions, where, gram, batch_size, (gamma,) if per_query else (), query_where=query_where
+  )
 
 
 def tcfsr_basis_scores(
@@ -229,6 +248,7 @@ def tcfsr_basis_scores(
   anchor: ArrayLike = _B['anchor'],
   power_iterations: int = 20,
   batch_size: int | None = None,
+  query_where: Array | None = None,
 ) -> Array:
   r"""CFS-R over a time-augmented basis: reconstruct ``[z_q, alpha * anchor]`` from rows ``[c_i, alpha * t_i]``.
 
@@ -275,7 +295,7 @@ def tcfsr_basis_scores(
     )
     return scatter_pool(d.shape[0], sol, blend_pool(sol, w))
 
-  return _run(one, query, docs, positions, where, gram, batch_size)
+  return _run(one, query, docs, positions, where, gram, batch_size, query_where=query_where)
 
 
 def revision_signal(
@@ -335,6 +355,7 @@ def _gated(
   power_iterations,
   batch_size,
   temperature,
+  query_where=None,
 ):
   check_corpus(docs, positions, pool, iterations)
 
@@ -345,7 +366,7 @@ def _gated(
     gate = (x >= 0).astype(r.dtype) if temperature is None else jax.nn.sigmoid(x / temperature)
     return scatter_pool(d.shape[0], sol, blend_pool(sol, w) + jnp.asarray(gamma, r.dtype) * gate * sol.t)
 
-  return _run(one, query, docs, positions, where, gram, batch_size)
+  return _run(one, query, docs, positions, where, gram, batch_size, query_where=query_where)
 
 
 def tcfsr_gated_scores(
@@ -365,6 +386,7 @@ def tcfsr_gated_scores(
   rho0: ArrayLike = _G['rho0'],
   power_iterations: int = 20,
   batch_size: int | None = None,
+  query_where: Array | None = None,
 ) -> Array:
   r"""CFS-R plus a recency prior for queries whose pool shows a revised fact.
 
@@ -407,6 +429,7 @@ def tcfsr_gated_scores(
     power_iterations=power_iterations,
     batch_size=batch_size,
     temperature=None,
+    query_where=query_where,
   )
 
 
@@ -468,7 +491,7 @@ def soft_tcfsr_gated_scores(
 
 
 def _leg_args(ep: EpisodeArrays) -> dict:
-  return {'where': ep.where, 'gram': episode_gram(ep.docs)}
+  return {'where': ep.where, 'gram': episode_gram(ep.docs), 'query_where': ep.query_where}
 
 
 def tcfsr_prior_leg(

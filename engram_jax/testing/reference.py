@@ -211,6 +211,32 @@ def _minmax_ref(x):
   return [0.0 for _ in x]
 
 
+def nnls_ridge_ref(c, z, *, lam, iterations, power_iterations=20):
+  """The CFS-R solve in float64 loops: ``min_{a >= 0} ||z - C^T a||^2 + sum_i lam_i a_i^2`` for pool rows ``c [P, D]``
+  and target ``z [D]``; ``lam`` a scalar or one per row ``[P]``.
+
+  a_0 = 0, a <- max(0, a - grad / L), grad = 2 C (C^T a - z) + 2 lam * a, L = 2 (lmax + max lam), lmax = Rayleigh
+  quotient after ``power_iterations`` power iterations on C C^T from the normalised all-ones vector.
+  """
+  c = np.asarray(c, np.float64)
+  z = np.asarray(z, np.float64)
+  lam = np.asarray(lam, np.float64)
+  gram = c @ c.T
+  v = np.ones(len(c)) / math.sqrt(len(c))
+  for _ in range(power_iterations):
+    v = gram @ v
+    norm = float(np.linalg.norm(v))
+    if norm > 0:
+      v = v / norm
+  lmax = float(v @ gram @ v)
+  lip = 2.0 * (lmax + float(np.max(lam)))
+  a = np.zeros(len(c))
+  for _ in range(iterations):
+    grad = 2.0 * c @ (c.T @ a - z) + 2.0 * lam * a
+    a = np.maximum(a - grad / lip, 0.0)
+  return a
+
+
 def cfsr_scores_ref(
   query,
   docs,
@@ -237,19 +263,7 @@ def cfsr_scores_ref(
   if not members:
     return out
   c = docs[members]  # [P, D]
-  gram = c @ c.T
-  v = np.ones(len(members)) / math.sqrt(len(members))
-  for _ in range(power_iterations):
-    v = gram @ v
-    norm = float(np.linalg.norm(v))
-    if norm > 0:
-      v = v / norm
-  lmax = float(v @ gram @ v)
-  lip = 2.0 * (lmax + lam)
-  a = np.zeros(len(members))
-  for _ in range(iterations):
-    grad = 2.0 * c @ (c.T @ a - z) + 2.0 * lam * a
-    a = np.maximum(a - grad / lip, 0.0)
+  a = nnls_ridge_ref(c, z, lam=lam, iterations=iterations, power_iterations=power_iterations)
   mm_a = _minmax_ref(list(a))
   mm_c = _minmax_ref([cos[i] for i in members])
   for j, i in enumerate(members):

@@ -11,10 +11,11 @@
     python -m experiments.bench --scale --out outputs/scale.md       # cost vs episode size N, 1e3 .. 1e5
     python -m experiments.bench --scale --scale-n 1000,3000,10000 --rounds 3 --scale-ops cosine,cfsr
     python -m experiments.bench --cfsr-floor          # LoCoMo: the CFS-R leg against its arithmetic floor
+    python -m experiments.bench --device-check        # GPU readiness: default run, CFS-R, fit step vs the CPU
 
 Each tool is one module: operator timing :mod:`experiments.bench.operators` (JAX vs the NumPy references and
 the BM25 peers, interleaved rounds), the harness :mod:`experiments.bench.harness`, the scale table
-:mod:`experiments.bench.scale`, the CFS-R floor :mod:`experiments.bench.floor`; their docstrings say what is
+:mod:`experiments.bench.scale`, the CFS-R floor :mod:`experiments.bench.floor`, the device check :mod:`experiments.bench.device`; their docstrings say what is
 timed and how.
 """
 
@@ -30,7 +31,7 @@ from typing import Any
 
 from engram_jax.ops import OPERATORS
 from engram_jax.testing.synthetic import synthetic_episodes
-from experiments.bench import floor, harness, operators, scale
+from experiments.bench import device, floor, harness, operators, scale
 from experiments.bench.common import environment, locomo_episodes, parse_sets
 from experiments.bench.operators import FUSION
 
@@ -85,6 +86,19 @@ def parser() -> argparse.ArgumentParser:
     help='LoCoMo: the CFS-R leg against its arithmetic floor (pool step, solver alone, dense-matmul rate)',
   )
   ap.add_argument(
+    '--device-check',
+    action='store_true',
+    help='GPU readiness: the default pipelines, CFS-R and a fit step timed on the default device and compared per '
+    'question with the CPU (--reference FILE: a CPU run written with --out FILE; else recomputed here on the CPU)',
+  )
+  ap.add_argument('--reference', default=None, help='--device-check: the CPU results to compare with (.npz)')
+  ap.add_argument(
+    '--precision',
+    choices=('default', 'high', 'highest'),
+    default='default',
+    help="--device-check: jax_default_matmul_precision ('highest': float32 matmuls on GPU, not TF32)",
+  )
+  ap.add_argument(
     '--scale',
     action='store_true',
     help='the scale table instead: operator cost versus episode size N (one synthetic episode per N)',
@@ -135,6 +149,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]] | dict[str, 
     )
     print(floor.format_cfsr_floor(result))
     return [result]
+  if args.device_check:
+    return device_main(args)
   if args.harness is not None:
     print('\n'.join(environment()))
     rows = harness.harness(args.harness, rounds=max(args.rounds, 2))
@@ -211,4 +227,28 @@ def scale_main(args: argparse.Namespace, ap: argparse.ArgumentParser) -> dict[st
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text('\n'.join(environment()) + '\n\n' + table + '\n')
     out.with_suffix('.json').write_text(json.dumps(result, indent=1, default=str))
+  return result
+
+
+def device_main(args: argparse.Namespace) -> dict[str, Any]:
+  """``--device-check``: run, print and optionally write (``--out``) the device check."""
+  import jax
+
+  print('\n'.join(environment()))
+  if args.data == 'synthetic':
+    episodes = synthetic_episodes(n_episodes=args.episodes, n_queries=args.queries)
+  else:
+    episodes = locomo_episodes(args.root, cache_dir=args.cache_dir)[: args.episodes]
+  reference, ref_seconds = device.load(args.reference) if args.reference else (None, None)
+  with jax.default_matmul_precision(None if args.precision == 'default' else args.precision):
+    result = device.device_check(
+      episodes,
+      repeats=args.repeats,
+      reference=reference,
+      reference_seconds=ref_seconds,
+      log=lambda s: print(s, file=sys.stderr),
+    )
+  print(device.format_device_check(result))
+  if args.out:
+    device.save(args.out, result)
   return result

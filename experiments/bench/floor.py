@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from engram_jax.core import batch
+from engram_jax.core import batch, ranking
 from engram_jax.testing.synthetic import EmbeddedEpisode
 from experiments.bench.common import time_jax
 
@@ -28,11 +28,17 @@ def cfsr_floor(
 ) -> dict[str, Any]:
   """Times, over all ``episodes`` (after warm-up, median of ``repeats``):
 
-  * ``leg``: the CFS-R leg as the evaluation runs it (cosine, top-P pool, Gram blocks, projected gradient);
-  * ``pool``: its pool step alone (cosine, top-P, the P x P blocks gathered from the episode Gram);
-  * ``solve``: the solver alone on the gathered blocks (``power_iterations`` + ``iterations`` batched P x P
-    matvecs per query, in chunks of ``batch_size`` queries, the leg's chunking);
+  * ``leg``: the CFS-R leg as the evaluation runs it (cosine, top-P pool, Gram blocks, projected gradient, blend);
+  * ``pool``: its pool step alone (:func:`engram_jax.ops.cfsr.cfsr_prepare`: cosine, top-P, the P x P blocks
+    gathered from the episode Gram), and ``pool: top-P`` without the block gather (the gather is the difference);
+  * ``power``: the solver's power iterations alone (:func:`engram_jax.ops.nnls.power_lmax`); ``solve``: the solver
+    (``power_iterations`` + ``iterations`` batched P x P matvecs per query, in chunks of ``batch_size`` queries, the
+    leg's chunking);
+    projected gradient = solve - power; blend + scatter = leg - pool - solve;
   * ``gemm``: a dense matmul of the same FLOP count, for this machine's compute rate.
+
+  Like the leg, the parts skip chunks of padded questions only (``map_live_queries``): they run on the first
+  ``ceil(Q_real / batch_size)`` chunks of each episode.
 
   FLOPs: ``2 P^2 (iterations + power_iterations)`` per query (the matvecs; everything else is O(P)). Bytes: each
   matvec reads its P x P float32 block, so the solver moves ``4 P^2`` bytes per 2 P^2 FLOPs (0.5 FLOP/byte):
@@ -46,23 +52,35 @@ def cfsr_floor(
     lambda a: cfsr_ops.cfsr_leg(a, jax.random.key(0), pool=pool, iterations=iterations, batch_size=batch_size)
   )
 
-  def pool_blocks(a):
-    gram = a.docs @ a.docs.T
+  pools = jax.jit(lambda a: cfsr_ops.cfsr_prepare(a, None, pool=pool, batch_size=batch_size))
 
-    def one(q):
-      _, idx, valid, g = cfsr_ops.cosine_pool(q, a.docs, a.where, gram, pool=pool)
-      return g, (a.docs @ q)[idx], valid
+  def top_only(a):
+    def one(q, d, wh, g):
+      del g
+      cos = d @ q
+      idx, _ = ranking.top_k(cos, k=min(pool, d.shape[0]), where=wh)
+      return cos[idx], idx
 
-    return jax.lax.map(one, a.queries, batch_size=batch_size)
+    return cfsr_ops.map_live_queries(one, a.queries, a.docs, a.where, None, live=a.query_where, batch_size=batch_size)
 
-  pools = jax.jit(pool_blocks)
-  solve = jax.jit(
-    lambda g, b, v: cfsr_ops.nnls_ridge_pg(
-      g, b, lam=0.005, iterations=iterations, valid=v, power_iterations=power_iterations
+  tops = jax.jit(top_only)
+
+  def solver(its):
+    one = lambda g, b, v: cfsr_ops.nnls_ridge_pg(
+      g, b, lam=0.005, iterations=its, valid=v, power_iterations=power_iterations
     )
-  )
-  chunked = jax.jit(lambda g, b, v: jax.lax.map(lambda x: solve(*x), (g, b, v), batch_size=batch_size))
-  blocks = [jax.block_until_ready(pools(a)) for a in arrays]
+    return jax.jit(lambda g, b, v: jax.lax.map(lambda x: one(*x), (g, b, v), batch_size=batch_size))
+
+  chunked = solver(iterations)
+  power_one = lambda g, v: cfsr_ops.power_lmax(g, valid=v, iterations=power_iterations)
+  power_only = jax.jit(lambda g, b, v: jax.lax.map(lambda x: power_one(x[0], x[2]), (g, b, v), batch_size=batch_size))
+
+  def live_blocks(a):
+    pr = jax.block_until_ready(pools(a))
+    n_live = -(-int(a.query_where.sum()) // batch_size) * batch_size
+    return pr['gram'][:n_live], pr['b'][:n_live], pr['valid'][:n_live]
+
+  blocks = [live_blocks(a) for a in arrays]
   p_eff = min(pool, arrays[0].docs.shape[0])
   flops = 2.0 * p_eff**2 * (iterations + power_iterations) * n_queries
   side = int(round((flops / 2) ** (1 / 3)))
@@ -71,6 +89,8 @@ def cfsr_floor(
   parts = {
     'leg': [lambda a=a: leg(a) for a in arrays],
     'pool': [lambda a=a: pools(a) for a in arrays],
+    'pool: top-P': [lambda a=a: tops(a) for a in arrays],
+    'power': [lambda g=g: power_only(*g) for g in blocks],
     'solve': [lambda g=g: chunked(*g) for g in blocks],
     'gemm': [lambda: gemm(x)],
   }
@@ -102,14 +122,20 @@ def format_cfsr_floor(r: Mapping[str, Any]) -> str:
     '| part | seconds | GFLOP/s | GB/s of block reads |',
     '|---|---|---|---|',
   ]
-  for name in ('leg', 'pool', 'solve', 'gemm'):
+  for name in ('leg', 'pool', 'pool: top-P', 'power', 'solve', 'gemm'):
     rate = r['gflop'] / t[name] if name in ('leg', 'solve', 'gemm') else None
     bw = r['solver_gbytes'] / t[name] if name in ('leg', 'solve') else None
     lines.append(
       f'| {name} | {t[name]:.3f} | {"" if rate is None else f"{rate:.1f}"} | {"" if bw is None else f"{bw:.1f}"} |'
     )
+  rest = t['leg'] - t['pool'] - t['solve']
   lines.append(
-    f"\nfloor at this machine's dense-matmul rate: {r['gflop'] / r['gemm_gflops']:.3f} s; the leg is "
+    f'\nprofile: pool {t["pool"]:.3f} s (top-P {t["pool: top-P"]:.3f}, block gather {t["pool"] - t["pool: top-P"]:.3f}), '
+    f'power iteration {t["power"]:.3f}, projected gradient {t["solve"] - t["power"]:.3f}, blend + scatter + rest '
+    f'{rest:.3f} (leg - pool - solve)'
+  )
+  lines.append(
+    f"floor at this machine's dense-matmul rate: {r['gflop'] / r['gemm_gflops']:.3f} s; the leg is "
     f'{t["leg"] / (r["gflop"] / r["gemm_gflops"]):.1f}x that'
   )
   return '\n'.join(lines)

@@ -231,8 +231,25 @@ def operator_options(name: str, overrides: Mapping[str, Mapping[str, Any]] | Non
   return OPERATORS[name].options(given, where=f'bench {name}')
 
 
+POWER_ITERATIONS = 20  # the CFS-R solve's power iterations (engram_jax.ops.nnls.nnls_ridge_pg's default)
+
+
+def solve_cost(options: Mapping[str, Any], n_items: int, n_queries: int) -> tuple[float, float] | None:
+  """``(FLOPs, bytes)`` of the CFS-R solve in an operator with ``pool`` and ``iterations`` knobs (the CFS-R family),
+  else None: per query ``power + iterations`` matvecs on its ``P x P`` float32 pool Gram, ``P = min(pool, N)``:
+  ``2 P^2`` FLOPs and ``4 P^2`` bytes of block reads each (0.5 FLOP/byte: memory-bound unless a chunk's blocks stay
+  in cache across the iterations). The pool gather, blend and scatter are O(P^2) once and O(P) per query."""
+  if 'pool' not in options or 'iterations' not in options:
+    return None
+  p = min(int(options['pool']), n_items)
+  steps = int(options['iterations']) + POWER_ITERATIONS
+  return 2.0 * p * p * steps * n_queries, 4.0 * p * p * steps * n_queries
+
+
 def _row(name: str, options: Mapping[str, Any], has_ref: bool, rounds: int) -> dict[str, Any]:
   return {
+    'gflop': None,
+    'gbytes': None,
     'op': name,
     'options': dict(options),
     'jax_s': 0.0,
@@ -362,6 +379,10 @@ def time_operators(
         fn_ref = None if adapter is None else (lambda ad, ee, o: lambda i: ad(ee, i, o))(adapter, e_ref, opts)
       jax.block_until_ready(thunk())  # compile + warm-up
       timed[name] = (thunk, fn_ref)
+      cost = solve_cost(rows[name]['options'], n, q) if name != FUSION else None
+      if cost is not None:
+        rows[name]['gflop'] = (rows[name]['gflop'] or 0.0) + cost[0] / 1e9
+        rows[name]['gbytes'] = (rows[name]['gbytes'] or 0.0) + cost[1] / 1e9
       rows[name]['episodes'] += 1
       rows[name]['queries'] += q
     scorers = {}
@@ -446,12 +467,15 @@ def format_table(
   lines = [
     f'{n_episodes} episodes, {n_queries} queries, {n_rounds} interleaved rounds; times are totals over all '
     'queries, median (min-max) over rounds (JAX float32 jitted; NumPy float64 reference, or the peer library)',
-    '| op | JAX ms | reference / peer ms | ratio | agree |',
-    '|---|---:|---:|---:|---:|',
+    '| op | JAX ms | reference / peer ms | ratio | agree | solve work: GFLOP, GB block reads -> GFLOP/s |',
+    '|---|---:|---:|---:|---:|---:|',
   ]
   for r in rows:
+    work = ''
+    if r.get('gflop') and r.get('jax_s'):
+      work = f'{r["gflop"]:.2f}, {r["gbytes"]:.2f} -> {r["gflop"] / r["jax_s"]:.1f}'
     if r.get('unavailable'):
-      lines.append(f'| {r["op"]} | {cell(r["jax_rounds"])} | unavailable | n/a | n/a |')
+      lines.append(f'| {r["op"]} | {cell(r["jax_rounds"])} | unavailable | n/a | n/a | |')
       continue
     has = r['ref_s'] is not None
     agree = f'{r["agree"]}/{r["checked"]}' if has else 'n/a'
@@ -459,7 +483,8 @@ def format_table(
     if r.get('peer_of'):
       jax_cell = f'({r["peer_of"]}) {jax_cell}'
     lines.append(
-      f'| {r["op"]} | {jax_cell} | {cell(r["ref_rounds"])} | {cell(r["ratio_rounds"], 1.0, "{:.1f}", "x")} | {agree} |'
+      f'| {r["op"]} | {jax_cell} | {cell(r["ref_rounds"])} | {cell(r["ratio_rounds"], 1.0, "{:.1f}", "x")} | {agree} '
+      f'| {work} |'
     )
   notes = [f'- {r["op"]}: unavailable: {r["unavailable"]}' for r in rows if r.get('unavailable')]
   peer_rows = [r for r in rows if r.get('peer_of')]
@@ -471,6 +496,12 @@ def format_table(
       "documents at 0 (rank_bm25: epsilon x mean idf), so its scores equal rank_bm25's only on queries "
       f'without such terms; {peer_rows[0]["high_df_queries"]}/{peer_rows[0]["queries"]} queries here '
       'have one.'
+    )
+  if any(r.get('gflop') for r in rows):
+    notes.append(
+      '- solve work (the CFS-R family): per real question, 20 power + `iterations` projected-gradient matvecs on the '
+      'P x P float32 pool Gram, 2 P^2 FLOPs and 4 P^2 bytes each (0.5 FLOP/byte); GFLOP/s = that work / the JAX '
+      "median (the whole leg's time, pool gather included). `--cfsr-floor` splits the leg into its parts."
     )
   lines += notes + [threads if threads is not None else thread_settings()]
   return '\n'.join(lines)

@@ -1,13 +1,14 @@
 """The bench iterates the operator registry: every operator gets a row, references agree, the CLI runs; the harness
 and the scale table."""
 
+import numpy as np
 import pytest
 
 from engram_jax.core import batch
 from engram_jax.data import io
 from engram_jax.ops import OPERATORS
 from engram_jax.testing.synthetic import synthetic_episodes
-from experiments.bench import cli, floor, harness, operators, scale
+from experiments.bench import cli, device, floor, harness, operators, scale
 
 
 @pytest.fixture(scope='module')
@@ -72,7 +73,9 @@ def test_cli_prints_the_environment_and_the_table(capsys):
   out = capsys.readouterr().out
   assert [r['op'] for r in rows] == ['cosine', 'cos2', 'rrf'] and rows[1]['options']['eps'] == 0.1
   assert 'device' in out and 'threads:' in out
-  assert '| op | JAX ms | reference / peer ms | ratio | agree |' in out and '| cos2 |' in out and 'n/a' in out
+  assert (
+    '| op | JAX ms | reference / peer ms | ratio | agree | solve work' in out and '| cos2 |' in out and 'n/a' in out
+  )
   assert out.count('threads:') == 2  # the environment header, and the thread settings under the table
   with pytest.raises(SystemExit):
     cli.main(['--ops', 'nope'])
@@ -225,8 +228,65 @@ def test_scale_cli_writes_the_table(tmp_path, capsys):
 def test_cfsr_floor_times_the_leg_its_parts_and_a_matmul_of_the_same_flops():
   eps = synthetic_episodes(n_episodes=1, n_queries=4, dim=16, n_items=(40, 40))
   r = floor.cfsr_floor(eps, repeats=1, batch_size=2, pool=10, iterations=5, power_iterations=3)
-  assert r['n_queries'] == 4 and r['pool'] == 10 and set(r['seconds']) == {'leg', 'pool', 'solve', 'gemm'}
+  assert r['n_queries'] == 4 and r['pool'] == 10
+  assert set(r['seconds']) == {'leg', 'pool', 'pool: top-P', 'power', 'solve', 'gemm'}
   assert all(t > 0 for t in r['seconds'].values())
   assert r['gflop'] == pytest.approx(2 * 10**2 * (5 + 3) * 4 / 1e9)
   table = floor.format_cfsr_floor(r)
   assert '| solve |' in table and "floor at this machine's dense-matmul rate" in table
+  assert 'profile: pool' in table and 'power iteration' in table and 'projected gradient' in table
+
+
+def test_the_cfsr_family_rows_carry_their_solve_work():
+  """FLOPs and bytes of the CFS-R solve: (20 power + iterations) matvecs of 2 P^2 FLOPs / 4 P^2 bytes per question,
+  P = min(pool, N); printed beside the time (GFLOP/s = work / JAX median); other operators have none."""
+  assert operators.solve_cost({'pool': 150, 'iterations': 80}, 600, 10) == (
+    2.0 * 150**2 * 100 * 10,
+    4.0 * 150**2 * 100 * 10,
+  )
+  assert operators.solve_cost({'pool': 150, 'iterations': 80}, 100, 1) == (2.0 * 100**2 * 100, 4.0 * 100**2 * 100)
+  assert operators.solve_cost({'k1': 1.5}, 600, 10) is None
+  row = {'op': 'cfsr', 'jax_s': 0.5, 'jax_rounds': [0.5], 'ref_s': None, 'ref_rounds': None, 'ratio_rounds': None}
+  row.update({'gflop': 4.0, 'gbytes': 8.0, 'agree': 0, 'checked': 0})
+  table = operators.format_table([row], n_episodes=1, n_queries=1, threads='')
+  assert '| cfsr | 500.0 (500.0-500.0) | n/a | n/a | n/a | 4.00, 8.00 -> 8.0 |' in table, table
+
+
+def test_device_check_comparison_counts_what_differs():
+  want = {
+    'default/cosine/0': np.array([[1, 2, 3], [4, 5, 6]]),
+    'cfsr/0/ids': np.array([[1, 2], [3, 4]]),
+    'cfsr/0/scores': np.array([[0.9, 0.5], [0.8, 0.1]], np.float32),
+    'fit/loss': np.float32(0.5),
+    'fit/legs.cfsr.lam': np.float32(-5.0),
+  }
+  same = device.compare(dict(want), want)
+  assert same['default'] == {'questions': 2, 'same_ids': 2, 'max_diff': None}
+  assert same['cfsr'] == {'questions': 2, 'same_ids': 2, 'max_diff': 0.0} and same['fit step']['max_diff'] == 0.0
+  got = {
+    **want,
+    'default/cosine/0': np.array([[1, 2, 3], [4, 6, 5]]),
+    'cfsr/0/scores': np.array([[0.9, 0.5], [0.8, 0.125]], np.float32),
+    'fit/loss': np.float32(0.55),
+  }
+  diff = device.compare(got, want)
+  assert diff['default']['same_ids'] == 1 and diff['cfsr']['same_ids'] == 2
+  assert diff['cfsr']['max_diff'] == pytest.approx(0.025) and diff['fit step']['max_diff'] == pytest.approx(0.1)
+  with pytest.raises(ValueError, match='the reference has results this run lacks'):
+    device.compare({}, want)
+
+
+@pytest.mark.slow  # compiles the default pipelines, CFS-R and a fit step twice (device, then CPU)
+def test_device_check_runs_on_cpu_as_a_dry_run(tmp_path, capsys):
+  """No GPU here: the default device is the CPU, so the check compares the CPU with itself (all equal), writes its
+  results, and a second run compares with that file (``--reference``)."""
+  args = ['--device-check', '--data', 'synthetic', '--episodes', '1', '--queries', '8', '--repeats', '1']
+  r = cli.main(args + ['--out', str(tmp_path / 'cpu.npz')])
+  out = capsys.readouterr().out
+  assert '| part | device ms | CPU reference ms |' in out and '| cfsr |' in out and '| fit step |' in out
+  c = r['comparison']
+  assert c['default']['same_ids'] == c['default']['questions'] == 3 * 8
+  assert c['cfsr']['same_ids'] == c['cfsr']['questions'] == 8 and c['cfsr']['max_diff'] == 0.0
+  assert c['fit step']['max_diff'] == 0.0 and set(r['seconds']) == {'default', 'cfsr', 'fit step'}
+  again = cli.main(args + ['--reference', str(tmp_path / 'cpu.npz')])
+  assert again['comparison'] == c and again['reference_seconds'].keys() == r['seconds'].keys()

@@ -176,7 +176,7 @@ def test_every_block_runs(doc_run):
       raise AssertionError(
         f'{DOC.name}: code block {i + 1} ({lang}, {src.splitlines()[0]!r}) fails: {type(e).__name__}: {e}'
       ) from e
-  assert {'recent', 'bm25_recent'} <= set(registry.OPERATORS)
+  assert {'recent', 'bm25_recent', 'cfsr_recent'} <= set(registry.OPERATORS)
 
 
 @pytest.mark.slow

@@ -218,3 +218,25 @@ def test_pool_legs_above_the_gram_threshold(name):
 @pytest.mark.slow
 def test_declaration():
   ops_testing.check_declaration('cfsr')
+
+
+def test_chunks_of_padded_questions_are_skipped_and_live_rows_keep_their_bits():
+  """``query_where``: a chunk of ``batch_size`` padded questions is not solved (its rows are -inf); every chunk with
+  a real question is solved as without it, bit for bit (the leg, its stages, and the tcfsr variants)."""
+  from engram_jax.ops import tcfsr
+
+  rng = np.random.default_rng(7)
+  docs = ref.unit_vectors(rng, 30, 8).astype(np.float32)
+  queries = ref.unit_vectors(rng, 12, 8).astype(np.float32)
+  live = np.arange(12) < 5  # chunks of 4: [0-3] live, [4-7] one live, [8-11] padded only
+  kw = dict(pool=6, iterations=10, batch_size=4)
+  plain = np.asarray(jax.jit(lambda q, d: cfsr.cfsr_scores(q, d, **kw))(queries, docs))
+  skip = np.asarray(jax.jit(lambda q, d, lv: cfsr.cfsr_scores(q, d, query_where=lv, **kw))(queries, docs, live))
+  np.testing.assert_array_equal(skip[:8], plain[:8])
+  assert np.isneginf(skip[8:]).all() and np.isfinite(plain[8:]).any()
+  t = np.arange(30)
+  for fn in (tcfsr.tcfsr_prior_scores, tcfsr.tcfsr_basis_scores, tcfsr.tcfsr_gated_scores):
+    a = np.asarray(jax.jit(lambda q, d, fn=fn: fn(q, d, t, **kw))(queries, docs))
+    b = np.asarray(jax.jit(lambda q, d, lv, fn=fn: fn(q, d, t, query_where=lv, **kw))(queries, docs, live))
+    np.testing.assert_array_equal(b[:8], a[:8])
+    assert np.isneginf(b[8:]).all()

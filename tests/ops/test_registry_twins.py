@@ -12,6 +12,7 @@ import ast
 import contextlib
 import importlib
 import os
+import re
 from pathlib import Path
 
 import hypothesis.strategies as st
@@ -52,10 +53,22 @@ def test_buggy_batched_twin_is_rejected_by_name():
   with registered_from('tests.ops.buggy_recency'):
     with pytest.raises(
       AssertionError,
-      match=r"check_operator\('bm25_recent'\): operator bm25_recent .*"
+      match=r"check_operator\('bm25_recent'\) \[cold equality\]: .*operator bm25_recent .*"
       r'cold soft twin != hard leg: top-10 ids differ on [1-9]',
     ):
       check_operator('bm25_recent')
+
+
+@contextlib.contextmanager
+def registered(op: registry.Operator):
+  """Register ``op`` for the block; restore the registry afterwards."""
+  before = dict(registry.OPERATORS)
+  try:
+    registry.register(op)
+    yield op
+  finally:
+    registry.OPERATORS.clear()
+    registry.OPERATORS.update(before)
 
 
 def _declared(leg, knobs):
@@ -66,7 +79,9 @@ def test_declaration_must_match_the_leg():
   def leg(ep, key, *, a=1.0, b=2.0):
     del ep, key
 
-  with pytest.raises(AssertionError, match=r"'decl_test'.*knobs \['b', 'a'\] do not match .*\['a', 'b'\]"):
+  with pytest.raises(
+    AssertionError, match=r"'decl_test'\) \[declaration\]: knobs \['b', 'a'\] do not match .*\['a', 'b'\]"
+  ):
     check_declaration(_declared(leg, (registry.Knob('b', 2.0), registry.Knob('a', 1.0))))
   with pytest.raises(AssertionError, match=r"knob b: the leg's default 2.0 is not the declared 3.0"):
     check_declaration(_declared(leg, (registry.Knob('a', 1.0), registry.Knob('b', 3.0))))
@@ -146,7 +161,9 @@ def test_a_gradient_that_points_the_wrong_way_is_rejected():
   before = dict(registry.OPERATORS)
   try:
     registry.register(op)
-    with pytest.raises(AssertionError, match=r"'flipped_test'\): knob c: the twin's gradient predicts F [-+]"):
+    with pytest.raises(
+      AssertionError, match=r"'flipped_test'\) \[gradient sign\]: knob c: the twin's gradient predicts F [-+]"
+    ):
       check_operator('flipped_test')
   finally:
     registry.OPERATORS.clear()
@@ -168,7 +185,9 @@ def test_stages_that_drift_from_the_leg_are_rejected():
     knobs=good.knobs,
     stages=registry.Stages(prepare=good.stages.prepare, finish=bad_finish, by=good.stages.by),
   )
-  with pytest.raises(AssertionError, match=r"check_operator\('cfsr_bad_stages'\): its stages .* differ from the leg"):
+  with pytest.raises(
+    AssertionError, match=r"check_operator\('cfsr_bad_stages'\) \[stages\]: its stages .* differ from the leg"
+  ):
     check_stages(bad, arrays[:1], bad.defaults, seed=0)
   traced = registry.Operator(
     name='cfsr_traced_by',
@@ -213,8 +232,8 @@ def test_a_per_question_knob_is_checked_in_the_leg_and_the_twin(bug):
     soft=registry.SoftTwin(rows=lambda *a: {}, scores=_per_question_twin(bug == 'twin')),
   )
   message = {
-    'twin': r"'perq_test'\): knob c \(per_question\): the twin given one value per row does not reproduce",
-    'leg': r"'perq_test'\): knob c \(per_question\): the leg given one value per question differs",
+    'twin': r"'perq_test'\) \[per-question\]: knob c \(per_question\): the twin given one value per row does not reproduce",
+    'leg': r"'perq_test'\) \[per-question\]: knob c \(per_question\): the leg given one value per question differs",
   }
   before = dict(registry.OPERATORS)
   try:
@@ -232,3 +251,88 @@ def test_a_per_question_knob_is_checked_in_the_leg_and_the_twin(bug):
 def test_a_per_question_knob_must_be_fittable():
   with pytest.raises(ValueError, match='a per-question knob must be fittable'):
     registry.Knob('c', 0.3, per_question=True)
+
+
+# Issue 30: a fittable knob whose default is 0 (the prototype's recency weight) must still be exercised. The operator
+# cos x (1 + c t^p) with c = 0 by default, and two twin bugs that c = 0 hides: the [B, N] batch-axis bug of issue 17
+# (t over the whole batch) and a dropped factor (cos + c t^p: the cosine factor of the boost term dropped).
+
+
+def _pow(t, p):
+  """``t^p`` with 0 at ``t = 0`` and a finite gradient in ``p`` there."""
+  pos = t > 0
+  return jnp.where(pos, jnp.where(pos, t, 1.0) ** p, 0.0)
+
+
+def _zero_default_leg(ep, key, *, c=0.0, p=1.0):
+  del key
+  s = jnp.einsum('qd,nd->qn', ep.queries, ep.docs)
+  t = pools.write_time(ep.positions, ep.where)
+  return jnp.where(ep.where, s * (1.0 + c * _pow(t, p)), -jnp.inf)
+
+
+def _zero_default_twin(bug: str):
+  def scores(rows, values, ctx):
+    del rows
+    c, p = values['c'], values['p']
+    if bug == 'batch axis':  # N_real summed over the B rows too (pools.write_time before issue 17)
+      n_real = jnp.sum(ctx.where)
+      t = jnp.where(ctx.where, ctx.positions / jnp.maximum(n_real - 1, 1), 0.0)
+    else:
+      t = pools.write_time(ctx.positions, ctx.where)
+    cos = jnp.where(ctx.where, ctx.cos, 0.0)  # -inf on padded items: never multiplied (a NaN gradient)
+    s = cos + c * _pow(t, p) if bug == 'dropped factor' else cos * (1.0 + c * _pow(t, p))
+    return jnp.where(ctx.where, s, -jnp.inf)
+
+  return scores
+
+
+def _zero_default_op(bug: str) -> registry.Operator:
+  return registry.Operator(
+    name='zero_default_test',
+    leg=_zero_default_leg,
+    knobs=(
+      registry.Knob('c', 0.0, transform='identity', check='>=0', doc='recency boost'),
+      registry.Knob('p', 1.0, transform='log', check='>0', doc='recency exponent'),
+    ),
+    soft=registry.SoftTwin(rows=lambda *a: {}, scores=_zero_default_twin(bug)),
+  )
+
+
+@pytest.mark.parametrize('bug', ['none', 'batch axis', 'dropped factor'])
+def test_a_zero_default_knob_is_drawn_away_from_it(bug):
+  """Both bugs are invisible at c = 0 (the declared default); the first random draw moves c (into its range, c >= 0)
+  and exposes each, and the message names the part, the draw's values and c as the knob that exposed it."""
+  with registered(_zero_default_op(bug)):
+    if bug == 'none':
+      check_operator('zero_default_test')
+      return
+    with pytest.raises(AssertionError) as e:
+      check_operator('zero_default_test')
+  message = str(e.value)
+  print(f'{bug}: {message}')
+  assert re.match(
+    r"check_operator\('zero_default_test'\) \[cold equality\]: exposed by the draw of c \(moved alone from its "
+    r'default it fails too\): operator zero_default_test \(leg zero_default_test, random draw 1 '
+    r'\{c=0\.\d+, p=[\d.]+\} knob values\): cold soft twin != hard leg',
+    message,
+  ), message
+
+
+@pytest.mark.parametrize('transform', ['log', 'softplus', 'logit'])
+def test_a_default_on_the_transform_boundary_is_refused_at_declaration(transform):
+  """0 under log (or softplus, or logit) has an infinite unconstrained value: every draw around it stays at it and a
+  fit cannot move it. Refused when the knob is declared, in one line."""
+  with pytest.raises(ValueError, match=rf"^knob c: default 0.0 is not inside the open range .* of its '{transform}'"):
+    registry.Knob('c', 0.0, transform=transform, check='>=0')
+  registry.Knob('c', 0.0, transform='identity', check='>=0')  # a zero default is fine where it is not a boundary
+
+
+def test_random_draws_move_every_knob_inside_its_range():
+  from engram_jax.testing.operators import random_values
+
+  op = _zero_default_op('none')
+  rng = np.random.default_rng(0)
+  for _ in range(50):
+    v = random_values(op, rng)
+    assert v['c'] >= 0.25 and v['p'] != 1.0 and abs(np.log(v['p'])) >= 0.25, v
