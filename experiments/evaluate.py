@@ -20,6 +20,7 @@ from engram_jax.data import splits
 from engram_jax.eval import evaluation, timing
 from engram_jax.metrics import report
 from experiments.lib import answer, checks, common, jsonfmt, yamlfmt
+from experiments.lib import grid as grid_run
 from experiments.lib import pileup as analysis
 
 log = logging.getLogger(__name__)
@@ -260,6 +261,10 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
 
 @hydra.main(version_base='1.3', config_path='../conf', config_name='config')
 def main(cfg: DictConfig) -> float:
+  if cfg.get('grid') is not None:  # a grid of one pipeline's knob values in one call (experiments/lib/grid.py)
+    checks.check_evaluate(cfg)
+    summary = grid_run.run(cfg, Path(HydraConfig.get().runtime.output_dir))
+    return float(summary['ranked'][0]['mean'])
   results = run(cfg, Path(HydraConfig.get().runtime.output_dir))
   one = results if 'pipelines' in results else next(iter(results['datasets'].values()))
   first = next(iter(one['pipelines'].values()))

@@ -1,0 +1,171 @@
+"""A grid of knob values in one call: any point equals a separate evaluate run (per-question scores and top-k ids),
+legs are computed once per distinct value of their own knobs, static knobs group points by structure."""
+
+import numpy as np
+import pytest
+
+from engram_jax.core.types import Episode, Item, Question
+from engram_jax.eval import evaluation, grid, pipeline
+
+WORDS = 'alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu'.split()
+METRICS = ['ndcg@10', 'recall@5']
+
+
+def _episodes(n_eps=3, seed=0, dim=8):
+  rng = np.random.default_rng(seed)
+  eps, embs = [], []
+  for e in range(n_eps):
+    n = int(rng.integers(40, 70))
+    items = tuple(Item(f'e{e}i{j}', ' '.join(rng.choice(WORDS, 5)), f'p{j // 5}', j) for j in range(n))
+    qs = tuple(
+      Question(f'e{e}q{j}', ' '.join(rng.choice(WORDS, 3)), (f'e{e}i{int(g)}', f'e{e}i{int(g) // 2}'), (), 'c')
+      for j, g in enumerate(rng.choice(n, 3 + e, replace=False))
+    )
+    eps.append(Episode(id=f'e{e}', items=items, questions=qs))
+    d = rng.normal(size=(n, dim)).astype(np.float32)
+    q = rng.normal(size=(len(qs), dim)).astype(np.float32)
+    d[::7] = d[1::7][: len(d[::7])] if len(d[1::7]) >= len(d[::7]) else d[::7]  # some exact score ties
+    embs.append((d / np.linalg.norm(d, axis=1, keepdims=True), q / np.linalg.norm(q, axis=1, keepdims=True)))
+  return eps, embs
+
+
+def _stack():
+  return pipeline.make_pipeline(
+    fusion='rrf',
+    k0=60,
+    name='stack',
+    legs={
+      'cos': {'op': 'cosine'},
+      'bm25': {'op': 'bm25'},
+      'cfsr': {'op': 'cfsr', 'depth': 20, 'weight': 3.0, 'pool': 30, 'iterations': 10},
+    },
+  )
+
+
+GRID = {
+  'legs.cos.weight': [0.5, 1, 2],
+  'legs.bm25.weight': [0.5, 2.0],
+  'k0': [20, 60],
+  'legs.bm25.k1': [0.9, 1.5],
+  'legs.cfsr.lam': [0.002, 0.02],
+  'legs.cfsr.depth': [10, 20],
+}
+
+
+def _sample(n_points, rng, shape):
+  """Corners of the grid (every knob at its first or last value) and random points."""
+  corners = [0, n_points - 1]
+  idx = np.arange(n_points).reshape(shape)
+  corners.append(int(idx[(0,) * (len(shape) - 1) + (-1,)]))
+  corners.append(int(idx[(-1,) + (0,) * (len(shape) - 1)]))
+  return sorted(set(corners) | set(rng.choice(n_points, 4, replace=False).tolist()))
+
+
+@pytest.mark.slow
+def test_grid_points_equal_separate_runs():
+  eps, embs = _episodes()
+  pipe = _stack()
+  shape = tuple(len(v) for v in GRID.values())
+  n = int(np.prod(shape))
+  sample = _sample(n, np.random.default_rng(0), shape)
+  res = grid.evaluate_grid(eps, embs, pipe, GRID, k=10, metrics=METRICS, seed=3, chunk=5, keep_topk=sample)
+  assert res.n_points == n == 96
+  assert res.info['structures'] == 2  # legs.cfsr.depth is static: two structures
+  # cos: one value of its own knobs; bm25: two k1; cfsr: two lam; per structure
+  assert res.info['legs_computed'] == 2 * (1 + 2 + 2)
+  assert not np.isnan(res.scores['ndcg@10']).any()
+  pipes = {f'p{p}': pipeline.with_values(pipe, res.point(p), name=f'p{p}') for p in sample}
+  for cache in (None, evaluation.legcache.LegCache()):
+    want = evaluation.evaluate(eps, embs, pipes, k=10, metrics=METRICS, seed=3, progress=False, leg_cache=cache)
+    assert want.question_ids == res.question_ids
+    for p in sample:
+      for m in METRICS:
+        np.testing.assert_array_equal(res.scores[m][p], want.scores[f'p{p}'][m])
+      assert res.retrieved[p] == want.retrieved[f'p{p}']
+
+
+@pytest.mark.slow
+def test_one_leg_pipeline_grid_equals_separate_runs():
+  eps, embs = _episodes(seed=1)
+  pipe = pipeline.make_pipeline(legs={'cfsr': {'op': 'cfsr', 'pool': 30, 'iterations': 10}}, name='alone')
+  g = {'legs.cfsr.lam': [0.001, 0.01], 'legs.cfsr.w': [0.5, 1.0]}
+  res = grid.evaluate_grid(eps, embs, pipe, g, k=10, metrics=METRICS, seed=5, keep_topk=range(4))
+  pipes = {f'p{p}': pipeline.with_values(pipe, res.point(p), name=f'p{p}') for p in range(4)}
+  want = evaluation.evaluate(eps, embs, pipes, k=10, metrics=METRICS, seed=5, progress=False)
+  for p in range(4):
+    np.testing.assert_array_equal(res.scores['ndcg@10'][p], want.scores[f'p{p}']['ndcg@10'])
+    assert res.retrieved[p] == want.retrieved[f'p{p}']
+
+
+def test_points_order_and_canonical_values():
+  pipe = _stack()
+  pts = grid.grid_points(pipe, {'legs.cos.weight': [1, 2], 'k0': [20, 60, 80]})
+  assert pts['legs.cos.weight'].tolist() == [1.0, 1.0, 1.0, 2.0, 2.0, 2.0]
+  assert pts['k0'].tolist() == [20.0, 60.0, 80.0] * 2
+  assert pts['legs.cos.weight'].dtype == np.float64
+  with pytest.raises(ValueError, match='no knob'):
+    grid.grid_points(pipe, {'legs.cos.nope': [1]})
+
+
+def test_flatten_grid_nested_and_flat():
+  nested = {'legs': {'cos': {'weight': [1, 2]}, 'bm25': {'weight': [3]}}, 'k0': 20}
+  assert grid.flatten_grid(nested) == {'legs.cos.weight': [1, 2], 'legs.bm25.weight': [3], 'k0': [20]}
+  assert grid.flatten_grid({'legs.cos.weight': [1]}) == {'legs.cos.weight': [1]}
+  with pytest.raises(ValueError, match='no values'):
+    grid.flatten_grid({'k0': []})
+
+
+def test_rank_points_plateau_and_npz_round_trip(tmp_path):
+  rng = np.random.default_rng(0)
+  q = 200
+  base = rng.random(q)
+  scores = np.stack([base, base - 0.001 * rng.random(q), base - 0.3, base + 0.0005 * rng.standard_normal(q)])
+  res = grid.GridResult(
+    pipeline='x',
+    paths=['legs.a.weight', 'legs.b.weight'],
+    points={'legs.a.weight': np.array([1.0, 1.0, 2.0, 2.0]), 'legs.b.weight': np.array([1.0, 2.0, 1.0, 2.0])},
+    question_ids=[f'q{i}' for i in range(q)],
+    episode_ids=['e'] * q,
+    categories=[1] * q,
+    scores={'ndcg@10': scores},
+    retrieved={},
+    k=10,
+    info={},
+  )
+  ranked = grid.rank_points(res, 'ndcg@10', seed=1, n_resamples=2000)
+  assert [r['point'] for r in ranked][-1] == 2
+  assert ranked[0]['on_plateau'] and not ranked[-1]['on_plateau']
+  assert ranked[-1]['params'] == {'legs.a.weight': 2.0, 'legs.b.weight': 1.0}
+  grid.save_npz(res, tmp_path / 'grid.npz')
+  back = grid.load_npz(tmp_path / 'grid.npz')
+  assert back.paths == res.paths and back.question_ids == res.question_ids
+  np.testing.assert_array_equal(back.scores['ndcg@10'], scores)
+  np.testing.assert_array_equal(back.points['legs.b.weight'], res.points['legs.b.weight'])
+
+
+def test_rank_points_equals_separate_paired_tests():
+  """One bootstrap pass for the intervals and the paired deltas: the same numbers as separate calls."""
+  from engram_jax.metrics import stats
+
+  rng = np.random.default_rng(2)
+  scores = rng.random((5, 300))
+  scores[1] = scores[0] + 0.01 * rng.standard_normal(300)
+  res = grid.GridResult(
+    'x',
+    ['k0'],
+    {'k0': np.arange(5.0)},
+    [f'q{i}' for i in range(300)],
+    ['e'] * 300,
+    [1] * 300,
+    {'m@1': scores},
+    {},
+    1,
+    {},
+  )
+  ranked = grid.rank_points(res, 'm@1', seed=4, n_resamples=500)
+  best = scores[ranked[0]['point']]
+  for r in ranked:
+    ci = stats.bootstrap_ci(scores[r['point']], seed=4, n_resamples=500)
+    assert r['ci'] == [ci.lo, ci.hi]
+    if r['rank'] > 1:
+      assert r['vs_best'] == stats.paired_test(scores[r['point']], best, seed=4, n_resamples=500).to_dict()
