@@ -33,7 +33,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from engram_jax.core import ranking
 from engram_jax.core.batch import EpisodeArrays, episode_arrays, stack_arrays, stack_groups
 from engram_jax.core.types import Episode
 from engram_jax.eval import legcache
@@ -126,24 +125,57 @@ def _value_array(v: Any) -> np.ndarray:
   return np.asarray(v, np.int32 if isinstance(v, (int, np.integer)) else np.float32)
 
 
+def _grid_candidates(k: int):
+  """``(legs' top-D indices [E, Q, D_l], ranked [E, Q, D_l], where [E, N]) -> (candidates [E, Q, M], ranks
+  [E, L, Q, M])``, jitted: per question, every item that can reach an RRF top-``k`` whatever the leg weights and
+  ``k0`` are: the items any leg ranks, and the last ``sum(D_l) + k`` real items (the fused score of an item no leg
+  ranks is 0, and among equal scores the later item wins). Deduplicated and sorted by item index, largest first
+  (-1 pads the end); ``ranks[:, l]`` is each candidate's 1-based rank in leg ``l`` (0: not ranked there)."""
+
+  def one(a):
+    idx, ranked, wh = a
+    q, n = idx[0].shape[0], wh.shape[-1]
+    items = jnp.concatenate([jnp.where(r, i, -1) for i, r in zip(idx, ranked)], axis=-1)  # [Q, S]
+    last, _ = jax.lax.top_k(jnp.where(wh, jnp.arange(n), -1), min(n, items.shape[-1] + k))
+    pool = jnp.concatenate([items, jnp.broadcast_to(last, (q, last.shape[0]))], axis=-1)  # [Q, M]
+    m = pool.shape[-1]
+    earlier = jnp.tril(jnp.ones((m, m), bool), -1)  # [j, j']: j' before j
+    dup = jnp.any((pool[:, :, None] == pool[:, None, :]) & earlier, axis=-1)
+    pool = jnp.where(dup, -1, pool)
+    cand = -jnp.sort(-pool, axis=-1)  # largest item index first, -1 last
+    ranks = [
+      jnp.max(
+        jnp.where(
+          (cand[:, :, None] == i[:, None, :]) & r[:, None, :] & (cand[:, :, None] >= 0),
+          jnp.arange(1, i.shape[-1] + 1, dtype=jnp.int32),
+          0,
+        ),
+        axis=-1,
+      )
+      for i, r in zip(idx, ranked)
+    ]
+    return cand, jnp.stack(ranks)
+
+  return jax.jit(lambda idx, ranked, where: jax.lax.map(one, (idx, ranked, where)))
+
+
 def _grid_fusion(k: int):
-  """``(legs' stacked top-D [C_l, E, Q, D_l], ranked, where [E, N], combo [B, L], weights [B, L], k0 [B]) -> top-k
-  [B, E, Q, k]``: :func:`engram_jax.eval.evaluation._stacked_fusion` for ``B`` points at once (``vmap`` over points,
-  each point picking its legs' top-D by ``combo``), the same operations per point; jitted."""
+  """``(candidates [E, Q, M], ranks [E, L, Q, M], weights [B, L], k0 [B]) -> top-k [B, E, Q, k]`` (-1 where
+  unranked), ``vmap``-ped over ``B`` points, jitted. The fused score of each candidate is
+  :func:`engram_jax.eval.legcache.rrf_from_top`'s, added leg by leg from 0 in the same order (so the same floats),
+  and the top-``k`` among candidates sorted by item index, largest first, keeps the shared tie rule (the later
+  item first); items outside the candidates score 0 and are never needed (see :func:`_grid_candidates`)."""
 
-  def one_point(idx, ranked, where, combo, w, k0):
-    legs_i = [x[combo[l]] for l, x in enumerate(idx)]
-    legs_r = [x[combo[l]] for l, x in enumerate(ranked)]
+  def one_point(cand, ranks, w, k0):
+    fused = jnp.zeros(cand.shape, jnp.float32)
+    for l in range(ranks.shape[1]):
+      r = ranks[:, l]
+      fused = fused + jnp.where(r > 0, w[l] / (k0 + r.astype(jnp.float32)), 0.0)
+    fused = jnp.where(cand >= 0, fused, -jnp.inf)
+    vals, pos = jax.lax.top_k(fused, k)
+    return jnp.where(jnp.isneginf(vals), -1, jnp.take_along_axis(cand, pos, axis=-1))
 
-    def one(a):
-      i, r, wh = a
-      fused = legcache.rrf_from_top(i, r, weights=w, k0=k0, where=wh, n=wh.shape[-1])
-      top, vals = ranking.top_k(fused, k=k, where=wh)
-      return jnp.where(jnp.isneginf(vals), -1, top)
-
-    return jax.lax.map(one, (legs_i, legs_r, where))
-
-  return jax.jit(jax.vmap(one_point, in_axes=(None, None, None, 0, 0, 0)))
+  return jax.jit(jax.vmap(one_point, in_axes=(None, None, 0, 0)))
 
 
 def evaluate_grid(
@@ -309,22 +341,29 @@ def evaluate_grid(
         if 'k0' in traced_paths
         else np.full(len(pts), defaults['k0'], np.float32)
       )
-      b = min(chunk, len(pts))
-      fuse = cache.program(
-        ('grid_fusion', tuple(int(x.shape[-1]) for x in idx_stacks), n_legs, k, b), functools.partial(_grid_fusion, k)
-      )
-      n_items = np.asarray(stack.where).shape[-1]
-      info['fusion_bytes_per_chunk'] = max(info['fusion_bytes_per_chunk'], b * q_pad * n_items * 4)
-      idx_dev = [jnp.asarray(x) for x in idx_stacks]
-      ranked_dev = [jnp.asarray(x) for x in ranked_stacks]
+      by_legs: dict[tuple, list[int]] = {}  # points grouped by which value of each leg's knobs they take
+      for j, row in enumerate(map(tuple, combo.tolist())):
+        by_legs.setdefault(row, []).append(j)
+      b = min(chunk, max(len(js) for js in by_legs.values()))
+      widths = tuple(int(x.shape[-1]) for x in idx_stacks)
+      candidates = cache.program(('grid_candidates', widths, k), functools.partial(_grid_candidates, k))
+      fuse = cache.program(('grid_fusion', widths, n_legs, k, b), functools.partial(_grid_fusion, k))
       t_retrieve += time.perf_counter() - t1
-      for start in range(0, len(pts), b):
+      for row, js in by_legs.items():
         t1 = time.perf_counter()
-        sl = np.arange(start, start + b).clip(max=len(pts) - 1)  # the last chunk padded with its last point
-        out = np.asarray(fuse(idx_dev, ranked_dev, stack.where, combo[sl], weights[sl], k0[sl]))
-        n_real = min(b, len(pts) - start)
+        cand, ranks = candidates(
+          [x[c] for x, c in zip(idx_stacks, row)], [x[c] for x, c in zip(ranked_stacks, row)], stack.where
+        )
+        info['fusion_bytes_per_chunk'] = max(info['fusion_bytes_per_chunk'], b * int(np.prod(cand.shape)) * 4)
+        js = np.asarray(js)
         t_retrieve += time.perf_counter() - t1
-        finish(out[:n_real], pts_arr[start : start + n_real])
+        for start in range(0, len(js), b):
+          t1 = time.perf_counter()
+          sl = js[np.arange(start, start + b).clip(max=len(js) - 1)]  # the last chunk padded with its last point
+          out = np.asarray(fuse(cand, ranks, weights[sl], k0[sl]))
+          n_real = min(b, len(js) - start)
+          t_retrieve += time.perf_counter() - t1
+          finish(out[:n_real], pts_arr[sl[:n_real]])
   if timer is not None:
     timer.add('retrieve', t_retrieve)
     timer.add('score', t_score)

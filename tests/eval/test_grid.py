@@ -44,7 +44,7 @@ def _stack():
 
 GRID = {
   'legs.cos.weight': [0.5, 1, 2],
-  'legs.bm25.weight': [0.5, 2.0],
+  'legs.bm25.weight': [0.0, 2.0],  # a zero weight: that leg's items tie at 0 with the unranked ones
   'k0': [20, 60],
   'legs.bm25.k1': [0.9, 1.5],
   'legs.cfsr.lam': [0.002, 0.02],
@@ -169,3 +169,35 @@ def test_rank_points_equals_separate_paired_tests():
     assert r['ci'] == [ci.lo, ci.hi]
     if r['rank'] > 1:
       assert r['vs_best'] == stats.paired_test(scores[r['point']], best, seed=4, n_resamples=500).to_dict()
+
+
+@pytest.mark.parametrize('seed', range(4))
+def test_candidate_fusion_equals_rrf_fusion(seed):
+  """The grid's fusion over candidates equals evaluate's (rrf_from_top + top-k over every item) on random legs with
+  shallow depths, unranked slots, zero weights and many ties, where fewer than k items score above 0."""
+  import jax.numpy as jnp
+
+  from engram_jax.eval import legcache
+
+  rng = np.random.default_rng(seed)
+  e, q, n, k = 3, 5, 120, 10
+  where = np.ones((e, n), bool)
+  where[1, 90:] = False  # a shorter episode
+  depths = [3, 4, 2]
+  tops = []
+  for d in depths:
+    s = np.round(rng.normal(size=(e, q, n)), 0).astype(np.float32)
+    s[:, :, rng.random(n) < 0.98] = -np.inf  # most items unranked: slots past the ranked ones are unranked
+    tops.append(legcache.leg_top(jnp.asarray(s), jnp.asarray(where)[:, None, :], d))
+  idx = [np.asarray(t[0]) for t in tops]
+  ranked = [np.asarray(t[1]) for t in tops]
+  weights = np.array([[1.0, 0.0, 2.0], [0.0, 0.0, 0.0], [0.5, 1.0, 3.0], [1.0, 1.0, 1.0]], np.float32)
+  k0 = np.array([60.0, 20.0, 1.0, 1.0], np.float32)
+  want = [
+    np.asarray(evaluation._stacked_fusion(k)(idx, ranked, jnp.asarray(where), list(w), np.float32(z)))
+    for w, z in zip(weights, k0)
+  ]
+  cand, ranks = grid._grid_candidates(k)(idx, ranked, jnp.asarray(where))
+  got = np.asarray(grid._grid_fusion(k)(cand, ranks, weights, k0))
+  for j in range(len(weights)):
+    np.testing.assert_array_equal(got[j], want[j])
