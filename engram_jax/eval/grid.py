@@ -32,10 +32,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from engram_jax.core.batch import EpisodeArrays, episode_arrays, stack_arrays, stack_groups
 from engram_jax.core.types import Episode
-from engram_jax.eval import legcache
+from engram_jax.eval import legcache, sharding
 from engram_jax.eval.evaluation import _stacked_topk, leg_top_d
 from engram_jax.eval.legcache import LegCache
 from engram_jax.eval.pipeline import Pipeline, build_options, knob_value, split_path, traced_values, with_values
@@ -128,16 +129,18 @@ def _value_array(v: Any) -> np.ndarray:
 def _grid_candidates(k: int):
   """``(legs' top-D indices [E, Q, D_l], ranked [E, Q, D_l], where [E, N]) -> (candidates [E, Q, M], ranks
   [E, L, Q, M])``, jitted: per question, every item that can reach an RRF top-``k`` whatever the leg weights and
-  ``k0`` are: the items any leg ranks, and the last ``sum(D_l) + k`` real items (the fused score of an item no leg
-  ranks is 0, and among equal scores the later item wins). Deduplicated and sorted by item index, largest first
+  ``k0`` are: the items any leg ranks, and the last ``k`` real items that no leg ranks (their fused score is 0, and
+  among equal scores the later item wins), so ``M = sum(D_l) + k``. Deduplicated and sorted by item index, largest first
   (-1 pads the end); ``ranks[:, l]`` is each candidate's 1-based rank in leg ``l`` (0: not ranked there)."""
 
   def one(a):
     idx, ranked, wh = a
     q, n = idx[0].shape[0], wh.shape[-1]
     items = jnp.concatenate([jnp.where(r, i, -1) for i, r in zip(idx, ranked)], axis=-1)  # [Q, S]
-    last, _ = jax.lax.top_k(jnp.where(wh, jnp.arange(n), -1), min(n, items.shape[-1] + k))
-    pool = jnp.concatenate([items, jnp.broadcast_to(last, (q, last.shape[0]))], axis=-1)  # [Q, M]
+    rows = jnp.arange(q)[:, None]
+    ranked_any = jnp.zeros((q, n + 1), bool).at[rows, jnp.where(items >= 0, items, n)].set(True)[:, :n]
+    last, _ = jax.lax.top_k(jnp.where(wh & ~ranked_any, jnp.arange(n), -1), min(n, k))  # [Q, k] unranked, latest
+    pool = jnp.concatenate([items, last], axis=-1)  # [Q, M]
     m = pool.shape[-1]
     earlier = jnp.tril(jnp.ones((m, m), bool), -1)  # [j, j']: j' before j
     dup = jnp.any((pool[:, :, None] == pool[:, None, :]) & earlier, axis=-1)
@@ -178,6 +181,41 @@ def _grid_fusion(k: int):
   return jax.jit(jax.vmap(one_point, in_axes=(None, None, 0, 0)))
 
 
+def _as_gains(tops: np.ndarray, labels_flat: np.ndarray, n_gold: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Top-k ``[B, E, Q, k]`` and the flat labels ``[E * Q * N]`` as a label metric's ``(topk, labels)`` of the same
+  value, small: ``topk' [B, E, Q, k]`` = the positions ``0..k-1`` (-1 where empty) and ``labels' [B, E, Q, k + G]``
+  = the gains at those positions followed by as many gold items as the top-k misses (``G`` = the most gold of a
+  question). Every label metric reads only the gains at the top-k and the number of gold items
+  (:mod:`engram_jax.metrics.labels`), so the values are the same floats, without gathering from ``[B, E, Q, N]``."""
+  b, e, q, k = tops.shape
+  n = labels_flat.size // (e * q)
+  offsets = (np.arange(e * q, dtype=np.int64) * n).reshape(1, e, q, 1)
+  gains = labels_flat[offsets + np.maximum(tops, 0)] & (tops >= 0)  # [B, E, Q, k]
+  missed = n_gold[None] - gains.sum(axis=-1)  # [B, E, Q]
+  extra = np.arange(max(int(n_gold.max(initial=0)), 1)) < missed[..., None]
+  positions = np.where(tops >= 0, np.arange(k, dtype=np.int32), -1)
+  return positions, np.concatenate([gains, extra], axis=-1)
+
+
+def _placer(n_dev: int):
+  """``(candidates, ranks, weights [B, L], k0 [B]) -> the same placed for the fusion``: as they are on one device;
+  with ``n_dev > 1`` the points split over a 1-D ``'points'`` mesh and the candidates replicated."""
+  if n_dev == 1:
+    return lambda *args: args
+  mesh = Mesh(np.asarray(jax.devices()[:n_dev]), ('points',))
+  split, whole = NamedSharding(mesh, PartitionSpec('points')), NamedSharding(mesh, PartitionSpec())
+
+  def place(cand, ranks, weights, k0):
+    return (
+      jax.device_put(cand, whole),
+      jax.device_put(ranks, whole),
+      jax.device_put(weights, split),
+      jax.device_put(k0, split),
+    )
+
+  return place
+
+
 def evaluate_grid(
   episodes: Sequence[Episode],
   embeddings: Sequence[tuple[np.ndarray, np.ndarray]],
@@ -193,6 +231,7 @@ def evaluate_grid(
   max_waste: float = 2.0,
   leg_cache: LegCache | None = None,
   timer: RunTimer | None = None,
+  devices: int | None = 1,
 ) -> GridResult:
   """Score every point of ``grid`` (``{knob path: [values]}``) of ``pipe`` on every question, in one process.
 
@@ -205,6 +244,9 @@ def evaluate_grid(
     keep_topk: points whose per-question top-k item ids are kept in ``retrieved``.
     arrays: padded episode arrays when the caller has them (else built here).
     leg_cache: legs' outputs and programs shared with other calls (default: a private one, legs only).
+    devices: devices the fusion's point axis is sharded over (``None``: every device of ``jax.devices()``; 1: the
+      default device): each chunk (rounded up to a multiple of the device count) is split over a 1-D ``'points'``
+      mesh, the legs' candidates replicated; the results do not depend on it (tested with fake CPU devices).
 
   Returns:
     A :class:`GridResult`; point ``p`` equals ``evaluate`` of ``with_values(pipe, result.point(p))``.
@@ -252,6 +294,8 @@ def evaluate_grid(
   kept_topk: dict[int, dict[int, np.ndarray]] = {p: {} for p in keep}
   cache = leg_cache if leg_cache is not None else LegCache(max_bytes=8 << 30)
   base_key = jax.random.key(seed)
+  n_dev = sharding.n_devices(devices)
+  place = _placer(n_dev)
   groups = stack_groups(arrays, max_waste=max_waste) if episodes else []
   info: dict[str, Any] = {
     'points': n_points,
@@ -260,6 +304,7 @@ def evaluate_grid(
     'traced_knobs': traced_paths,
     'legs_computed': 0,
     'chunk': chunk,
+    'devices': n_dev,
     'episode_groups': len(groups),
     'fusion_bytes_per_chunk': 0,
   }
@@ -268,8 +313,9 @@ def evaluate_grid(
     index = np.asarray(group, np.int32)
     stack = stack_arrays([arrays[e] for e in group])
     group_key = (legcache.fingerprint(stack, index), seed)
-    labels = np.asarray(stack.labels)[None]  # [1, E, Q_pad, N]
-    q_pad = labels.shape[2]
+    labels = np.asarray(stack.labels)  # [E, Q_pad, N]
+    q_pad = labels.shape[1]
+    labels_flat, n_gold = labels.reshape(-1), labels.sum(axis=-1)
     # real questions of the group, flat in [E * Q_pad], and where they go in the questions' order
     src = np.concatenate([i * q_pad + np.arange(n_q[e]) for i, e in enumerate(group)]).astype(np.int64)
     dst = np.concatenate([offsets[e] + np.arange(n_q[e]) for e in group]).astype(np.int64)
@@ -285,8 +331,9 @@ def evaluate_grid(
         real = tops.reshape(len(chosen), -1, k)[:, src]
         if np.any(real < 0):
           raise AssertionError(f'Pipeline {pipe.name} returned fewer than k={k} items at a grid point')
+        top_pos, gold = _as_gains(tops, labels_flat, n_gold)
         for m, b, cut in parsed:
-          vals = metrics_lib.METRICS[b](tops, labels, k=cut)  # [B, E, Q_pad] float64
+          vals = metrics_lib.METRICS[b](top_pos, gold, k=cut)  # [B, E, Q_pad] float64
           scores[m][chosen[:, None], dst[None]] = vals.reshape(len(chosen), -1)[:, src]
         for j, p in enumerate(chosen.tolist()):
           if p in kept_topk:
@@ -344,7 +391,7 @@ def evaluate_grid(
       by_legs: dict[tuple, list[int]] = {}  # points grouped by which value of each leg's knobs they take
       for j, row in enumerate(map(tuple, combo.tolist())):
         by_legs.setdefault(row, []).append(j)
-      b = min(chunk, max(len(js) for js in by_legs.values()))
+      b = sharding.padded_size(min(chunk, max(len(js) for js in by_legs.values())), n_dev)
       widths = tuple(int(x.shape[-1]) for x in idx_stacks)
       candidates = cache.program(('grid_candidates', widths, k), functools.partial(_grid_candidates, k))
       fuse = cache.program(('grid_fusion', widths, n_legs, k, b), functools.partial(_grid_fusion, k))
@@ -360,7 +407,7 @@ def evaluate_grid(
         for start in range(0, len(js), b):
           t1 = time.perf_counter()
           sl = js[np.arange(start, start + b).clip(max=len(js) - 1)]  # the last chunk padded with its last point
-          out = np.asarray(fuse(cand, ranks, weights[sl], k0[sl]))
+          out = np.asarray(fuse(*place(cand, ranks, weights[sl], k0[sl])))
           n_real = min(b, len(js) - start)
           t_retrieve += time.perf_counter() - t1
           finish(out[:n_real], pts_arr[sl[:n_real]])
@@ -392,41 +439,59 @@ def evaluate_grid(
 
 
 def rank_points(
-  result: GridResult, metric: str, *, seed: int, n_resamples: int = 10_000, top: int = 100
+  result: GridResult,
+  metric: str,
+  *,
+  seed: int,
+  n_resamples: int = 10_000,
+  top: int | None = None,
+  batch: int = 25,
 ) -> list[dict[str, Any]]:
-  """The ``top`` points with the highest mean ``metric``, best first: each with its 95% bootstrap interval and its
-  paired difference from the best point on the same questions (bootstrap CI of the mean difference, sign-flip p;
-  :func:`engram_jax.metrics.stats.paired_tests`, one batched pass). ``on_plateau``: the paired CI contains 0.
-  Points ranked below ``top`` are not tested (they are further from the best than every tested one).
+  """The leading points by mean ``metric``, best first: each with its 95% bootstrap interval and its paired
+  difference from the best point on the same questions (bootstrap CI of the mean difference from one draw, sign-flip
+  p: the numbers of :func:`engram_jax.metrics.stats.bootstrap_ci` and :func:`~engram_jax.metrics.stats.paired_test`
+  on that row alone). ``on_plateau``: the paired CI contains 0.
+
+  ``top``: how many leading points to test; ``None`` (default): ``batch`` at a time, until a batch holds no point
+  on the plateau (every point of the grid at most), so that the plateau is complete without testing a large grid's
+  every point. Untested points are not returned.
 
   Returns:
     ``[{point, rank, params (path -> value), mean, ci [lo, hi], vs_best {delta, lo, hi, p, n}, on_plateau}]``.
   """
   values = result.scores[metric]
   means = values.mean(axis=1)
-  order = np.argsort(-means, kind='stable')[: max(1, top)]
-  rows = values[order]  # [M, Q]
-  reps = stats.bootstrap_means(rows, seed=seed, n_resamples=n_resamples)  # [M, R], one draw for every row
-  cis = stats.percentile_intervals(rows, reps)
-  # paired_tests(rows, best) from the same replicates: a row's replicates are those of a call on it alone
-  diffs = rows - rows[0]
-  paired = stats.paired_results(
-    diffs, reps - reps[0], stats.sign_flip_pvalues(diffs, seed=seed + 1, n_resamples=n_resamples)
-  )
-  out = []
-  for rank, (p, ci, d) in enumerate(zip(order.tolist(), cis, paired), 1):
-    vs = d.to_dict()
-    out.append(
-      {
-        'point': p,
-        'rank': rank,
-        'params': result.point(p),
-        'mean': float(means[p]),
-        'ci': [ci.lo, ci.hi],
-        'vs_best': vs,
-        'on_plateau': bool(vs['lo'] <= 0.0 <= vs['hi']),
-      }
+  order = np.argsort(-means, kind='stable')
+  limit = len(order) if top is None else max(1, min(top, len(order)))
+  step = limit if top is not None else max(1, batch)
+  best_reps = None
+  out: list[dict[str, Any]] = []
+  for start in range(0, limit, step):
+    chosen = order[start : min(start + step, limit)]
+    rows = values[chosen]  # [M, Q]
+    reps = stats.bootstrap_means(rows, seed=seed, n_resamples=n_resamples)  # [M, R]: each row as if alone
+    if best_reps is None:
+      best_reps = reps[0]
+    cis = stats.percentile_intervals(rows, reps)
+    diffs = rows - values[order[0]]
+    paired = stats.paired_results(
+      diffs, reps - best_reps, stats.sign_flip_pvalues(diffs, seed=seed + 1, n_resamples=n_resamples)
     )
+    for p, ci, d in zip(chosen.tolist(), cis, paired):
+      vs = d.to_dict()
+      out.append(
+        {
+          'point': p,
+          'rank': len(out) + 1,
+          'params': result.point(p),
+          'mean': float(means[p]),
+          'ci': [ci.lo, ci.hi],
+          'vs_best': vs,
+          'on_plateau': bool(vs['lo'] <= 0.0 <= vs['hi']),
+        }
+      )
+    if top is None and not any(r['on_plateau'] for r in out[-len(chosen) :]):
+      break
   return out
 
 

@@ -9,7 +9,7 @@ knob values of one pipeline in one process (:func:`engram_jax.eval.grid.evaluate
 
 The grid may also be written nested, as Hydra builds it from ``+grid.legs.cos.weight=[0.5,1,2] +grid.k0=[20,60]``.
 ``eval.grid_chunk`` sets the points fused at once (memory), ``eval.grid_ranked`` how many leading points are tested
-against the best.
+against the best (null: 25 at a time until a batch holds no point on the plateau).
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ def markdown(result: grid.GridResult, ranked: list[dict[str, Any]], *, metric: s
     '',
     f'Swept: {", ".join(f"{p} {sorted(set(result.points[p].tolist()))}" for p in result.paths)}.',
     '',
-    f'Plateau (paired 95% CI vs the best contains 0, among the {len(ranked)} leading points tested): {len(on)} '
+    f'Plateau (paired 95% CI vs the best contains 0, among the {len(ranked)} leading points tested'
+    f'{"; it may extend past them" if ranked[-1]["on_plateau"] and len(ranked) < result.n_points else ""}): {len(on)} '
     f'points, {metric} {min(r["mean"] for r in on):.4f} .. {max(r["mean"] for r in on):.4f}.',
     '',
     f'| rank | point | {" | ".join(result.paths)} | {metric} [95% CI] | vs best: delta [95% CI] | p | plateau |',
@@ -142,7 +143,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   t0 = time.perf_counter()
   metric = metrics[0]
   ranked = grid.rank_points(
-    result, metric, seed=cfg.seed, n_resamples=cfg.eval.n_resamples, top=int(cfg.eval.get('grid_ranked', 100))
+    result, metric, seed=cfg.seed, n_resamples=cfg.eval.n_resamples, top=cfg.eval.get('grid_ranked')
   )
   timer.add('statistics', time.perf_counter() - t0)
   t0 = time.perf_counter()

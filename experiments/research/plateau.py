@@ -83,9 +83,11 @@ def knob_path(key: str) -> str:
   return key.split('.', 2)[2]
 
 
-def collect_grid(grid_dir: Path, *, metric: str, seed: int = 20261008, n_resamples: int = 10_000, top: int = 100):
+def collect_grid(
+  grid_dir: Path, *, metric: str, seed: int = 20261008, n_resamples: int = 10_000, top: int | None = None
+):
   """The records of :func:`plateau` from a grid run's ``grid.npz`` (``python -m experiments.evaluate ... +grid=``):
-  its ``top`` leading points, ranked, each paired against the best (:func:`engram_jax.eval.grid.rank_points`), with
+  its leading points (``top``, or until the plateau ends: :func:`engram_jax.eval.grid.rank_points`), ranked, each paired against the best (:func:`engram_jax.eval.grid.rank_points`), with
   the knobs by their full paths; ``job`` is the point's index."""
   result = grid.load_npz(Path(grid_dir) / 'grid.npz')
   if metric not in result.scores:
@@ -332,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   ap.add_argument('--against', default=None, help='comma-separated baselines for --paired')
   ap.add_argument('--categories', nargs='*', default=None, help='categories for --paired (default: all)')
   ap.add_argument('--n-resamples', type=int, default=10_000)
-  ap.add_argument('--top', type=int, default=100, help='grid: the leading points tested against the best')
+  ap.add_argument('--top', type=int, default=None, help='grid: leading points tested (default: until the plateau ends)')
   ap.add_argument('--out', type=Path, default=None, help='output folder (default: the input folder)')
   args = ap.parse_args(argv)
   out = args.out or args.folder

@@ -144,12 +144,14 @@ def test_rank_points_plateau_and_npz_round_trip(tmp_path):
 
 
 def test_rank_points_equals_separate_paired_tests():
-  """One bootstrap pass for the intervals and the paired deltas: the same numbers as separate calls."""
+  """Intervals and paired deltas from one draw per batch of rows: the numbers of separate calls; the default tests
+  batches of leading points until one holds no point on the plateau."""
   from engram_jax.metrics import stats
 
   rng = np.random.default_rng(2)
   scores = rng.random((5, 300))
   scores[1] = scores[0] + 0.01 * rng.standard_normal(300)
+  scores[2:] = scores[0] - 0.3 - 0.01 * np.arange(3)[:, None]
   res = grid.GridResult(
     'x',
     ['k0'],
@@ -162,9 +164,12 @@ def test_rank_points_equals_separate_paired_tests():
     1,
     {},
   )
-  ranked = grid.rank_points(res, 'm@1', seed=4, n_resamples=500)
-  best = scores[ranked[0]['point']]
-  for r in ranked:
+  full = grid.rank_points(res, 'm@1', seed=4, n_resamples=500, top=5)
+  adaptive = grid.rank_points(res, 'm@1', seed=4, n_resamples=500, batch=2)
+  assert len(adaptive) == 4 and adaptive == full[:4]
+  assert [r['on_plateau'] for r in full] == [True, True, False, False, False]
+  best = scores[full[0]['point']]
+  for r in full:
     ci = stats.bootstrap_ci(scores[r['point']], seed=4, n_resamples=500)
     assert r['ci'] == [ci.lo, ci.hi]
     if r['rank'] > 1:
@@ -201,3 +206,56 @@ def test_candidate_fusion_equals_rrf_fusion(seed):
   got = np.asarray(grid._grid_fusion(k)(cand, ranks, weights, k0))
   for j in range(len(weights)):
     np.testing.assert_array_equal(got[j], want[j])
+
+
+def test_gains_give_every_label_metric_exactly():
+  """The compact (positions, gains + missed gold) form gives every label metric the floats of (top-k, labels)."""
+  from engram_jax.metrics import labels as metrics_lib
+
+  rng = np.random.default_rng(0)
+  b, e, q, n, k = 4, 3, 7, 30, 10
+  labels = rng.random((e, q, n)) < 0.1
+  labels[0, 0] = False  # a question without gold
+  tops = np.stack([rng.permutation(n)[:k] for _ in range(b * e * q)]).reshape(b, e, q, k).astype(np.int32)
+  tops[1, 1, 1, 7:] = -1  # empty slots
+  pos, gold = grid._as_gains(tops, labels.reshape(-1), labels.sum(-1))
+  for name, fn in metrics_lib.METRICS.items():
+    for cut in (1, 5, 10):
+      np.testing.assert_array_equal(
+        fn(pos, gold, k=cut), fn(tops, np.broadcast_to(labels, tops.shape[:3] + (n,)), k=cut)
+      )
+
+
+SHARDED = """
+import json, sys
+import jax, numpy as np
+sys.path.insert(0, 'tests/eval')
+from test_grid import GRID, _episodes, _stack
+from engram_jax.eval import grid
+
+assert jax.device_count() == 4, jax.devices()
+eps, embs = _episodes()
+out = {}
+for devices in (1, 4):
+  r = grid.evaluate_grid(eps, embs, _stack(), GRID, k=10, metrics=['ndcg@10'], seed=3, chunk=6, devices=devices,
+                         keep_topk=[0, 95])
+  out[devices] = {'scores': r.scores['ndcg@10'].tolist(), 'top': r.retrieved, 'devices': r.info['devices']}
+print('RESULT ' + json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_grid_sharded_over_points_equals_one_device():
+  import json
+  import os
+  import subprocess
+  import sys
+  from pathlib import Path
+
+  root = Path(__file__).resolve().parents[2]
+  env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=4', 'JAX_PLATFORMS': 'cpu'}
+  run = subprocess.run([sys.executable, '-c', SHARDED], cwd=root, env=env, capture_output=True, text=True)
+  assert run.returncode == 0, run.stderr[-3000:]
+  out = json.loads(next(l for l in run.stdout.splitlines() if l.startswith('RESULT '))[len('RESULT ') :])
+  assert out['4']['devices'] == 4 and out['1']['devices'] == 1
+  assert out['4']['scores'] == out['1']['scores'] and out['4']['top'] == out['1']['top']

@@ -27,7 +27,15 @@ def test_search_budget_small(tmp_path):
       f'paths.cache_dir={tmp_path}/cache',
     ]
   )
-  assert set(res) == {'hand-set', 'gradient (adam, soft twins)', 'optuna TPE', 'grid (3 levels per knob)'}
+  assert set(res) == {
+    'hand-set',
+    'gradient (adam, soft twins)',
+    'optuna TPE',
+    'grid (3 levels per knob)',
+    search_budget.EXHAUSTIVE,
+  }
+  assert res[search_budget.EXHAUSTIVE]['evaluations'] == f'all {3**8} points, one call'
+  assert 'p' in res[search_budget.EXHAUSTIVE]['vs_gradient']
   budget = res['gradient (adam, soft twins)']['wall_s']
   for label in ('optuna TPE', 'grid (3 levels per knob)'):
     assert res[label]['wall_s'] >= budget
