@@ -139,6 +139,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     chunk=int(cfg.eval.get('grid_chunk', 64)),
     max_waste=float(cfg.eval.get('max_waste', 2.0)),
     timer=timer,
+    devices=common.eval_devices(cfg),
   )
   t0 = time.perf_counter()
   metric = metrics[0]
