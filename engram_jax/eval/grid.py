@@ -11,12 +11,15 @@ cartesian product on every question:
   (:func:`engram_jax.eval.evaluation.leg_top_d`, the same programs and keys as a cached :func:`evaluate` run; a
   staged leg's first part once per group);
 * the **fusion** (leg weights, ``k0``, and which value of each leg's knobs) is one jitted program ``vmap``-ped over
-  ``chunk`` points at a time (a ``lax.map`` over episodes inside), so memory stays at about ``chunk`` x one
-  episode's ``[Q, N]`` fused scores whatever the grid's size (:attr:`GridResult.info` reports it);
+  ``chunk`` points at a time, over each question's candidates only (the items some leg ranks and the last ``k``
+  that none ranks: ``M = sum(depths) + k`` instead of ``N``; the same floats and tie rule), so memory stays at
+  about ``chunk`` x ``[E, Q, M]`` float32 whatever the grid's size (:attr:`GridResult.info` reports it), and the
+  point axis can be sharded over devices (``devices``);
 * a one-leg pipeline (``fusion='none'``) runs whole once per point (its knobs are all the leg's own).
 
-Label metrics are computed on the host in float64 for a chunk of points at once, so every point's per-question
-scores and top-k equal a separate :func:`engram_jax.eval.evaluation.evaluate` run at those values (tested).
+Label metrics are computed on the host in float64 for a chunk of points at once (from the gains at the top-k), so
+every point's per-question scores and top-k equal a separate :func:`engram_jax.eval.evaluation.evaluate` run at
+those values (tested).
 :func:`rank_points` ranks the points with 95% intervals and the paired plateau against the best.
 """
 
@@ -240,7 +243,8 @@ def evaluate_grid(
     pipe: the base pipeline; knobs not in ``grid`` keep its values.
     grid: knob path -> values (:func:`grid_points`).
     k, metrics, seed: as ``evaluate``; ``metrics`` are label metrics (:data:`engram_jax.metrics.labels.METRICS`).
-    chunk: grid points fused at once (memory: about ``chunk`` x one episode's ``[Q, N]`` float32, times a few).
+    chunk: grid points fused at once (memory: about ``chunk`` x ``[E, Q, M]`` float32 and a few temporaries, ``M``
+      = the legs' depths + ``k``; :attr:`GridResult.info` ``fusion_bytes_per_chunk``).
     keep_topk: points whose per-question top-k item ids are kept in ``retrieved``.
     arrays: padded episode arrays when the caller has them (else built here).
     leg_cache: legs' outputs and programs shared with other calls (default: a private one, legs only).

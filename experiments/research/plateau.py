@@ -87,8 +87,8 @@ def collect_grid(
   grid_dir: Path, *, metric: str, seed: int = 20261008, n_resamples: int = 10_000, top: int | None = None
 ):
   """The records of :func:`plateau` from a grid run's ``grid.npz`` (``python -m experiments.evaluate ... +grid=``):
-  its leading points (``top``, or until the plateau ends: :func:`engram_jax.eval.grid.rank_points`), ranked, each paired against the best (:func:`engram_jax.eval.grid.rank_points`), with
-  the knobs by their full paths; ``job`` is the point's index."""
+  its leading points (``top``, or until the plateau ends), ranked, each paired against the best
+  (:func:`engram_jax.eval.grid.rank_points`), with the knobs by their full paths; ``job`` is the point's index."""
   result = grid.load_npz(Path(grid_dir) / 'grid.npz')
   if metric not in result.scores:
     raise ValueError(f'{grid_dir}: no metric {metric!r} in the grid; metrics: {sorted(result.scores)}')
