@@ -312,7 +312,7 @@ def evaluate_grid(
     'episode_groups': len(groups),
     'fusion_bytes_per_chunk': 0,
   }
-  t_retrieve = t_score = 0.0
+  t_retrieve = t_score = t_legs = 0.0
   for group in groups:
     index = np.asarray(group, np.int32)
     stack = stack_arrays([arrays[e] for e in group])
@@ -374,7 +374,9 @@ def evaluate_grid(
             if path.startswith(prefix) and path != f'{prefix}weight'
           }
           mine.update({t[len(prefix) :]: _value_array(v) for t, v in zip(own, r)})
+          t2 = time.perf_counter()
           tops.append(leg_top_d(cache, spec, pos, n_legs, mine, stack, base_key, index, group_key))
+          t_legs += time.perf_counter() - t2
         info['legs_computed'] += len(distinct)
         idx_stacks.append(np.stack([t[0] for t in tops]))
         ranked_stacks.append(np.stack([t[1] for t in tops]))
@@ -395,7 +397,8 @@ def evaluate_grid(
       by_legs: dict[tuple, list[int]] = {}  # points grouped by which value of each leg's knobs they take
       for j, row in enumerate(map(tuple, combo.tolist())):
         by_legs.setdefault(row, []).append(j)
-      b = sharding.padded_size(min(chunk, max(len(js) for js in by_legs.values())), n_dev)
+      most = max(len(js) for js in by_legs.values())
+      b = sharding.padded_size(-(-most // -(-most // chunk)), n_dev)  # <= chunk, as few padded points as can be
       widths = tuple(int(x.shape[-1]) for x in idx_stacks)
       candidates = cache.program(('grid_candidates', widths, k), functools.partial(_grid_candidates, k))
       fuse = cache.program(('grid_fusion', widths, n_legs, k, b), functools.partial(_grid_fusion, k))
@@ -426,7 +429,10 @@ def evaluate_grid(
       rows.extend(ids[kept_topk[p][e]].tolist())
     retrieved[p] = rows
   info.update(
-    retrieve_s=round(t_retrieve, 3), score_s=round(t_score, 3), total_s=round(time.perf_counter() - t_start, 3)
+    retrieve_s=round(t_retrieve, 3),
+    legs_s=round(t_legs, 3),
+    score_s=round(t_score, 3),
+    total_s=round(time.perf_counter() - t_start, 3),
   )
   return GridResult(
     pipeline=pipe.name,
