@@ -463,8 +463,8 @@ def rank_points(
   on that row alone). ``on_plateau``: the paired CI contains 0.
 
   ``top``: how many leading points to test; ``None`` (default): ``batch`` at a time, until a batch holds no point
-  on the plateau (every point of the grid at most), so that the plateau is complete without testing a large grid's
-  every point. Untested points are not returned.
+  on the plateau but the best (every point of the grid at most), so that the plateau is complete without testing
+  every point of a large grid. Untested points are not returned.
 
   Returns:
     ``[{point, rank, params (path -> value), mean, ci [lo, hi], vs_best {delta, lo, hi, p, n}, on_plateau}]``.
@@ -500,7 +500,7 @@ def rank_points(
           'on_plateau': bool(vs['lo'] <= 0.0 <= vs['hi']),
         }
       )
-    if top is None and not any(r['on_plateau'] for r in out[-len(chosen) :]):
+    if top is None and not any(r['on_plateau'] and r['rank'] > 1 for r in out[-len(chosen) :]):
       break
   return out
 

@@ -167,6 +167,11 @@ def test_rank_points_equals_separate_paired_tests():
   full = grid.rank_points(res, 'm@1', seed=4, n_resamples=500, top=5)
   adaptive = grid.rank_points(res, 'm@1', seed=4, n_resamples=500, batch=2)
   assert len(adaptive) == 4 and adaptive == full[:4]
+  alone = res.scores['m@1'].copy()
+  alone[1] -= 0.3  # only the best on the plateau: the first batch is enough
+  res.scores['m@1'] = alone
+  assert len(grid.rank_points(res, 'm@1', seed=4, n_resamples=500, batch=2)) == 2
+  res.scores['m@1'] = scores
   assert [r['on_plateau'] for r in full] == [True, True, False, False, False]
   best = scores[full[0]['point']]
   for r in full:
