@@ -5,7 +5,7 @@ knob values of one pipeline in one process (:func:`engram_jax.eval.grid.evaluate
 * ``grid.md`` / ``grid.json``: the leading points ranked with 95% intervals, and the paired plateau against the best
   (points whose paired 95% CI of the difference contains 0), knobs labelled by their full path;
 * ``grid.png``: the plateau (paired difference from the best by rank) and 2-D slices through the best point as
-  heatmaps, one per pair of swept knobs (the first ``MAX_PAIRS``).
+  heatmaps, one per pair of swept knobs (with many knobs: disjoint pairs, each knob on one axis).
 
 The grid may also be written nested, as Hydra builds it from ``+grid.legs.cos.weight=[0.5,1,2] +grid.k0=[20,60]``.
 ``eval.grid_chunk`` sets the points fused at once (memory), ``eval.grid_ranked`` how many leading points are tested
@@ -61,7 +61,8 @@ def markdown(result: grid.GridResult, ranked: list[dict[str, Any]], *, metric: s
 def plot(result: grid.GridResult, ranked: list[dict[str, Any]], *, metric: str, path: Path | None = None):
   """(a) the paired difference from the best of the tested points by rank (plateau in blue); then one heatmap per
   pair of swept knobs (several levels each): ``metric`` over the pair with every other knob at the best point's
-  value. Axes carry the knobs' full paths. Returns the figure (saved as PNG to ``path`` when given)."""
+  value (every pair when there are at most ``MAX_PAIRS``, else disjoint neighbours in grid order, each knob on
+  one axis). Axes carry the knobs' full paths. Returns the figure (saved as PNG to ``path`` when given)."""
   import matplotlib
 
   if path is not None:
@@ -71,7 +72,9 @@ def plot(result: grid.GridResult, ranked: list[dict[str, Any]], *, metric: str, 
   means = result.means(metric)
   best = ranked[0]['point']
   swept = [p for p in result.paths if len(set(result.points[p].tolist())) > 1]
-  pairs = list(itertools.combinations(swept, 2))[:MAX_PAIRS]
+  pairs = list(itertools.combinations(swept, 2))
+  if len(pairs) > MAX_PAIRS:  # many knobs: disjoint neighbours, so that every knob gets an axis
+    pairs = [(swept[i], swept[(i + 1) % len(swept)]) for i in range(0, len(swept), 2)][:MAX_PAIRS]
   fig, axes = plt.subplots(1, 1 + len(pairs), figsize=(5 + 3.6 * len(pairs), 3.8), squeeze=False)
   axes = axes[0]
   x = np.arange(1, len(ranked) + 1)

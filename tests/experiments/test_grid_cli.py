@@ -63,3 +63,30 @@ def test_grid_command_writes_its_files_and_equals_a_separate_run(tmp_path):
   for metric in results['metrics']:
     want = np.array([r['scores']['rrf_cos_bm25'][metric] for r in results['per_question']])
     np.testing.assert_array_equal(res.scores[metric][point], want)
+
+
+def test_grid_figure_puts_every_knob_on_an_axis():
+  """Eight knobs (28 pairs): disjoint neighbours, every knob by its full path on exactly one heatmap axis."""
+  import itertools
+
+  from experiments.lib import grid as grid_lib
+
+  paths = [f'legs.l{i}.weight' for i in range(7)] + ['k0']
+  rows = list(itertools.product([1.0, 2.0], repeat=len(paths)))
+  rng = np.random.default_rng(0)
+  res = grid.GridResult(
+    'p',
+    paths,
+    {p: np.array([r[i] for r in rows]) for i, p in enumerate(paths)},
+    ['q0', 'q1'],
+    ['e', 'e'],
+    [1, 1],
+    {'ndcg@10': rng.random((len(rows), 2))},
+    {},
+    10,
+    {},
+  )
+  ranked = grid.rank_points(res, 'ndcg@10', seed=0, n_resamples=100, top=5)
+  fig = grid_lib.plot(res, ranked, metric='ndcg@10')
+  labels = [l for ax in fig.axes[1:] for l in (ax.get_xlabel(), ax.get_ylabel()) if l]
+  assert sorted(labels) == sorted(paths)
