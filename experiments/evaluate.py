@@ -6,6 +6,7 @@ Kept short on purpose: the logic lives in the library (engram_jax.eval.evaluatio
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import time
 from pathlib import Path
@@ -19,7 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 from engram_jax.data import splits
 from engram_jax.eval import evaluation, timing
 from engram_jax.metrics import report
-from experiments.lib import answer, checks, common, jsonfmt, yamlfmt
+from experiments.lib import answer, checks, common
+from experiments.lib import grid as grid_run
 from experiments.lib import pileup as analysis
 
 log = logging.getLogger(__name__)
@@ -233,9 +235,9 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     tables.append(report.fits_markdown(fits))
   text = '\n'.join(tables)
   files = {
-    'results.json': jsonfmt.dumps(results),
+    'results.json': json.dumps(results, indent=1),
     'results.md': text,
-    'config_resolved.yaml': yamlfmt.to_yaml(cfg, resolve=True),
+    'config_resolved.yaml': OmegaConf.to_yaml(cfg, resolve=True),
   }
   report.write_files(out_dir, files)
   timer.add('report', time.perf_counter() - report_t0)
@@ -251,7 +253,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   }
   if tier1 is not None:
     run_info['reader'] = tier1.info
-  report.write_files(out_dir, {'run_info.json': jsonfmt.dumps(run_info)})
+  report.write_files(out_dir, {'run_info.json': json.dumps(run_info, indent=1)})
   print(text)
   print(timing.markdown(spent))
   log.info('wrote %s', out_dir / 'results.json')
@@ -260,6 +262,10 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
 
 @hydra.main(version_base='1.3', config_path='../conf', config_name='config')
 def main(cfg: DictConfig) -> float:
+  if cfg.get('grid') is not None:  # a grid of one pipeline's knob values in one call (experiments/lib/grid.py)
+    checks.check_evaluate(cfg)
+    summary = grid_run.run(cfg, Path(HydraConfig.get().runtime.output_dir))
+    return float(summary['ranked'][0]['mean'])
   results = run(cfg, Path(HydraConfig.get().runtime.output_dir))
   one = results if 'pipelines' in results else next(iter(results['datasets'].values()))
   first = next(iter(one['pipelines'].values()))
@@ -268,4 +274,3 @@ def main(cfg: DictConfig) -> float:
 
 if __name__ == '__main__':
   main()
-  common.skip_exit_collections()

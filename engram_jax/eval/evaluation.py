@@ -322,40 +322,64 @@ def _cached_topk(
   for pos, spec in enumerate(pipe.legs):
     prefix = f'legs.{spec.name}.'
     mine = {p[len(prefix) :]: v for p, v in values.items() if p.startswith(prefix) and p[len(prefix) :] != 'weight'}
-    static = legcache.fingerprint([v for n, v in spec.options if n not in mine]) + repr(
-      [(n, type(v).__name__) for n, v in spec.options if n not in mine]
-    )
-    mine_key = tuple(sorted((n, v.dtype.str, v.tobytes()) for n, v in mine.items()))
-    op = (spec.op, id(spec.operator.leg))  # the registered function itself (a re-registered name is another op)
-    leg_key = (group_key, op, static, mine_key, spec.depth, pos, n_legs)
-    stages = spec.operator.stages
-    if stages is not None and not set(stages.by) & set(mine):  # its first part shared by every job of a sweep
-      by = {n: v for n, v in spec.options if n in stages.by}
-      prep_key = (group_key, op, legcache.fingerprint(list(by.values())) + repr(sorted(by)), pos, n_legs)
-      prepare = cache.program(
-        ('prepare', op, repr(sorted(by.items())), pos, n_legs),
-        functools.partial(_stacked_prepare, spec, pos, n_legs, by),
-      )
-      run = cache.program(
-        ('finish', op, static, tuple(sorted(mine)), spec.depth, pos, n_legs),
-        functools.partial(_stacked_finish, spec, pos, n_legs, tuple(sorted(mine))),
-      )
-      make = lambda run=run, mine=mine, prepare=prepare, prep_key=prep_key: jax.tree_util.tree_map(
-        np.asarray,
-        run(stack, cache.get('prepared', prep_key, lambda: prepare(stack, base_key, index)), base_key, index, mine),
-      )
-    else:
-      run = cache.program(
-        ('leg', op, static, tuple(sorted(mine)), spec.depth, pos, n_legs),
-        functools.partial(_stacked_leg, spec, pos, n_legs, tuple(sorted(mine))),
-      )
-      make = lambda run=run, mine=mine: jax.tree_util.tree_map(np.asarray, run(stack, base_key, index, mine))
-    tops.append(cache.get('leg', leg_key, make))
+    tops.append(leg_top_d(cache, spec, pos, n_legs, mine, stack, base_key, index, group_key))
   fuse = cache.program(
     ('rrf_topk', tuple(int(t[0].shape[-1]) for t in tops), n_legs, k), functools.partial(_stacked_fusion, k)
   )
   weights = [values[f'legs.{s.name}.weight'] for s in pipe.legs]
   return fuse([t[0] for t in tops], [t[1] for t in tops], stack.where, weights, values['k0'])
+
+
+def leg_top_d(
+  cache: LegCache,
+  spec,
+  pos: int,
+  n_legs: int,
+  mine: Mapping[str, np.ndarray],
+  stack: EpisodeArrays,
+  base_key,
+  index,
+  group_key: tuple,
+) -> tuple[np.ndarray, np.ndarray]:
+  """Leg ``pos`` of ``n_legs`` on one stacked group, as RRF reads it: ``(top-D indices, ranked) [E, Q, D]``, with its
+  traced knobs ``mine`` (name -> value; every traced knob of the leg but its weight) as arguments, looked up in and
+  stored to ``cache`` by everything it depends on (a staged leg's first part shared by every value of the knobs
+  its second part reads). Used by the cached evaluation and by :func:`engram_jax.eval.grid.evaluate_grid`."""
+  mine = dict(mine)
+  static = legcache.fingerprint([v for n, v in spec.options if n not in mine]) + repr(
+    [(n, type(v).__name__) for n, v in spec.options if n not in mine]
+  )
+  mine_key = tuple(sorted((n, v.dtype.str, v.tobytes()) for n, v in mine.items()))
+  op = (spec.op, id(spec.operator.leg))  # the registered function itself (a re-registered name is another op)
+  leg_key = (group_key, op, static, mine_key, spec.depth, pos, n_legs)
+  stages = spec.operator.stages
+  names = tuple(sorted(mine))
+  if stages is not None and not set(stages.by) & set(mine):  # its first part shared by every job of a sweep
+    by = {n: v for n, v in spec.options if n in stages.by}
+    prep_key = (group_key, op, legcache.fingerprint(list(by.values())) + repr(sorted(by)), pos, n_legs)
+    prepare = cache.program(
+      ('prepare', op, repr(sorted(by.items())), pos, n_legs),
+      functools.partial(_stacked_prepare, spec, pos, n_legs, by),
+    )
+    run = cache.program(
+      ('finish', op, static, names, spec.depth, pos, n_legs),
+      functools.partial(_stacked_finish, spec, pos, n_legs, names),
+    )
+
+    def make():
+      prepared = cache.get('prepared', prep_key, lambda: prepare(stack, base_key, index))
+      return jax.tree_util.tree_map(np.asarray, run(stack, prepared, base_key, index, mine))
+
+  else:
+    run = cache.program(
+      ('leg', op, static, names, spec.depth, pos, n_legs),
+      functools.partial(_stacked_leg, spec, pos, n_legs, names),
+    )
+
+    def make():
+      return jax.tree_util.tree_map(np.asarray, run(stack, base_key, index, mine))
+
+  return cache.get('leg', leg_key, make)
 
 
 def _leg_key(key, e, pos: int, n_legs: int):

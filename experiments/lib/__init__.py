@@ -7,6 +7,5 @@
 * :mod:`experiments.lib.fit_conditioned`, :mod:`experiments.lib.fit_adapter`: ``experiments.fit``'s question-conditioned
   knobs and query adapter beside the scalar fit;
 * :mod:`experiments.lib.answer`: Tier 1 in a run (the reader from config, answers and answer metrics per dataset);
-* :mod:`experiments.lib.yamlfmt`: ``OmegaConf.to_yaml``'s text through libyaml (a run's resolved config, a sweep
-  job's ``.hydra`` files).
+* :mod:`experiments.lib.grid`: a grid of one pipeline's knob values in one call (``+grid=...`` in evaluate).
 """

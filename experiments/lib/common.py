@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import gc
 import importlib
 import json
 import logging
@@ -25,21 +24,6 @@ from engram_jax.eval import compile_cache, legcache, pipeline
 log = logging.getLogger(__name__)
 CONF = Path(__file__).resolve().parents[2] / 'conf'
 PIPELINE_EXTRAS = ('tune', 'replicate', 'skip_datasets')
-
-
-def skip_exit_collections() -> None:
-  """Freeze the heap (``gc.freeze``) once a command's work is done, just before the interpreter exits.
-
-  Finalization runs several full collections over every object left (after a 100-job LoCoMo sweep: the imported
-  modules, the caches and every job's return) to free memory the process is about to hand back anyway: ~1.0 s of
-  the sweep's ~1.3 s exit (~0.3 s after importing JAX alone). Frozen objects are skipped by them. What exit must do
-  still happens: ``atexit`` handlers (the compile cache's publication, JAX's backend clean-up, ``logging.shutdown``,
-  ``weakref.finalize`` callbacks such as the embedder's pool) and the flush of ``sys.stdout``/``stderr`` do not
-  depend on the collector. Only objects that nothing but a reference cycle keeps alive are no longer finalized
-  (their ``__del__``, an unclosed file's flush), which Python does not promise at exit either; every file of a
-  run is written and closed before its command returns. Called only after a command returned (an error exits
-  through ``sys.exit`` before it)."""
-  gc.freeze()
 
 
 @functools.cache

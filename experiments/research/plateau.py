@@ -1,5 +1,6 @@
-"""Collect a Hydra multirun folder's results.json files into a plateau table and plot; or print per-category
-paired tests of one finished run.
+"""Collect a Hydra multirun folder's results.json files, or a grid run's grid.npz, into a plateau table and plot;
+or print per-category paired tests of one finished run. Swept knobs are labelled by their full paths
+(``legs.cos.weight``, ``legs.bm25.weight``, ``k0``).
 
 A sweep (one job per grid point, each a results.json in ``<sweep>/<job>/``), for example CFS-R's knobs inside
 the deployable RRF stack (see docs/research.md for the grid):
@@ -11,6 +12,12 @@ the deployable RRF stack (see docs/research.md for the grid):
 writes ``plateau.md``, ``plateau.json`` and ``plateau.png`` beside the jobs: every configuration's mean with its 95%
 interval, and its paired difference from the best configuration on the same questions (bootstrap CI, sign-flip
 p). The plateau is the set of configurations whose paired CI against the best contains 0.
+
+A grid run (one process, :mod:`engram_jax.eval.grid`) is read the same way:
+
+  python -m experiments.evaluate pipeline=[rrf_cos_bm25_cfsr] +grid='{legs.cfsr.lam: [0.001, 0.005, 0.02]}' \\
+      hydra.run.dir=outputs/grids/cfsr
+  python -m experiments.research.plateau outputs/grids/cfsr
 
 One run, per-category paired tests (rows minus baselines, on the questions of each category):
 
@@ -29,6 +36,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from engram_jax.eval import grid
 from engram_jax.metrics import stats
 
 
@@ -61,11 +69,43 @@ def _overrides(job: Path) -> dict[str, str]:
   for o in yaml.safe_load(path.read_text()) or []:
     key, _, value = str(o).partition('=')
     key = key.lstrip('+~')  # ++pipeline.X.legs.Y.knob (a knob left at its default is added, not overridden)
-    if key.startswith('pipeline.') and '.' in key:
-      out[key.rsplit('.', 1)[-1]] = value
+    if key.startswith('pipeline.') and key.count('.') >= 2:
+      out[knob_path(key)] = value
     elif not key.startswith(('hydra', 'eval.progress', 'paths.')):
       out[key] = value
   return out
+
+
+def knob_path(key: str) -> str:
+  """A pipeline override's knob by its full path, as a grid and ``pipeline.split_path`` name it:
+  ``pipeline.P.legs.cos.weight`` -> ``legs.cos.weight``, ``pipeline.P.k0`` -> ``k0`` (two legs' ``weight`` never
+  collide)."""
+  return key.split('.', 2)[2]
+
+
+def collect_grid(
+  grid_dir: Path, *, metric: str, seed: int = 20261008, n_resamples: int = 10_000, top: int | None = None
+):
+  """The records of :func:`plateau` from a grid run's ``grid.npz`` (``python -m experiments.evaluate ... +grid=``):
+  its leading points (``top``, or until the plateau ends), ranked, each paired against the best
+  (:func:`engram_jax.eval.grid.rank_points`), with the knobs by their full paths; ``job`` is the point's index."""
+  result = grid.load_npz(Path(grid_dir) / 'grid.npz')
+  if metric not in result.scores:
+    raise ValueError(f'{grid_dir}: no metric {metric!r} in the grid; metrics: {sorted(result.scores)}')
+  return [
+    {
+      'job': str(r['point']),
+      'params': {p: f'{v:g}' for p, v in r['params'].items()},
+      'pipeline': result.pipeline,
+      'mean': r['mean'],
+      'ci': r['ci'],
+      'ids': result.question_ids,
+      'values': result.scores[metric][r['point']],
+      'vs_best': r['vs_best'],
+      'on_plateau': r['on_plateau'],
+    }
+    for r in grid.rank_points(result, metric, seed=seed, n_resamples=n_resamples, top=top)
+  ]
 
 
 def collect(sweep_dir: Path, *, metric: str, pipeline: str | None = None) -> list[dict[str, Any]]:
@@ -294,6 +334,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   ap.add_argument('--against', default=None, help='comma-separated baselines for --paired')
   ap.add_argument('--categories', nargs='*', default=None, help='categories for --paired (default: all)')
   ap.add_argument('--n-resamples', type=int, default=10_000)
+  ap.add_argument('--top', type=int, default=None, help='grid: leading points tested (default: until the plateau ends)')
   ap.add_argument('--out', type=Path, default=None, help='output folder (default: the input folder)')
   args = ap.parse_args(argv)
   out = args.out or args.folder
@@ -319,9 +360,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     (out / 'paired_by_category.json').write_text(json.dumps(tests, indent=1))
     print(text)
     return
-  first = next(p for p in sorted(args.folder.iterdir()) if (p / 'results.json').is_file())
-  metric = args.metric or load_run(first)['metrics'][0]
-  recs = plateau(collect(args.folder, metric=metric, pipeline=args.pipeline), n_resamples=args.n_resamples)
+  if (args.folder / 'grid.npz').is_file():  # a grid run: its leading points, already paired against the best
+    metric = args.metric or json.loads((args.folder / 'grid.json').read_text())['metric']
+    recs = collect_grid(args.folder, metric=metric, n_resamples=args.n_resamples, top=args.top)
+  else:
+    first = next(p for p in sorted(args.folder.iterdir()) if (p / 'results.json').is_file())
+    metric = args.metric or load_run(first)['metrics'][0]
+    recs = plateau(collect(args.folder, metric=metric, pipeline=args.pipeline), n_resamples=args.n_resamples)
   ref = tuple(float(x) for x in args.reference.split(':')) if args.reference else None
   text = markdown(recs, metric=metric, title=str(args.folder))
   plot(recs, metric=metric, path=out / 'plateau.png', title=f'{recs[0]["pipeline"]}: {metric}', reference=ref)

@@ -152,21 +152,18 @@ PLUGINS = {
   'slurm': 'hydra_plugins.hydra_submitit_launcher',
   'slurm_local': 'hydra_plugins.hydra_submitit_launcher',
   'ray_local': 'hydra_plugins.hydra_ray_launcher',
-  'shapes': 'hydra_plugins.engram_sweeper.shapes_launcher',
 }
 TARGETS = {
   'parallel': 'JoblibLauncher',
   'slurm': 'SlurmLauncher',
   'slurm_local': 'LocalLauncher',
   'ray_local': 'RayLauncher',
-  'shapes': 'ShapeComposingLauncher',
 }
 
 
 @pytest.mark.parametrize('name', sorted(p.stem for p in (ROOT / 'conf' / 'hydra' / 'launcher').glob('*.yaml')))
 def test_project_launcher_configs_extend_the_plugins(name):
-  """Each conf/hydra/launcher file composes on top of its plugin's own config (its schema and target kept); ours
-  (``shapes``) names its class."""
+  """Each conf/hydra/launcher file composes on top of its plugin's own config (its schema and target kept)."""
   pytest.importorskip(PLUGINS[name])
   from hydra import compose, initialize_config_dir
 
@@ -179,8 +176,7 @@ def test_project_launcher_configs_extend_the_plugins(name):
     'slurm': lambda: launcher.timeout_min == 240,
     'slurm_local': lambda: launcher.timeout_min == 240,
     'ray_local': lambda: launcher.ray.remote.num_cpus == 2,
-    'shapes': lambda: set(launcher) == {'_target_'},
-  }[name]()  # ours: no options
+  }[name]()
 
 
 @pytest.mark.slow
@@ -193,8 +189,7 @@ def test_every_launcher_collects_the_same_table(tmp_path):
   data = tmp_path / 'data'
   tiny_data.write_locomo(io.resolve_data_root(), data)
   tables = {}
-  # the last two: the basic launcher and the shape-composing one, under hydra/sweeper=shapes
-  for launcher in LAUNCHERS + ['basic+shapes', 'shapes+shapes']:
+  for launcher in LAUNCHERS:
     sweep = tmp_path / launcher
     cmd = [
       sys.executable,
@@ -211,8 +206,8 @@ def test_every_launcher_collects_the_same_table(tmp_path):
       f'paths.cache_dir={tmp_path}/cache',
       f'paths.compile_cache_dir={sweep}_jax',
       f'hydra.sweep.dir={sweep}',
-      f'hydra/launcher={launcher.split("+")[0]}',
-    ] + (['hydra/sweeper=shapes'] if '+' in launcher else [])
+      f'hydra/launcher={launcher}',
+    ]
     subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
     table = collect.main([str(sweep), '--against', 'pipeline=[cosine] eval.k=10', '--n-resamples', '300'])
     assert [(r['label'], r['metric']) for r in table['rows']] == [
@@ -224,9 +219,3 @@ def test_every_launcher_collects_the_same_table(tmp_path):
     assert table['same_questions'] and table['missing'] == [] and len(table['timing']['wall_s']) == 4
     tables[launcher] = {k: v for k, v in table.items() if k != 'timing'}
   assert all(t == tables['basic'] for t in tables.values()), list(tables)
-  for job in range(4):  # fewer compositions under the shapes sweeper / launcher: the same job configs and results
-    for name in ('results.json', 'config_resolved.yaml', '.hydra/config.yaml', '.hydra/overrides.yaml'):
-      want = (tmp_path / 'basic' / str(job) / name).read_text().replace(str(tmp_path / 'basic'), 'SWEEP')
-      for other in ('basic+shapes', 'shapes+shapes'):
-        got = (tmp_path / other / str(job) / name).read_text().replace(str(tmp_path / other), 'SWEEP')
-        assert got == want, (other, job, name)
