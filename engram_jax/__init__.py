@@ -48,6 +48,7 @@ _PUBLIC = {
   # pipelines and evaluation
   'eval.pipeline': ['Pipeline', 'make_pipeline', 'pipeline_scores', 'pipeline_topk'],
   'eval.evaluation': ['EvalResult', 'evaluate'],
+  'eval.grid': ['GridResult', 'evaluate_grid'],
 }
 
 __getattr__, __dir__, __all__ = lazy_loader.attach(

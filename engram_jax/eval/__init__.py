@@ -14,5 +14,6 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
   submod_attrs={
     'pipeline': ['Pipeline', 'make_pipeline', 'pipeline_scores', 'pipeline_topk'],
     'evaluation': ['EvalResult', 'evaluate'],
+    'grid': ['GridResult', 'evaluate_grid'],
   },
 )

@@ -61,6 +61,17 @@ class GridResult:
     retrieved: point -> per-question top-k item ids, for the points asked for (``keep_topk``).
     k: the ranking depth.
     info: structures, legs computed, fusion chunk and its memory, times.
+
+  Example:
+    >>> import numpy as np
+    >>> from engram_jax import Episode, Item, Question, evaluate_grid, make_pipeline
+    >>> items = tuple(Item(f'i{j}', t, 'S1', j) for j, t in enumerate(['dog adopted', 'invoice overdue', 'hike']))
+    >>> ep = Episode('e', items, (Question('q', 'which dog?', ('i0',), ('S1',), 1),))
+    >>> emb = (np.eye(3, 8, dtype=np.float32), np.eye(1, 8, dtype=np.float32))
+    >>> pipe = make_pipeline(legs={'cos': {'op': 'cosine'}, 'bm25': {'op': 'bm25'}}, fusion='rrf')
+    >>> res = evaluate_grid([ep], [emb], pipe, {'k0': [1, 60]}, k=2, metrics=['recall@2'], seed=0)
+    >>> res.points['k0'].tolist(), res.scores['recall@2'].tolist()
+    ([1.0, 60.0], [[1.0], [1.0]])
   """
 
   pipeline: str
@@ -258,6 +269,18 @@ def evaluate_grid(
   Raises:
     ValueError: on a bad path or value, a metric that is not a label metric or whose cutoff exceeds ``k``, ``k``
       larger than an episode, or ``chunk < 1``.
+
+  Example:
+    >>> import numpy as np
+    >>> from engram_jax import Episode, Item, Question, evaluate_grid, make_pipeline
+    >>> texts = ['dog adopted', 'invoice overdue', 'hike in the alps', 'a dog show']
+    >>> items = tuple(Item(f'i{j}', t, 'S1', j) for j, t in enumerate(texts))
+    >>> ep = Episode('e', items, (Question('q', 'which dog?', ('i0',), ('S1',), 1),))
+    >>> emb = (np.eye(4, 8, dtype=np.float32), np.eye(1, 8, dtype=np.float32))
+    >>> pipe = make_pipeline(legs={'cos': {'op': 'cosine'}, 'bm25': {'op': 'bm25'}}, fusion='rrf')
+    >>> res = evaluate_grid([ep], [emb], pipe, {'legs.cos.weight': [0.5, 2.0], 'k0': [1, 60]}, k=2, metrics=['ndcg@2'], seed=0)
+    >>> res.paths, res.scores['ndcg@2'].shape  # [P points, Q questions]
+    (['legs.cos.weight', 'k0'], (4, 1))
   """
   t_start = time.perf_counter()
   if chunk < 1:
