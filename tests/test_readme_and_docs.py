@@ -391,3 +391,13 @@ def test_short_commands_run(tmp_path):
     argv = [sys.executable] + argv[1:] + [f'hydra.run.dir={out}', 'eval.progress=false']
     subprocess.run(argv, cwd=ROOT, check=True, capture_output=True, timeout=600)
     assert json.loads((out / 'results.json').read_text())['n_questions'] > 0
+
+
+def test_check_finds_a_changed_number():
+  """``docs_site check`` is not a no-op: one changed digit of a committed summary is reported."""
+  expected = docs_site.load_summaries()['default']
+  fresh = json.loads(json.dumps(expected))
+  assert docs_site.compare(expected, fresh) == []
+  fresh['datasets']['locomo']['rows']['bm25']['ndcg@10'][0] += 1e-12
+  (diff,) = docs_site.compare(expected, fresh)
+  assert 'bm25 ndcg@10' in diff
