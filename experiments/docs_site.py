@@ -119,7 +119,7 @@ def _dataset_summary(block: dict, reference: dict) -> dict:
   }
 
 
-def summarize(results: dict, *, command: str, wall_s: float, note: str = '') -> dict:
+def summarize(results: dict, *, command: str, wall_s: float, note: str = '', wall_note: str = '') -> dict:
   """A compact, committed summary of one run (``results.json`` -> ``docs/runs/<name>.json``)."""
   ref = results.get('reference') or {}
   if 'datasets' in results:
@@ -129,7 +129,7 @@ def summarize(results: dict, *, command: str, wall_s: float, note: str = '') -> 
       datasets[ds] = _dataset_summary(block, {p: r for p, r in dref.items() if r})
   else:
     datasets = {results['dataset']: _dataset_summary(results, ref)}
-  return {'command': command, 'wall_s': wall_s, 'note': note, 'datasets': datasets}
+  return {'command': command, 'wall_s': wall_s, 'wall_note': wall_note, 'note': note, 'datasets': datasets}
 
 
 def compare(expected: dict, fresh: dict) -> list[str]:
@@ -270,7 +270,9 @@ def reproduce_page(summaries: dict[str, dict], ledger: list[dict]) -> str:
       f'python -m experiments.docs_site check {name} {run_dir}',
       '```',
       '',
-      f'Wall time: {summary["wall_s"]:.0f} s.',
+      f'Wall time: {summary["wall_s"]:.0f} s'
+      + (f' ({summary["wall_note"]})' if summary.get('wall_note') else '')
+      + '.',
       '',
     ]
     for ds, block in summary['datasets'].items():
@@ -430,6 +432,7 @@ def main(argv: list[str] | None = None) -> int:
   s.add_argument('--command', required=True)
   s.add_argument('--wall', type=float, required=True, help='wall seconds of the run')
   s.add_argument('--note', default='')
+  s.add_argument('--wall-note', default='', help='how the wall time was measured (caches, load)')
   c = sub.add_parser('check', help='compare RUN_DIR/results.json with docs/runs/NAME.json')
   c.add_argument('name')
   c.add_argument('run_dir', type=Path)
@@ -447,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
   elif args.cmd == 'summarize':
     results = json.loads((args.run_dir / 'results.json').read_text())
     RUNS.mkdir(exist_ok=True)
-    out = summarize(results, command=args.command, wall_s=args.wall, note=args.note)
+    out = summarize(results, command=args.command, wall_s=args.wall, note=args.note, wall_note=args.wall_note)
     (RUNS / f'{args.name}.json').write_text(json.dumps(out, indent=1) + '\n')
   else:
     expected = json.loads((RUNS / f'{args.name}.json').read_text())

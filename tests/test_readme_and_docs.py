@@ -252,6 +252,28 @@ def test_every_command_block_dry_runs(page_path):
   print(page.name, page.counts)  # the counts of the must-show list (pytest -s)
 
 
+# conf/protocol/ is left out: a protocol file's comment names its one confirmation run, refused once scored (and an
+# edit would change the file the ledger hashed).
+CONF_COMMENTS = sorted(p for p in CONF.glob('**/*.yaml') if 'protocol' not in p.relative_to(CONF).parts)
+
+
+def test_commands_in_config_comments_dry_run():
+  """The usage lines in conf/ comments (``#   python -m experiments.evaluate experiment=cfsr_table``) compose too."""
+  page, n = Page('conf comments'), 0
+  for path in CONF_COMMENTS:
+    for line in path.read_text().splitlines():
+      m = re.match(r'#\s+(python -m experiments\.(evaluate|fit) .*)$', line)
+      ray = 'hydra/launcher=ray' in line and importlib.util.find_spec('hydra_plugins.hydra_ray_launcher') is None
+      if m and not ray and '...' not in m.group(1) and not re.search(r'=[A-Z]+\b', m.group(1)):
+        for argv in command_lines(m.group(1)):
+          try:
+            check_command(page, argv)
+          except Exception as e:
+            raise AssertionError(f'{path.relative_to(ROOT)}: {m.group(1)!r}: {e}') from e
+          n += 1
+  assert n >= 3, n
+
+
 def test_planted_wrong_option_fails(tmp_path):
   """The dry run is not a no-op: a wrong option, a missing `+`, a refused protocol, a missing path each fail."""
   bad = [
@@ -260,6 +282,8 @@ def test_planted_wrong_option_fails(tmp_path):
     'python -m experiments.fit +protocol=locomo_full',
     'python -m experiments.fit +protocol=locomo_full protocol_force=true',
     'python -m experiments.evaluate experiment=no_such_table',
+    'python -m experiments.evaluate +experiment=cfsr_table',
+    '... ++pipeline.rrf_cos_bm25_cfsr.legs.cfsr.lam=0.001,0.002',
     "python -m experiments.evaluate 'pipeline=[rrf_cos_bm25_cfsr]' fitted=outputs/nowhere/fitted.json",
     'python -m experiments.evaluate dataset=longmemeval_s reader=smollm2',
     'python -m experiments.search_compare --compare',
