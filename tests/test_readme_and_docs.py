@@ -339,12 +339,19 @@ def test_printed_tables_are_the_committed_runs():
 def test_generated_pages_are_current():
   """docs/api, docs/results.md, docs/reproduce.md and the README's headline are what the generator writes."""
   for fname, text in docs_site.api_pages().items():
-    assert (ROOT / 'docs' / 'api' / fname).read_text() == text, f'docs/api/{fname} is stale: run {docs_site.__doc__}'
+    assert (ROOT / 'docs' / 'api' / fname).read_text() == text, (
+      f'docs/api/{fname} is stale: run python -m experiments.docs_site api'
+    )
   summaries, ledger = docs_site.load_summaries(), docs_site.load_ledger()
-  assert (ROOT / 'docs' / 'results.md').read_text() == docs_site.results_page(summaries, ledger)
-  assert (ROOT / 'docs' / 'reproduce.md').read_text() == docs_site.reproduce_page(summaries, ledger)
+  stale = 'is stale: run python -m experiments.docs_site results'
+  assert (ROOT / 'docs' / 'results.md').read_text() == docs_site.results_page(summaries, ledger), f'results.md {stale}'
+  assert (ROOT / 'docs' / 'reproduce.md').read_text() == docs_site.reproduce_page(summaries, ledger), (
+    f'reproduce.md {stale}'
+  )
   readme = (ROOT / 'README.md').read_text()
-  assert docs_site.with_headline(readme, docs_site.headline(summaries, ledger)) == readme
+  assert docs_site.with_headline(readme, docs_site.headline(summaries, ledger)) == readme, (
+    f'the README headline {stale}'
+  )
 
 
 def test_api_reference_covers_every_public_name():
@@ -425,3 +432,14 @@ def test_check_finds_a_changed_number():
   fresh['datasets']['locomo']['rows']['bm25']['ndcg@10'][0] += 1e-12
   (diff,) = docs_site.compare(expected, fresh)
   assert 'bm25 ndcg@10' in diff
+
+
+def test_doctests_render_as_examples():
+  """The docs build's griffe extension: ``Example:`` and a trailing unheaded doctest become an examples section."""
+  from experiments.lib.griffe_examples import examples_heading
+
+  assert examples_heading('Sum.\n\nExample:\n  >>> 1 + 1\n  2') == 'Sum.\n\nExamples:\n  >>> 1 + 1\n  2'
+  assert examples_heading('Sum.\n\n>>> 1 + 1\n2') == 'Sum.\n\nExamples:\n    >>> 1 + 1\n    2'
+  kept = 'Sum.\n\n>>> 1 + 1\n2\n\nMore text.'
+  assert examples_heading(kept) == kept
+  assert examples_heading('No example.') == 'No example.'
