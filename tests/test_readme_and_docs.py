@@ -436,6 +436,7 @@ def test_check_finds_a_changed_number():
 
 def test_doctests_render_as_examples():
   """The docs build's griffe extension: ``Example:`` and a trailing unheaded doctest become an examples section."""
+  pytest.importorskip('griffe')  # the docs extra (installed by .ci/run)
   from experiments.lib.griffe_examples import examples_heading
 
   assert examples_heading('Sum.\n\nExample:\n  >>> 1 + 1\n  2') == 'Sum.\n\nExamples:\n  >>> 1 + 1\n  2'
