@@ -104,6 +104,13 @@ def api_pages() -> dict[str, str]:
   return {('index' if p == 'engram_jax' else p.rsplit('.', 1)[-1]) + '.md': api_page(p) for p in PACKAGES}
 
 
+def stale_api_pages() -> list[str]:
+  """The docs/api pages that differ from what :func:`api_pages` writes (a public name added, renamed or removed)."""
+  return [
+    f for f, text in api_pages().items() if not (DOCS / 'api' / f).exists() or (DOCS / 'api' / f).read_text() != text
+  ]
+
+
 # ------------------------------------------------------------------------------------------------- run summaries
 def _dataset_summary(block: dict, reference: dict) -> dict:
   """The numbers of one dataset block of a ``results.json``: per pipeline and metric ``[mean, lo, hi]``."""
