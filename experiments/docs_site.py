@@ -303,8 +303,8 @@ def reproduce_page(summaries: dict[str, dict], ledger: list[dict]) -> str:
     'Each protocol below was committed before its one confirmation run and is in the ledger, so a plain',
     '`+protocol=NAME` run is refused. These commands rerun it forced, into a scratch ledger; the run is then',
     'marked as forced in its own `results.json` and in the scratch ledger, and the committed ledger is not',
-    'touched. The ledger does not record wall times: the LoCoMo protocols took about 25 min each on 2 shared',
-    'cores (`tgate_cond_locomo`), the LongMemEval_S and FactConsolidation ones less.',
+    'touched. The ledger does not record wall times; the one measured is `tgate_cond_locomo`, 25 min on 2 shared',
+    'cores (a LoCoMo cross-fit: 10 folds). Rerunning every protocol was not timed for this page.',
     '',
     '```bash',
   ]
