@@ -11,6 +11,8 @@ import gc
 import importlib
 import json
 import logging
+import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from engram_jax.core.errors import EngramError
 from engram_jax.core.types import Episode, LoadReport
 from engram_jax.data import embed
 from engram_jax.eval import compile_cache, legcache, pipeline
@@ -25,6 +28,32 @@ from engram_jax.eval import compile_cache, legcache, pipeline
 log = logging.getLogger(__name__)
 CONF = Path(__file__).resolve().parents[2] / 'conf'
 PIPELINE_EXTRAS = ('tune', 'replicate', 'skip_datasets')
+
+
+FULL_ERROR_ENV = 'ENGRAM_FULL_ERROR'
+
+
+def one_line(message: str) -> str:
+  """``message`` on one line (its line breaks as ``; ``)."""
+  return '; '.join(line.strip() for line in str(message).splitlines() if line.strip())
+
+
+def plain_errors(fn):
+  """Wrap an entry point's main function: the project's own errors (:class:`EngramError`) print one line on
+  stderr and exit with status 1; ``ENGRAM_FULL_ERROR=1`` raises them with their traceback (as Hydra's
+  ``HYDRA_FULL_ERROR``). Other exceptions (bugs) keep their traceback. Put it under ``@hydra.main``."""
+
+  @functools.wraps(fn)
+  def wrapped(*args, **kwargs):
+    try:
+      return fn(*args, **kwargs)
+    except EngramError as e:
+      if os.environ.get(FULL_ERROR_ENV, '') not in ('', '0'):
+        raise
+      print(f'Error: {one_line(str(e))} ({FULL_ERROR_ENV}=1 for the traceback)', file=sys.stderr)
+      sys.exit(1)
+
+  return wrapped
 
 
 def skip_exit_collections() -> None:
