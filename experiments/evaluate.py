@@ -190,6 +190,7 @@ def _load_checked(cfg: DictConfig, ds: DictConfig, name: str):
   episodes, load_report = common.load_dataset(cfg, ds)
   checks.check_scored_questions(episodes, f'dataset {name}')
   checks.check_distinct_corpora(episodes, f'dataset {name}')
+  checks.check_loaded(cfg, name, episodes)  # k, reader.questions, fitted= episodes: before any embedding
   return episodes, load_report
 
 
@@ -259,6 +260,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
 
 
 @hydra.main(version_base='1.3', config_path='../conf', config_name='config')
+@common.plain_errors  # the project's errors (EngramError) as one line; ENGRAM_FULL_ERROR=1 for the traceback
 def main(cfg: DictConfig) -> float:
   results = run(cfg, Path(HydraConfig.get().runtime.output_dir))
   one = results if 'pipelines' in results else next(iter(results['datasets'].values()))

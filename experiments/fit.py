@@ -555,6 +555,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
 
 
 @hydra.main(version_base='1.3', config_path='../conf', config_name='fit')
+@common.plain_errors  # the project's errors (EngramError) as one line; ENGRAM_FULL_ERROR=1 for the traceback
 def main(cfg: DictConfig) -> float:
   results = run(cfg, Path(HydraConfig.get().runtime.output_dir))
   key = next(k for k in results['summary'] if k.endswith('(fitted, out of fold)'))

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from engram_jax.core.errors import EngramError
+
 Messages = list[dict[str, str]]
 
 
@@ -52,7 +54,7 @@ class AnswerCache:
       return None
     entry = json.loads(path.read_text(encoding='utf-8'))
     if entry.get('spec') != self.spec or entry.get('messages') != messages:
-      raise ValueError(f'answer cache entry {path} does not match its key (spec or prompt differ)')
+      raise EngramError(f'answer cache entry {path} does not match its key (spec or prompt differ)')
     self.hits += 1
     return entry['answer']
 

@@ -10,3 +10,7 @@ from __future__ import annotations
 
 class EngramError(ValueError):
   """A user's mistake or a refused run, with a one-line message that says what to change."""
+
+
+class DataNotFoundError(EngramError, FileNotFoundError):
+  """A dataset file that is not where it is looked for (also a ``FileNotFoundError``)."""

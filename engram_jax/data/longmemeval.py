@@ -96,6 +96,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from engram_jax.core.errors import EngramError
 from engram_jax.core.types import Episode, Item, LoadReport, Question
 from engram_jax.data.io import dataset_file, read_json, type_name
 from engram_jax.metrics import boundary, official
@@ -121,11 +122,11 @@ DATE_FORMAT = '%Y/%m/%d (%a) %H:%M'
 def read_longmemeval(root: str | os.PathLike | None = None, *, split: str = 's') -> list[dict[str, Any]]:
   """Read the raw entries of one split (``'s'`` or ``'oracle'``) as a list of dicts (a few seconds for S)."""
   if split not in FILES:
-    raise ValueError(f'Unknown LongMemEval split {split!r}; known: {sorted(FILES)}')
+    raise EngramError(f'Unknown LongMemEval split {split!r}; known: {sorted(FILES)}')
   path = dataset_file(root, 'longmemeval', FILES[split])
   data = read_json(path)
   if not isinstance(data, list):
-    raise ValueError(f'{path}: expected a JSON list of entries, got {type(data).__name__}')
+    raise EngramError(f'{path}: expected a JSON list of entries, got {type(data).__name__}')
   return data
 
 
@@ -171,15 +172,15 @@ def entry_skip_reason(entry: Mapping[str, Any]) -> str | None:
 def _text(value: Any, where: str, field: str) -> str:
   """``value`` when it is a non-blank string; else a one-line ValueError naming ``where`` and ``field``."""
   if not isinstance(value, str):
-    raise ValueError(f'{where}: {field} is {type_name(value)}, expected a non-blank string')
+    raise EngramError(f'{where}: {field} is {type_name(value)}, expected a non-blank string')
   if not value.strip():
-    raise ValueError(f'{where}: {field} is blank, expected a non-blank string')
+    raise EngramError(f'{where}: {field} is blank, expected a non-blank string')
   return value
 
 
 def _list(value: Any, where: str, field: str) -> list[Any]:
   if not isinstance(value, list):
-    raise ValueError(f'{where}: {field} is {type_name(value)}, expected a list')
+    raise EngramError(f'{where}: {field} is {type_name(value)}, expected a list')
   return value
 
 
@@ -187,52 +188,52 @@ def _check_entry(entry: Any, e_i: int) -> str:
   """The entry's question id after checking every field the loader reads above turn level (types, blanks, list
   lengths); ValueError naming the question id (the entry index when the id itself is missing or bad)."""
   if not isinstance(entry, Mapping):
-    raise ValueError(f'LongMemEval entry {e_i}: expected an object, got {type_name(entry)}')
+    raise EngramError(f'LongMemEval entry {e_i}: expected an object, got {type_name(entry)}')
   if 'question_id' in entry:
     qid = _text(entry['question_id'], f'LongMemEval entry {e_i}', 'question_id')
   else:
     qid = f'<entry {e_i}>'
   missing = [f for f in REQUIRED_FIELDS if f not in entry]
   if missing:
-    raise ValueError(f'LongMemEval question {qid}: missing fields {missing}')
+    raise EngramError(f'LongMemEval question {qid}: missing fields {missing}')
   where = f'LongMemEval question {qid}'
   for field in ('question', 'question_type'):
     _text(entry[field], where, field)
   if not isinstance(entry['question_date'], str):
-    raise ValueError(f'{where}: question_date is {type_name(entry["question_date"])}, expected a string')
+    raise EngramError(f'{where}: question_date is {type_name(entry["question_date"])}, expected a string')
   try:
     parse_haystack_date(entry['question_date'])
   except ValueError as e:
-    raise ValueError(f'{where}: unparsable question_date ({e})') from e
+    raise EngramError(f'{where}: unparsable question_date ({e})') from e
   answer = entry['answer']
   if not isinstance(answer, (str, int)) or isinstance(answer, bool):
-    raise ValueError(f'{where}: answer is {type_name(answer)}, expected a string or an integer')
+    raise EngramError(f'{where}: answer is {type_name(answer)}, expected a string or an integer')
   sids = _list(entry['haystack_session_ids'], where, 'haystack_session_ids')
   dates = _list(entry['haystack_dates'], where, 'haystack_dates')
   sessions = _list(entry['haystack_sessions'], where, 'haystack_sessions')
   if len(dates) != len(sids) or len(sessions) != len(sids):
-    raise ValueError(
+    raise EngramError(
       f'{where}: haystack_session_ids/dates/sessions have lengths {len(sids)}/{len(dates)}/{len(sessions)}'
     )
   for i, sid in enumerate(sids):
     _text(sid, where, f'haystack_session_ids entry {i}')
   for i, date in enumerate(dates):
     if not isinstance(date, str):
-      raise ValueError(f'{where}: haystack_dates entry {i} is {type_name(date)}, expected a string')
+      raise EngramError(f'{where}: haystack_dates entry {i} is {type_name(date)}, expected a string')
   for i, sid in enumerate(_list(entry['answer_session_ids'], where, 'answer_session_ids')):
     if not isinstance(sid, str):
-      raise ValueError(f'{where}: answer_session_ids entry {i} is {type_name(sid)}, expected a string')
+      raise EngramError(f'{where}: answer_session_ids entry {i} is {type_name(sid)}, expected a string')
   return qid
 
 
 def _check_turn(turn: Any, qid: str, sid: str, t_i: int) -> tuple[str, str, bool | None]:
   if not isinstance(turn, Mapping) or 'role' not in turn or 'content' not in turn:
-    raise ValueError(f'LongMemEval question {qid}: session {sid} turn {t_i} lacks role/content')
+    raise EngramError(f'LongMemEval question {qid}: session {sid} turn {t_i} lacks role/content')
   role, content, has = turn['role'], turn['content'], turn.get('has_answer')
   if not isinstance(content, str) or not isinstance(role, str):
-    raise ValueError(f'LongMemEval question {qid}: session {sid} turn {t_i} has non-string role/content')
+    raise EngramError(f'LongMemEval question {qid}: session {sid} turn {t_i} has non-string role/content')
   if has is not None and not isinstance(has, bool):
-    raise ValueError(f'LongMemEval question {qid}: session {sid} turn {t_i} has_answer={has!r} is not a bool')
+    raise EngramError(f'LongMemEval question {qid}: session {sid} turn {t_i} has_answer={has!r} is not a bool')
   return role, content, has
 
 
@@ -248,7 +249,7 @@ def ordered_sessions(
   try:
     keys = [parse_haystack_date(d) for _, d, _ in sessions]
   except (TypeError, ValueError) as e:
-    raise ValueError(f'LongMemEval question {qid}: unparsable haystack date ({e})') from e
+    raise EngramError(f'LongMemEval question {qid}: unparsable haystack date ({e})') from e
   if any(b < a for a, b in zip(keys, keys[1:])):
     report.add('haystack_out_of_order', qid)
   order = sorted(range(len(sessions)), key=keys.__getitem__)
@@ -257,7 +258,7 @@ def ordered_sessions(
   for i in order:
     sid, date, turns = sessions[i]
     if not isinstance(turns, list):
-      raise ValueError(f'LongMemEval question {qid}: session {sid} is {type(turns).__name__}, expected a list')
+      raise EngramError(f'LongMemEval question {qid}: session {sid} is {type(turns).__name__}, expected a list')
     copy = seen[sid]
     seen[sid] += 1
     if copy:
@@ -274,7 +275,7 @@ def _copy_id(iid: str, copy: int, qid: str, sid: str) -> str:
   if not copy:
     return iid
   if 'answer' in iid:
-    raise ValueError(
+    raise EngramError(
       f'LongMemEval question {qid}: evidence session {sid} is repeated in the haystack; upstream '
       f'would count every copy of {iid} as relevant, which unique item ids cannot express '
       "(load with corpus='clean' to drop the repeat)"
@@ -301,7 +302,7 @@ def _turn_items(
       if not content.strip():
         if corpus == 'clean':
           if has:
-            raise ValueError(f'LongMemEval question {qid}: empty turn {sid}[{t_i}] is marked has_answer')
+            raise EngramError(f'LongMemEval question {qid}: empty turn {sid}[{t_i}] is marked has_answer')
           report.add('empty_turn_dropped', (qid, sid, t_i, role))
           continue
         report.add('empty_turn_kept', (qid, sid, t_i, role))
@@ -375,9 +376,9 @@ def episode_from_entry(
   Args: as :func:`load_longmemeval`; ``report`` collects the counts (a fresh one when None).
   """
   if level not in LEVELS:
-    raise ValueError(f'level must be one of {LEVELS}, got {level!r}')
+    raise EngramError(f'level must be one of {LEVELS}, got {level!r}')
   if corpus not in CORPORA:
-    raise ValueError(f'corpus must be one of {CORPORA}, got {corpus!r}')
+    raise EngramError(f'corpus must be one of {CORPORA}, got {corpus!r}')
   report = report if report is not None else LoadReport('longmemeval')
   template = TEMPLATES.get(template, template)
   roles = tuple(roles)
@@ -432,7 +433,7 @@ def episodes_from_entries(
 ) -> tuple[list[Episode], LoadReport]:
   """Raw entries (from :func:`read_longmemeval`) -> ``(episodes, report)``; see :func:`load_longmemeval`."""
   if not isinstance(entries, Sequence) or isinstance(entries, (str, bytes)):
-    raise ValueError(f'LongMemEval entries are {type_name(entries)}, expected a list of entries')
+    raise EngramError(f'LongMemEval entries are {type_name(entries)}, expected a list of entries')
   report = LoadReport(f'{dataset}/{level}')
   episodes = []
   seen: set[str] = set()
@@ -440,7 +441,7 @@ def episodes_from_entries(
     ep = episode_from_entry(entry, level=level, template=template, roles=roles, corpus=corpus, report=report, e_i=e_i)
     qid = entry['question_id']
     if qid in seen:
-      raise ValueError(f'LongMemEval question {qid}: duplicate question id')
+      raise EngramError(f'LongMemEval question {qid}: duplicate question id')
     seen.add(qid)
     if ep is not None:
       episodes.append(ep)
@@ -491,7 +492,7 @@ def _turn2session(ep: Episode, ranked: list[int], k: int) -> official.RetrievalS
       ranked, official.longmemeval_correct_docs(corpus_ids), corpus_ids, k=k
     )
   except ValueError as e:
-    raise ValueError(
+    raise EngramError(
       f'{ep.id}: {e} (raise eval.k: the turn->session metrics need the top turns to cover {k} sessions)'
     ) from e
 

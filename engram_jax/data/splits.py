@@ -25,6 +25,7 @@ import random
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from engram_jax.core.errors import EngramError
 from engram_jax.core.types import Episode, LoadReport, Question
 from engram_jax.data.io import dataset_file, read_json
 
@@ -47,7 +48,7 @@ def draw_ids(ids: Iterable[str], *, n: int, seed: int) -> list[str]:
   """
   pool = sorted(set(ids))
   if n > len(pool):
-    raise ValueError(f'cannot draw {n} ids from {len(pool)}')
+    raise EngramError(f'cannot draw {n} ids from {len(pool)}')
   return sorted(random.Random(seed).sample(pool, n))
 
 
@@ -63,7 +64,7 @@ def draw_stratified(ids_by_stratum: dict[int | str, Iterable[str]], *, n_per: in
   for key in sorted(ids_by_stratum, key=str):
     pool = sorted(set(ids_by_stratum[key]))
     if n_per > len(pool):
-      raise ValueError(f'stratum {key!r}: cannot draw {n_per} ids from {len(pool)}')
+      raise EngramError(f'stratum {key!r}: cannot draw {n_per} ids from {len(pool)}')
     out.extend(rng.sample(pool, n_per))
   return sorted(out)
 
@@ -92,9 +93,9 @@ def candidate_ids(name: str, root: str | os.PathLike | None = None) -> list[str]
     path = dataset_file(root, 'memoryagentbench', FILES['6k'])
     rows = [r for r in read_json(path)['data'] if r['metadata']['source'] == name]
     if len(rows) != 1:
-      raise ValueError(f'{path}: expected one row with source {name!r}, found {len(rows)}')
+      raise EngramError(f'{path}: expected one row with source {name!r}, found {len(rows)}')
     return list(rows[0]['metadata']['qa_pair_ids'])
-  raise ValueError(f'Unknown pilot set {name!r}; known: {sorted(PILOT_SIZES)}')
+  raise EngramError(f'Unknown pilot set {name!r}; known: {sorted(PILOT_SIZES)}')
 
 
 def generate_pilot_ids(
@@ -103,7 +104,7 @@ def generate_pilot_ids(
   """Draw pilot set ``name`` from the data (or from ``ids`` when given, to skip re-reading it)."""
   if name == 'locomo_answer':
     if ids is not None:
-      raise ValueError('locomo_answer is drawn per category; pass no ids')
+      raise EngramError('locomo_answer is drawn per category; pass no ids')
     return draw_stratified(locomo_ids_by_category(root), n_per=LOCOMO_ANSWER_PER_CATEGORY, seed=seed)
   pool = candidate_ids(name, root) if ids is None else list(ids)
   return draw_ids(pool, n=PILOT_SIZES[name], seed=seed)
@@ -112,11 +113,11 @@ def generate_pilot_ids(
 def pilot_ids(name: str, *, pilot_dir: str | os.PathLike = PILOT_DIR) -> list[str]:
   """The committed pilot set ``name`` (one of :data:`PILOT_SIZES`), as written by :func:`write_pilot_ids`."""
   if name not in PILOT_SIZES:
-    raise ValueError(f'Unknown pilot set {name!r}; known: {sorted(PILOT_SIZES)}')
+    raise EngramError(f'Unknown pilot set {name!r}; known: {sorted(PILOT_SIZES)}')
   path = Path(pilot_dir) / f'{name}.txt'
   ids = [line.strip() for line in path.read_text(encoding='utf-8').splitlines() if line.strip()]
   if len(ids) != PILOT_SIZES[name] or len(set(ids)) != len(ids):
-    raise ValueError(f'{path}: expected {PILOT_SIZES[name]} distinct ids, found {len(ids)} ({len(set(ids))} distinct)')
+    raise EngramError(f'{path}: expected {PILOT_SIZES[name]} distinct ids, found {len(ids)} ({len(set(ids))} distinct)')
   return ids
 
 
@@ -138,7 +139,7 @@ def assert_disjoint(train: Iterable[str], scored: Iterable[str]) -> None:
   overlap = sorted(set(train) & set(scored))
   if overlap:
     shown = ', '.join(overlap[:20]) + (f', ... ({len(overlap)} in all)' if len(overlap) > 20 else '')
-    raise ValueError(f'training ids overlap the scored ids: {shown}')
+    raise EngramError(f'training ids overlap the scored ids: {shown}')
 
 
 def disjoint_split(ids: Iterable[str], *, scored: Iterable[str], seed: int, n_train: int) -> list[str]:
@@ -150,7 +151,7 @@ def disjoint_split(ids: Iterable[str], *, scored: Iterable[str], seed: int, n_tr
   scored = set(scored)
   pool = sorted(set(ids) - scored)
   if n_train > len(pool):
-    raise ValueError(f'only {len(pool)} ids lie outside the scored set; cannot draw {n_train} training ids')
+    raise EngramError(f'only {len(pool)} ids lie outside the scored set; cannot draw {n_train} training ids')
   train = draw_ids(pool, n=n_train, seed=seed)
   assert_disjoint(train, scored)
   return train
@@ -210,7 +211,7 @@ def assert_disjoint_content(train: Sequence[Episode], scored: Sequence[Episode])
   same = [(e.id, scored_fp[fp]) for e in train if (fp := corpus_fingerprint(e)) in scored_fp]
   if same:
     pairs = ', '.join(f'{a!r} (training) = {b!r} (scored)' for a, b in same[:10])
-    raise ValueError(
+    raise EngramError(
       f'{len(same)} training episode(s) have the same corpus as a scored episode (a copy under another id): {pairs}'
     )
   for key, name in ((lambda q: q.id, 'id'), (lambda q: normalised_text(q.text), 'text')):
@@ -219,7 +220,7 @@ def assert_disjoint_content(train: Sequence[Episode], scored: Sequence[Episode])
     if shared:
       n = sum(key(q) in scored_q for e in train for q in e.questions)
       pairs = ', '.join(f'{a!r} (training) and {b!r} (scored)' for a, b in shared[:10])
-      raise ValueError(f'{n} question {name}(s) are both in training and in scored episodes: {pairs}')
+      raise EngramError(f'{n} question {name}(s) are both in training and in scored episodes: {pairs}')
 
 
 def assert_distinct_episodes(episodes: Sequence[Episode]) -> None:
@@ -230,14 +231,14 @@ def assert_distinct_episodes(episodes: Sequence[Episode]) -> None:
   for e in episodes:
     fp = corpus_fingerprint(e)
     if fp in seen_fp:
-      raise ValueError(
+      raise EngramError(
         f'episodes {seen_fp[fp]} and {e.id} have the same corpus (a copied episode would sit on both sides of a split)'
       )
     seen_fp[fp] = e.id
     for q in e.questions:
       for key in (f'id:{q.id}', f'text:{normalised_text(q.text)}'):
         if key in seen_q and seen_q[key] != e.id:
-          raise ValueError(
+          raise EngramError(
             f'episodes {seen_q[key]} and {e.id} share question {key[:80]!r} (it would sit on both sides of a split)'
           )
         seen_q[key] = e.id
@@ -310,7 +311,7 @@ def load_part(
       chosen = set(ids) - piloted - train
       assert_disjoint(sorted(chosen), sorted(piloted | train))
   else:
-    raise ValueError(f'Unknown part {part!r} (all, pilot, train or confirm)')
+    raise EngramError(f'Unknown part {part!r} (all, pilot, train or confirm)')
   if chosen is not None:
     episodes = select_questions(episodes, lambda ep, q: None if q.id in chosen else f'not_in_{part}', report)
   report.add(f'questions_in_{part}', n=sum(len(e.questions) for e in episodes))

@@ -108,7 +108,7 @@ def leg_cache(cfg: DictConfig) -> legcache.LegCache | None:
   the jobs of an in-process multirun (Hydra's basic launcher); ``eval.leg_cache_mb`` bounds it (0: off)."""
   mb = cfg.eval.get('leg_cache_mb', 2048)
   if isinstance(mb, bool) or not isinstance(mb, int) or mb < 0:
-    raise ValueError(f'eval.leg_cache_mb must be an integer >= 0 (0: no cache), got {mb!r}')
+    raise EngramError(f'eval.leg_cache_mb must be an integer >= 0 (0: no cache), got {mb!r}')
   return _process_leg_cache(mb << 20) if mb else None
 
 
@@ -152,7 +152,7 @@ def eval_devices(cfg: DictConfig) -> int | None:
   if value is None:
     return None
   if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-    raise ValueError(f'eval.devices must be null (all devices) or an integer >= 1, got {value!r}')
+    raise EngramError(f'eval.devices must be null (all devices) or an integer >= 1, got {value!r}')
   return value
 
 
@@ -179,7 +179,7 @@ def hand_set_pipeline(name: str, node: Mapping[str, Any] | DictConfig | None = N
     path = CONF / 'pipeline' / f'{name}.yaml'
     if not path.is_file():
       known = sorted(p.stem for p in (CONF / 'pipeline').glob('*.yaml'))
-      raise ValueError(f'unknown pipeline {name!r}; known: {known}')
+      raise EngramError(f'unknown pipeline {name!r}; known: {known}')
     node = OmegaConf.load(path)[name]
   return pipeline_from_node(name, node)
 
@@ -205,7 +205,7 @@ def build_pipelines(cfg: DictConfig) -> tuple[dict[str, pipeline.Pipeline], dict
   expanded: dict[str, tuple[str, list[str], Any]] = {}
   fitted = json.loads(Path(cfg.fitted).read_text()) if cfg.get('fitted') else None
   if fitted is not None and fitted['pipeline'] not in cfg.pipeline:
-    raise ValueError(f'fitted parameters are for pipeline {fitted["pipeline"]!r}, which is not selected')
+    raise EngramError(f'fitted parameters are for pipeline {fitted["pipeline"]!r}, which is not selected')
   for name, node in cfg.pipeline.items():
     base = pipeline_from_node(name, node)
     if fitted is not None and name == fitted['pipeline']:
@@ -215,7 +215,9 @@ def build_pipelines(cfg: DictConfig) -> tuple[dict[str, pipeline.Pipeline], dict
         try:
           pipes[vname] = pipeline.with_values(base, params, name=vname)
         except ValueError as e:
-          raise ValueError(f'fitted parameters of episode {episode}: {e} (does not exist in pipeline {name})') from None
+          raise EngramError(
+            f'fitted parameters of episode {episode}: {e} (does not exist in pipeline {name})'
+          ) from None
         variant_of[episode] = vname
       expanded[name] = ('fitted', list(variant_of.values()), variant_of)
       continue
@@ -224,7 +226,7 @@ def build_pipelines(cfg: DictConfig) -> tuple[dict[str, pipeline.Pipeline], dict
       pipes[name] = base
       continue
     if tune is not None and rep is not None:
-      raise ValueError(f'pipeline {name}: tune and replicate cannot be combined')
+      raise EngramError(f'pipeline {name}: tune and replicate cannot be combined')
     kind, spec = ('tune', tune) if tune is not None else ('replicate', rep)
     values = spec['grid'] if kind == 'tune' else spec['values']
     variants = []
@@ -275,7 +277,7 @@ def dataset_metrics(ds: Mapping[str, Any] | DictConfig) -> dict[str, Any]:
     return {}
   module = importlib.import_module(str(name))
   if not hasattr(module, 'METRICS'):
-    raise ValueError(f'metrics_module {name} declares no METRICS')
+    raise EngramError(f'metrics_module {name} declares no METRICS')
   return dict(module.METRICS)
 
 

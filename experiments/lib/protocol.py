@@ -23,6 +23,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from engram_jax.core.errors import EngramError
+
 ROOT = Path(__file__).resolve().parents[2]
 PROTOCOL_DIR = ROOT / 'conf' / 'protocol'
 LEDGER = PROTOCOL_DIR / 'scored.jsonl'
@@ -36,7 +38,7 @@ def protocol_path(name: str, protocol_dir: Path = PROTOCOL_DIR) -> Path:
   path = Path(protocol_dir) / f'{name}.yaml'
   if not path.is_file():
     known = sorted(p.stem for p in Path(protocol_dir).glob('*.yaml'))
-    raise ValueError(f'Unknown protocol {name!r}; known: {known}')
+    raise EngramError(f'Unknown protocol {name!r}; known: {known}')
   return path
 
 
@@ -144,12 +146,12 @@ def check(
     fixed = fixed_config(str(name))
   changed = changed_settings(settings(cfg), settings(fixed))
   if committed is False and not force:
-    raise ValueError(
+    raise EngramError(
       f'protocol {name}: {_rel(path)} is not committed (or differs from HEAD); commit '
       'it before its confirmation run (protocol_force=true runs it anyway, marked as forced)'
     )
   if earlier and not force:
-    raise ValueError(
+    raise EngramError(
       f'protocol {name} was already scored on {earlier[0]["date"]} (file sha256 '
       f'{earlier[0]["sha256"][:12]}, run {earlier[0]["run_dir"]}); a confirmation is made once, also '
       'after an edit of its file (protocol_force=true reruns it, marked as forced)'
@@ -157,7 +159,7 @@ def check(
   if changed and not force:
     groups = list(dict.fromkeys('.'.join(c.split('.')[:2]) for c in changed))  # e.g. embedder.encoder, fit.steps
     shown = ', '.join(groups[:12]) + (f', ... ({len(groups)} in all)' if len(groups) > 12 else '')
-    raise ValueError(
+    raise EngramError(
       f"protocol {name}: the run's overrides change settings the protocol fixes ({shown}); run "
       f'`+protocol={name}` alone (protocol_force=true runs it anyway, marked as forced)'
     )
