@@ -1,6 +1,7 @@
 """LongMemEval (S cleaned, oracle) loader: one episode per question, items = turns or sessions.
 
-Files: ``<root>/longmemeval/longmemeval_s_cleaned_498of500.json.gz`` (``split='s'``) and
+Files: ``<root>/longmemeval/longmemeval_s_cleaned.json`` (upstream's name, also gzipped) or our 498-question copy
+``longmemeval_s_cleaned_498of500.json.gz`` (``split='s'``) and
 ``<root>/longmemeval/longmemeval_oracle.json`` (``split='oracle'``); see that folder's ``SOURCE.md``.
 
 Item ids are the official retriever's corpus ids (xiaowu0162/LongMemEval ``src/retrieval/run_retrieval.py``,
@@ -94,14 +95,21 @@ import datetime
 import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from engram_jax.core.errors import EngramError
+from engram_jax.core.errors import DataNotFoundError, EngramError
 from engram_jax.core.types import Episode, Item, LoadReport, Question
-from engram_jax.data.io import dataset_file, read_json, type_name
+from engram_jax.data.io import HOW_TO_GET, dataset_file, read_json, resolve_data_root, type_name
 from engram_jax.metrics import boundary, official
 
 FILES = {'s': 'longmemeval_s_cleaned_498of500.json.gz', 'oracle': 'longmemeval_oracle.json'}
+# the file names looked for under <root>/longmemeval/, first found wins: upstream's names (plain or gzipped), then
+# our 498-question copy
+NAMES = {
+  's': ('longmemeval_s_cleaned.json', 'longmemeval_s_cleaned.json.gz', FILES['s']),
+  'oracle': (FILES['oracle'], 'longmemeval_oracle.json.gz'),
+}
 TEMPLATES = {'content': '{content}', 'role': '{role}: {content}'}
 LEVELS = ('turn', 'session')
 CORPORA = ('official', 'clean')
@@ -119,11 +127,31 @@ REQUIRED_FIELDS = (
 DATE_FORMAT = '%Y/%m/%d (%a) %H:%M'
 
 
-def read_longmemeval(root: str | os.PathLike | None = None, *, split: str = 's') -> list[dict[str, Any]]:
-  """Read the raw entries of one split (``'s'`` or ``'oracle'``) as a list of dicts (a few seconds for S)."""
+def find_file(root: str | os.PathLike | None, split: str, file: str | os.PathLike | None = None) -> Path:
+  """The file of ``split``: ``file`` when given (absolute, or relative to ``<root>/longmemeval/``), else the first
+  of :data:`NAMES` present (upstream's ``longmemeval_s_cleaned.json``, gzipped or not, or our 498-question copy)."""
   if split not in FILES:
     raise EngramError(f'Unknown LongMemEval split {split!r}; known: {sorted(FILES)}')
-  path = dataset_file(root, 'longmemeval', FILES[split])
+  if file is not None:
+    path = Path(file)
+    return path if path.is_absolute() and path.is_file() else dataset_file(root, 'longmemeval', str(file))
+  for name in NAMES[split]:
+    try:
+      return dataset_file(root, 'longmemeval', name)
+    except FileNotFoundError:
+      continue
+  folder = resolve_data_root(root) / 'longmemeval'
+  raise DataNotFoundError(
+    f'no LongMemEval {split} file in {folder} (looked for {", ".join(NAMES[split])}). {HOW_TO_GET["longmemeval"]}'
+  )
+
+
+def read_longmemeval(
+  root: str | os.PathLike | None = None, *, split: str = 's', file: str | os.PathLike | None = None
+) -> list[dict[str, Any]]:
+  """Read the raw entries of one split (``'s'`` or ``'oracle'``) as a list of dicts (a few seconds for S); the file
+  is :func:`find_file`'s."""
+  path = find_file(root, split, file)
   data = read_json(path)
   if not isinstance(data, list):
     raise EngramError(f'{path}: expected a JSON list of entries, got {type(data).__name__}')
@@ -456,12 +484,14 @@ def load_longmemeval(
   template: str = 'content',
   roles: Sequence[str] = ('user',),
   corpus: str = 'official',
+  file: str | os.PathLike | None = None,
 ) -> tuple[list[Episode], LoadReport]:
   """Load LongMemEval as one :class:`Episode` per question.
 
   Args:
     root: data root (see :func:`engram_jax.data.io.resolve_data_root`).
-    split: ``'s'`` (498-question S cleaned copy) or ``'oracle'`` (500 questions, evidence sessions only).
+    split: ``'s'`` (S cleaned: upstream's 500-question file or our 498-question copy) or ``'oracle'`` (500
+      questions, evidence sessions only).
     level: ``'turn'`` or ``'session'`` items (see the module docstring for ids, text and gold).
     template: a key of :data:`TEMPLATES` or a ``str.format`` template with ``role`` and ``content``; the default
       ``'content'`` (``'{content}'``) is what the official retriever embeds.
@@ -470,11 +500,12 @@ def load_longmemeval(
       blank turns / sessions kept as (empty) documents and repeated sessions kept (later copies get
       ``#dup<n>`` ids, never gold); ``'clean'``: blank turns / non-evidence sessions and repeated sessions dropped.
       Both are counted in the report (see the module docstring).
+    file: the file to read (absolute, or relative to ``<root>/longmemeval/``); default :func:`find_file`'s.
 
   Returns:
     ``(episodes, report)``; episode id = question id; questions without gold at this level are excluded.
   """
-  entries = read_longmemeval(root, split=split)
+  entries = read_longmemeval(root, split=split, file=file)
   episodes, report = episodes_from_entries(
     entries, level=level, template=template, roles=roles, corpus=corpus, dataset=f'longmemeval_{split}'
   )

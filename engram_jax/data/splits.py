@@ -14,12 +14,19 @@ question id per line, sorted):
 
 Regenerate with ``python -m engram_jax.data.splits`` (needs the data root); ``tests/data/test_splits.py`` checks that
 regenerating gives the committed lists.
+
+Parts pinned beside them (:func:`pinned_part`): ``<pilot>.<part>.n<n_train>.seed<seed>.txt`` holds the ``train`` or
+``confirm`` ids of :func:`load_part` as drawn from our copy of the data (for LongMemEval_S: the 498-question copy,
+after the official skips), so that a part does not move with the file's contents (upstream's 500-question file would
+change the training draw). Where such a list exists, :func:`load_part` takes the part from it and counts (and logs)
+the pinned questions missing from the data; ``python -m engram_jax.data.splits parts`` writes them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
 import random
 from collections.abc import Callable, Iterable, Sequence
@@ -29,7 +36,11 @@ from engram_jax.core.errors import EngramError
 from engram_jax.core.types import Episode, LoadReport, Question
 from engram_jax.data.io import dataset_file, read_json
 
+log = logging.getLogger(__name__)
+
 PILOT_SEED = 20261008
+# the parts pinned by committed id lists: (pilot set, n_train, seed)
+PINNED_PARTS = (('longmemeval_s', 100, PILOT_SEED),)
 PILOT_DIR = Path(__file__).resolve().parent / 'pilot'
 PILOT_SIZES = {
   'longmemeval_s': 100,
@@ -244,6 +255,36 @@ def assert_distinct_episodes(episodes: Sequence[Episode]) -> None:
         seen_q[key] = e.id
 
 
+def part_path(pilot: str, part: str, n_train: int, seed: int, *, pilot_dir: str | os.PathLike = PILOT_DIR) -> Path:
+  """Where the committed id list of part ``part`` (train or confirm) of ``(pilot, n_train, seed)`` lives."""
+  return Path(pilot_dir) / f'{pilot}.{part}.n{n_train}.seed{seed}.txt'
+
+
+def pinned_part(
+  pilot: str | None, part: str, n_train: int | None, seed: int, *, pilot_dir: str | os.PathLike = PILOT_DIR
+) -> list[str] | None:
+  """The committed ids of a part (None when that part is not pinned)."""
+  if pilot is None or n_train is None:
+    return None
+  path = part_path(pilot, part, n_train, seed, pilot_dir=pilot_dir)
+  if not path.is_file():
+    return None
+  return [line.strip() for line in path.read_text(encoding='utf-8').splitlines() if line.strip()]
+
+
+def drawn_parts(ids: Iterable[str], *, pilot: str | None, n_train: int | None, seed: int) -> dict[str, list[str]]:
+  """``train`` (``n_train`` ids drawn with ``seed`` outside the pilot set; all of them when None) and ``confirm``
+  (in neither) from the ids of the data, sorted."""
+  ids = set(ids)
+  piloted = set(pilot_ids(pilot)) if pilot else set()
+  train = set(
+    disjoint_split(ids, scored=piloted, seed=seed, n_train=n_train if n_train is not None else len(ids - piloted))
+  )
+  confirm = ids - piloted - train
+  assert_disjoint(sorted(confirm), sorted(piloted | train))
+  return {'train': sorted(train), 'confirm': sorted(confirm)}
+
+
 def load_part(
   root: str | os.PathLike | None = None,
   *,
@@ -298,18 +339,25 @@ def load_part(
     for qid in sorted(chosen - loaded_ids):  # e.g. a damaged or older copy of the data
       report.add('pilot_ids_not_in_data', qid)
   elif part in ('train', 'confirm'):
-    ids = [q.id for e in episodes for q in e.questions]
-    piloted = set(pilot_ids(pilot)) if pilot else set()
-    train = set(
-      disjoint_split(
-        ids, scored=piloted, seed=seed, n_train=n_train if n_train is not None else len(set(ids) - piloted)
-      )
-    )
-    if part == 'train':
-      chosen = train
-    else:  # untouched: in neither the pilot set nor the training split of (n_train, seed)
-      chosen = set(ids) - piloted - train
-      assert_disjoint(sorted(chosen), sorted(piloted | train))
+    pinned = {p: pinned_part(pilot, p, n_train, seed) for p in ('train', 'confirm')}
+    if pinned['train'] is not None and pinned['confirm'] is not None:  # committed: independent of the file
+      piloted = set(pilot_ids(pilot)) if pilot else set()
+      assert_disjoint(pinned['train'], sorted(piloted | set(pinned['confirm'])))
+      assert_disjoint(pinned['confirm'], sorted(piloted))
+      chosen = set(pinned[part])
+      missing = sorted(chosen - loaded_ids)
+      for qid in missing:
+        report.add(f'pinned_{part}_ids_not_in_data', qid)
+      if missing:
+        shown = ', '.join(missing[:20]) + (f', ... ({len(missing)} in all)' if len(missing) > 20 else '')
+        log.warning('%d of the %d pinned %s questions are not in the data: %s', len(missing), len(chosen), part, shown)
+      outside = loaded_ids - piloted - set(pinned['train']) - set(pinned['confirm'])
+      for qid in sorted(outside):  # e.g. upstream's 2 questions our copy lacks: in no pinned part
+        report.add('ids_in_no_pinned_part', qid)
+    else:  # drawn from the ids of this data (moves with the file's contents)
+      ids = [q.id for e in episodes for q in e.questions]
+      chosen = set(drawn_parts(ids, pilot=pilot, n_train=n_train, seed=seed)[part])
+      report.add(f'{part}_drawn_from_data', n=len(chosen))
   else:
     raise EngramError(f'Unknown part {part!r} (all, pilot, train or confirm)')
   if chosen is not None:
@@ -318,8 +366,33 @@ def load_part(
   return episodes, report
 
 
+def write_parts(*, root: str | os.PathLike | None = None, pilot_dir: str | os.PathLike = PILOT_DIR) -> dict[str, Path]:
+  """Draw the parts of :data:`PINNED_PARTS` from the data (LongMemEval_S after the official skips, as
+  ``conf/dataset/longmemeval_s.yaml`` loads it) and write their id lists; returns the paths."""
+  import functools
+
+  from engram_jax.data.longmemeval import load_longmemeval
+
+  out = {}
+  for pilot, n_train, seed in PINNED_PARTS:
+    load = functools.partial(load_longmemeval, split='s', level='session', corpus='official')
+    episodes, _ = load_part(root, load=load, part='all', official_skips=True)
+    parts = drawn_parts([q.id for e in episodes for q in e.questions], pilot=pilot, n_train=n_train, seed=seed)
+    for part, ids in parts.items():
+      path = part_path(pilot, part, n_train, seed, pilot_dir=pilot_dir)
+      path.write_text(''.join(f'{i}\n' for i in ids), encoding='utf-8')
+      out[f'{pilot}.{part}'] = path
+  return out
+
+
 def main() -> None:
-  """Regenerate the committed pilot files (``python -m engram_jax.data.splits``)."""
+  """Regenerate the committed pilot files (``python -m engram_jax.data.splits``) or the pinned parts (``... parts``)."""
+  import sys
+
+  if sys.argv[1:] == ['parts']:
+    for name, path in write_parts().items():
+      print(f'{name} -> {path}')
+    return
   for name, path in write_pilot_ids().items():
     print(f'{name}: {PILOT_SIZES[name]} ids -> {path}')
 
