@@ -351,8 +351,9 @@ def load_part(
       if missing:
         shown = ', '.join(missing[:20]) + (f', ... ({len(missing)} in all)' if len(missing) > 20 else '')
         log.warning('%d of the %d pinned %s questions are not in the data: %s', len(missing), len(chosen), part, shown)
-      outside = loaded_ids - piloted - set(pinned['train']) - set(pinned['confirm'])
-      for qid in sorted(outside):  # e.g. upstream's 2 questions our copy lacks: in no pinned part
+      kept = {q.id for e in episodes for q in e.questions}  # after the skips
+      outside = kept - piloted - set(pinned['train']) - set(pinned['confirm'])
+      for qid in sorted(outside):  # e.g. a question our copy lacks (upstream has 2): in no pinned part
         report.add('ids_in_no_pinned_part', qid)
     else:  # drawn from the ids of this data (moves with the file's contents)
       ids = [q.id for e in episodes for q in e.questions]
