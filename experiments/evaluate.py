@@ -39,7 +39,8 @@ def fit_on_train(cfg: DictConfig, pipes: dict, expanded: dict, embed_fn, scored:
     for tname in node.tune.train:
       tcfg = cfg.train_sets[tname]
       if tname not in train_cache:
-        eps, _ = common.load_dataset(cfg, tcfg)
+        why = f'pipeline {name} is tuned on training set {tname} (its tune.train: {list(node.tune.train)})'
+        eps, _ = common.load_dataset(cfg, tcfg, purpose=why)
         train_cache[tname] = (eps, evaluation.embed_episodes(eps, embed_fn))
       eps, embs = train_cache[tname]
       for ds_name, ds_eps in scored.items():

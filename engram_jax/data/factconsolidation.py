@@ -9,7 +9,8 @@ serial as a string, ``text`` = the fact sentence without its serial, ``position`
 serial is the newer fact; the official prompt says the newer fact wins), ``parent`` = the item's own id (a fact is
 its own record), ``time``/``speaker`` None. Parsing reports, in the :class:`~engram_jax.core.types.LoadReport`:
 ``header_missing``, ``unparsed_line`` (non-blank lines that are not ``<int>. <text>``), ``duplicate_serial_dropped``
-(later copy dropped), ``serial_out_of_order`` (then sorted), ``serial_gap``, ``facts``.
+(later copy dropped), ``fact_repeated_under_new_serial`` (the same text, up to case and spaces, again under a new
+serial: both kept), ``serial_out_of_order`` (then sorted), ``serial_gap``, ``facts``.
 
 Questions: ``id`` = the row's ``qa_pair_ids`` entry, ``category`` = ``'single-hop'`` / ``'multi-hop'``, ``answer`` =
 the JSON array of all acceptable answer strings (``json.dumps(list, ensure_ascii=False)``; decode with
@@ -186,6 +187,12 @@ def parse_facts(context: str, *, report: LoadReport, source: str = '') -> list[F
       continue
     seen.add(serial)
     facts.append(Fact(serial, m[2]))
+  first: dict[str, int] = {}
+  for f in facts:  # the same fact again under a new serial: kept (both are items), counted
+    key = ' '.join(f.text.lower().split())
+    if key in first:
+      report.add('fact_repeated_under_new_serial', (source, first[key], f.serial))
+    first.setdefault(key, f.serial)
   serials = [f.serial for f in facts]
   if serials != sorted(serials):
     report.add('serial_out_of_order', source)

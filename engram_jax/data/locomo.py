@@ -36,6 +36,7 @@ for one session number, or a sample with no turn at all.
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -55,6 +56,8 @@ DEFAULT_CATEGORIES = {1: 'multi-hop', 2: 'temporal', 3: 'open-domain', 4: 'singl
 TURN_FIELDS = ('dia_id', 'speaker', 'text')
 _ID = re.compile(r'^D(\d+):(\d+)$')
 _SESSION = re.compile(r'^session_(\d+)$')
+# LoCoMo's session dates, e.g. '1:56 pm on 8 May, 2023' (all 272 dates of locomo10.json parse)
+DATE_FORMAT = '%I:%M %p on %d %B, %Y'
 _MARK = '\x00'
 
 
@@ -127,6 +130,14 @@ def _session_date(conv: Mapping[str, Any], key: str, sample_id: str, where: str,
   if date is None or not date.strip():
     report.add('session_without_date', (sample_id, key))
     return None
+  try:
+    datetime.datetime.strptime(date.strip(), DATE_FORMAT)
+  except ValueError:
+    raise EngramError(
+      f"{where}: {key}_date_time {date!r} is not a LoCoMo date (expected the form '1:56 pm on 8 May, 2023'); it "
+      'would be written into every item text of that session'
+    ) from None
+  report.add('session_dates_checked')
   return date
 
 
@@ -300,8 +311,15 @@ def load_locomo(
   Raises:
     ValueError: naming the file and the sample / turn / question for malformed input (see the module docstring).
   """
+  if isinstance(conversations, str):
+    raise EngramError(
+      f'conversations must be a list of sample ids, got the string {conversations!r}; write '
+      f'dataset.loader.conversations=[{conversations}]'
+    )
   path = dataset_file(root, 'locomo', filename)
   samples = _check_samples(read_json(path), str(path))
+  if not samples:
+    raise EngramError(f'{path}: holds no conversations (an empty list); nothing to load')
   template = TEMPLATES.get(template, template)
   with_caption = renders_caption(template)
   report = LoadReport('locomo')

@@ -205,10 +205,10 @@ def assert_disjoint_questions(train: Sequence[Episode], scored: Sequence[Episode
 
 
 def corpus_fingerprint(episode: Episode) -> str:
-  """sha256 of the episode's item texts (sorted, so that write order does not matter): equal for a corpus copied
-  under another episode id."""
+  """sha256 of the episode's item texts, each up to case and whitespace (:func:`normalised_text`), sorted (write order
+  does not matter): equal for a corpus copied under another episode id, also with a changed space or case."""
   h = hashlib.sha256()
-  for text in sorted(it.text for it in episode.items):
+  for text in sorted(normalised_text(it.text) for it in episode.items):
     h.update(text.encode('utf-8'))
     h.update(b'\0')
   return h.hexdigest()

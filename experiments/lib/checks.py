@@ -126,8 +126,8 @@ def check_distinct_corpora(episodes, where: str) -> None:
     fp = splits.corpus_fingerprint(e)
     if fp in seen:
       raise EngramError(
-        f'{where}: episodes {seen[fp]!r} and {e.id!r} have identical content (the same corpus '
-        'fingerprint: a copy under another id) and would be scored twice; remove one'
+        f'{where}: episodes {seen[fp]!r} and {e.id!r} have identical content up to case and whitespace (the '
+        'same corpus fingerprint: a copy under another id) and would be scored twice; remove one'
       )
     seen[fp] = e.id
 
@@ -212,6 +212,11 @@ def check_loader_selection(loader: Any, where: str) -> None:
   if loader is None:
     return
   conv = loader.get('conversations')
+  if isinstance(conv, str):
+    raise EngramError(
+      f'{where}.loader.conversations must be a list of ids, got the string {conv!r} (read as its characters); '
+      f'write {where}.loader.conversations=[{conv}]'
+    )
   if conv is not None and len(conv) == 0:
     raise EngramError(
       f'{where}.loader.conversations is empty (nothing to score); give at least one id, or null for all'
@@ -375,6 +380,12 @@ def check_fit(cfg: DictConfig) -> None:
   _check_loader(cfg.dataset.get('loader'), 'dataset')
   check_loader_selection(cfg.dataset.get('loader'), 'dataset')
   check_dataset_k(cfg.dataset, int(cfg.eval.k), f'dataset {cfg.dataset.name}')
+  lists = {'fit.params': list(f.params or [])}
+  lists.update({f'fit.params_by_pipeline.{p}': list(v or []) for p, v in (f.params_by_pipeline or {}).items()})
+  for where, knobs in lists.items():
+    twice = sorted({k for k in knobs if knobs.count(k) > 1})
+    if twice:
+      raise EngramError(f'{where} lists {", ".join(twice)} twice; name each knob once')
   names = list(cfg.pipeline)
   if len(names) == 1 and not (f.params or (f.params_by_pipeline or {}).get(names[0])):
     raise EngramError(
