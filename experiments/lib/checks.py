@@ -297,10 +297,23 @@ def check_loaded(cfg: DictConfig, name: str, episodes) -> None:
       )
 
 
+def check_fitted_file(cfg: DictConfig) -> None:
+  """``fitted=PATH`` names a readable fitted.json of ``experiments.fit`` (``{"pipeline", "folds"}``)."""
+  if not cfg.get('fitted'):
+    return
+  try:
+    fitted = json.loads(Path(cfg.fitted).read_text())
+  except (OSError, json.JSONDecodeError) as e:
+    raise EngramError(f'fitted={cfg.fitted}: not a readable fitted.json of experiments.fit ({e})') from None
+  if not isinstance(fitted, dict) or not {'pipeline', 'folds'} <= set(fitted):
+    raise EngramError(f'fitted={cfg.fitted}: expected a fitted.json of experiments.fit ({{"pipeline", "folds"}})')
+
+
 def check_evaluate(cfg: DictConfig) -> None:
   """Everything ``experiments.evaluate`` can check before loading data."""
   check_keys(cfg)
   check_reader(cfg)
+  check_fitted_file(cfg)
   k = int(cfg.eval.k)
   if k < 1:
     raise EngramError(f'eval.k must be an integer >= 1, got {cfg.eval.k}')

@@ -282,6 +282,8 @@ def test_checks_on_loaded_data_run_before_embedding(tmp_path):
   fitted.write_text(json.dumps({'pipeline': 'cosine', 'folds': {'e0': {}, 'e2': {}}}))
   with pytest.raises(ValueError, match=r'no fitted parameters for episodes e1 of dataset locomo'):
     checks.check_loaded(_compose([f'fitted={fitted}', 'eval.k=5']), 'locomo', eps)
+  with pytest.raises(ValueError, match=r'fitted=/nonexistent.json: not a readable fitted.json'):
+    checks.check_evaluate(_compose(['fitted=/nonexistent.json']))
 
 
 def test_entry_point_prints_one_line_and_the_traceback_on_request(tmp_path):
