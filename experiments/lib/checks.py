@@ -269,7 +269,7 @@ def check_loaded(cfg: DictConfig, name: str, episodes) -> None:
   the scored questions, and a ``fitted=`` file covering every scored episode (dataset ``name``)."""
   where = f'dataset {name}'
   k = int(cfg.eval.k)
-  small = [e for e in episodes if e.questions and e.n_items < k]
+  small = [e for e in episodes if e.n_items < k]  # as evaluation.evaluate requires, after embedding
   if small:
     e = min(small, key=lambda e: e.n_items)
     raise EngramError(
