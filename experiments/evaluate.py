@@ -41,7 +41,8 @@ def fit_on_train(cfg: DictConfig, pipes: dict, expanded: dict, embed_fn, scored:
     for tname in node.tune.train:
       tcfg = cfg.train_sets[tname]
       if tname not in train_cache:
-        eps, _ = common.load_dataset(cfg, tcfg)
+        why = f'pipeline {name} is tuned on training set {tname} (its tune.train: {list(node.tune.train)})'
+        eps, _ = common.load_dataset(cfg, tcfg, purpose=why)
         train_cache[tname] = (eps, evaluation.embed_episodes(eps, embed_fn))
       eps, embs = train_cache[tname]
       for ds_name, ds_eps in scored.items():
@@ -192,6 +193,7 @@ def _load_checked(cfg: DictConfig, ds: DictConfig, name: str):
   episodes, load_report = common.load_dataset(cfg, ds)
   checks.check_scored_questions(episodes, f'dataset {name}')
   checks.check_distinct_corpora(episodes, f'dataset {name}')
+  checks.check_loaded(cfg, name, episodes)  # k, reader.questions, fitted= episodes: before any embedding
   return episodes, load_report
 
 
@@ -261,6 +263,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
 
 
 @hydra.main(version_base='1.3', config_path='../conf', config_name='config')
+@common.plain_errors  # the project's errors (EngramError) as one line; ENGRAM_FULL_ERROR=1 for the traceback
 def main(cfg: DictConfig) -> float:
   if cfg.get('grid') is not None:  # a grid of one pipeline's knob values in one call (experiments/lib/grid.py)
     checks.check_evaluate(cfg)

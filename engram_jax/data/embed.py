@@ -42,6 +42,8 @@ import filelock
 import numpy as np
 from tqdm.auto import tqdm
 
+from engram_jax.core.errors import EngramError
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = 'all-MiniLM-L6-v2'
@@ -89,7 +91,7 @@ def canonical_json(spec: Mapping[str, Any]) -> str:
   try:
     return json.dumps(spec, sort_keys=True, separators=(',', ':'), ensure_ascii=True, allow_nan=False)
   except (TypeError, ValueError) as e:
-    raise ValueError(f'encoder spec is not JSON-serialisable ({e}): {spec!r}') from e
+    raise EngramError(f'encoder spec is not JSON-serialisable ({e}): {spec!r}') from e
 
 
 def spec_hash(spec: Mapping[str, Any]) -> str:
@@ -178,7 +180,7 @@ def hashing_encoder(dim: int = 256, seed: int = 0) -> HashingEncoder:
     ((2, 64), 1.0)
   """
   if int(dim) < 1:
-    raise ValueError(f'hashing_encoder: dim must be >= 1, got {dim}')
+    raise EngramError(f'hashing_encoder: dim must be >= 1, got {dim}')
   return HashingEncoder(int(dim), int(seed))
 
 
@@ -228,7 +230,7 @@ def local_model_folder(model_id: str, path: str | None = None, *, download: bool
     if download
     else 'nothing is downloaded (encoder download: false)'
   )
-  raise ValueError(
+  raise EngramError(
     f'sentence-transformers model {name!r} (model_id {model_id!r}) is neither a local folder nor in '
     f'the Hugging Face cache, and {how}: download it first (huggingface-cli download {name}) or set '
     'embedder.encoder.path to a local model folder'
@@ -274,7 +276,7 @@ def _read_json(path: Path) -> Any:
   except FileNotFoundError:
     return None
   except (OSError, ValueError) as e:
-    raise ValueError(f'cannot read model config {path}: {e}') from e
+    raise EngramError(f'cannot read model config {path}: {e}') from e
 
 
 def _pooling_modes(config: Mapping[str, Any]) -> list[str]:
@@ -340,7 +342,7 @@ def pool_devices(device: str, processes: int) -> list[str]:
   """The target device of each of ``processes`` pool workers: ``device`` itself when it names one (``cpu``,
   ``cuda:1``), else the accelerators of that kind in turn (``cuda`` -> ``cuda:0``, ``cuda:1``, ...)."""
   if processes < 1:
-    raise ValueError(f'processes must be >= 1, got {processes}')
+    raise EngramError(f'processes must be >= 1, got {processes}')
   if device == 'cpu' or ':' in device:
     return [device] * processes
   import torch
@@ -389,19 +391,19 @@ class SentenceTransformerEncoder:
     retrieval instruction, e5's ``'query: '`` / ``'passage: '``), else the named entry of the model's own
     ``prompts`` config (``config_sentence_transformers.json``), else none (``''``)."""
     if role not in ROLES:
-      raise ValueError(f'unknown role {role!r}; roles: {list(ROLES)}')
+      raise EngramError(f'unknown role {role!r}; roles: {list(ROLES)}')
     text, name = (
       (self.query_prompt, self.query_prompt_name)
       if role == 'query'
       else (self.document_prompt, self.document_prompt_name)
     )
     if text is not None and name is not None:
-      raise ValueError(f'embedder: give {role}_prompt or {role}_prompt_name, not both')
+      raise EngramError(f'embedder: give {role}_prompt or {role}_prompt_name, not both')
     if name is None:
       return text or ''
     prompts = self.spec['model_config'].get('prompts') or {}
     if name not in prompts:
-      raise ValueError(
+      raise EngramError(
         f"embedder: {role}_prompt_name {name!r} is not among the model's prompts "
         f'{sorted(prompts)} ({self.folder / "config_sentence_transformers.json"})'
       )
@@ -514,7 +516,7 @@ def sentence_transformer_encoder(
   explicit strings (``query_prompt``, ``document_prompt``) or names in the model's own ``prompts`` config
   (``query_prompt_name``, ...); ``download``: fetch the model from the hub when no local copy exists."""
   if int(processes) < 1:
-    raise ValueError(f'sentence_transformer_encoder: processes must be >= 1, got {processes}')
+    raise EngramError(f'sentence_transformer_encoder: processes must be >= 1, got {processes}')
   return SentenceTransformerEncoder(
     model_id,
     path,
@@ -616,7 +618,7 @@ class EmbeddingCache:
     self.dir = Path(cache_dir) / f'{_slug(model_id)}-{self.spec_hash[:12]}'
     dim = self.spec.get('dim')
     if dim is not None and (not isinstance(dim, int) or dim < 1):
-      raise ValueError(f'encoder spec for {model_id!r} has an invalid dim {dim!r}')
+      raise EngramError(f'encoder spec for {model_id!r} has an invalid dim {dim!r}')
     self.dim: int | None = dim
     self.rebuilt: list[str] = []
     self.problems: list[str] = []
@@ -715,7 +717,7 @@ class EmbeddingCache:
     """Add one shard holding ``keys`` (cache keys) and ``vecs`` (``[N, D]`` unit-norm)."""
     vecs = np.asarray(vecs, np.float32)
     if vecs.ndim != 2 or len(vecs) != len(keys) or (self.dim is not None and vecs.shape[1] != self.dim):
-      raise ValueError(
+      raise EngramError(
         f'cache {self.dir}: {len(keys)} keys and vectors of shape {vecs.shape} (expected [N, {self.dim}])'
       )
     self.dir.mkdir(parents=True, exist_ok=True)
@@ -739,24 +741,24 @@ def _checked_output(raw: Any, n: int, cache: EmbeddingCache) -> np.ndarray:
   vecs = np.asarray(raw)
   label = _label(cache.model_id, cache.spec)
   if vecs.ndim != 2 or len(vecs) != n:
-    raise ValueError(
+    raise EngramError(
       f'Encoder for model {label} returned an array of shape {vecs.shape} for {n} texts; '
       f'expected ({n}, {cache.dim or "D"})'
     )
   if cache.dim is not None and vecs.shape[1] != cache.dim:
     if cache.spec.get('kind') == 'unspecified':
-      raise ValueError(
+      raise EngramError(
         f'Encoder for model {label} returned {vecs.shape[1]}-dim vectors but the cache {cache.dir} '
         f'holds {cache.dim}-dim ones; this encoder has no .spec, so the cache is keyed by model_id '
         'alone: use another model_id or give the encoder a spec'
       )
-    raise ValueError(
+    raise EngramError(
       f'Encoder for model {label} returned {vecs.shape[1]}-dim vectors, but its spec says {cache.dim} dims'
     )
   vecs = vecs.astype(np.float32)
   norms = np.linalg.norm(vecs, axis=-1, keepdims=True)
   if not np.all(np.isfinite(vecs)) or np.any(norms == 0):
-    raise ValueError(f'Encoder for model {label} returned NaN/inf or zero vectors')
+    raise EngramError(f'Encoder for model {label} returned NaN/inf or zero vectors')
   return vecs / norms
 
 

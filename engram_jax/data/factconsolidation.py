@@ -9,7 +9,8 @@ serial as a string, ``text`` = the fact sentence without its serial, ``position`
 serial is the newer fact; the official prompt says the newer fact wins), ``parent`` = the item's own id (a fact is
 its own record), ``time``/``speaker`` None. Parsing reports, in the :class:`~engram_jax.core.types.LoadReport`:
 ``header_missing``, ``unparsed_line`` (non-blank lines that are not ``<int>. <text>``), ``duplicate_serial_dropped``
-(later copy dropped), ``serial_out_of_order`` (then sorted), ``serial_gap``, ``facts``.
+(later copy dropped), ``fact_repeated_under_new_serial`` (the same text, up to case and spaces, again under a new
+serial: both kept), ``serial_out_of_order`` (then sorted), ``serial_gap``, ``facts``.
 
 Questions: ``id`` = the row's ``qa_pair_ids`` entry, ``category`` = ``'single-hop'`` / ``'multi-hop'``, ``answer`` =
 the JSON array of all acceptable answer strings (``json.dumps(list, ensure_ascii=False)``; decode with
@@ -61,6 +62,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from engram_jax.core.errors import EngramError
 from engram_jax.core.types import Episode, Item, LoadReport, Question
 from engram_jax.data.io import dataset_file, duplicates, read_json, reject_duplicates, type_name
 from engram_jax.metrics import boundary, official
@@ -185,6 +187,12 @@ def parse_facts(context: str, *, report: LoadReport, source: str = '') -> list[F
       continue
     seen.add(serial)
     facts.append(Fact(serial, m[2]))
+  first: dict[str, int] = {}
+  for f in facts:  # the same fact again under a new serial: kept (both are items), counted
+    key = ' '.join(f.text.lower().split())
+    if key in first:
+      report.add('fact_repeated_under_new_serial', (source, first[key], f.serial))
+    first.setdefault(key, f.serial)
   serials = [f.serial for f in facts]
   if serials != sorted(serials):
     report.add('serial_out_of_order', source)
@@ -203,9 +211,9 @@ def answers_of(question: Question) -> tuple[str, ...]:
   try:
     answers = json.loads(question.answer or '')
   except json.JSONDecodeError as e:
-    raise ValueError(f'{question.id}: answer {question.answer!r} is not a JSON array') from e
+    raise EngramError(f'{question.id}: answer {question.answer!r} is not a JSON array') from e
   if not isinstance(answers, list):
-    raise ValueError(f'{question.id}: answer {question.answer!r} is not a JSON array')
+    raise EngramError(f'{question.id}: answer {question.answer!r} is not a JSON array')
   return tuple(str(a) for a in answers)
 
 
@@ -334,7 +342,7 @@ def _answer_list(ans: Any, qid: str, where: str, report: LoadReport) -> list[str
     report.add('answer_string_wrapped', qid)
     ans = [ans]
   if not isinstance(ans, list) or not ans or not all(isinstance(a, str) and a.strip() for a in ans):
-    raise ValueError(f'{where}: question {qid} has answers {ans!r}, expected a non-empty list of non-blank strings')
+    raise EngramError(f'{where}: question {qid} has answers {ans!r}, expected a non-empty list of non-blank strings')
   return ans
 
 
@@ -343,27 +351,27 @@ def _row_fields(row: Any, path: str) -> tuple[str, str, list[Any], list[Any], li
   file (when given) and the row's source."""
   head = path or 'FactConsolidation row'
   if not isinstance(row, Mapping):
-    raise ValueError(f'{head}: row is {type_name(row)}, expected an object')
+    raise EngramError(f'{head}: row is {type_name(row)}, expected an object')
   try:
     context, questions, answers = row['context'], row['questions'], row['answers']
     source, qa_ids = row['metadata']['source'], row['metadata']['qa_pair_ids']
   except (KeyError, TypeError) as e:
-    raise ValueError(f'{head}: row lacks field {e}') from e
+    raise EngramError(f'{head}: row lacks field {e}') from e
   if not isinstance(source, str) or not source.strip():
-    raise ValueError(f'{head}: row has metadata.source {source!r}, expected a non-empty string')
+    raise EngramError(f'{head}: row has metadata.source {source!r}, expected a non-empty string')
   where = f'{path}: {source}' if path else f'{head} {source}'
   if not isinstance(context, str):
-    raise ValueError(f'{where}: context is {type_name(context)}, expected a string')
+    raise EngramError(f'{where}: context is {type_name(context)}, expected a string')
   for name, value in (('questions', questions), ('answers', answers), ('qa_pair_ids', qa_ids)):
     if not isinstance(value, list):
-      raise ValueError(f'{where}: {name} is {type_name(value)}, expected a list')
+      raise EngramError(f'{where}: {name} is {type_name(value)}, expected a list')
   if not (len(questions) == len(answers) == len(qa_ids)):
-    raise ValueError(
+    raise EngramError(
       f'{where}: row has {len(questions)} questions, {len(answers)} answer lists, {len(qa_ids)} qa_pair_ids'
     )
   for i, qid in enumerate(qa_ids):
     if not isinstance(qid, str) or not qid.strip():
-      raise ValueError(f'{where}: question {i} has qa_pair_id {qid!r}, expected a non-empty string')
+      raise EngramError(f'{where}: question {i} has qa_pair_id {qid!r}, expected a non-empty string')
   reject_duplicates(qa_ids, what='qa_pair_ids', where=where)
   return where, context, questions, answers, qa_ids
 
@@ -380,10 +388,10 @@ def episode_from_row(row: Mapping[str, Any], *, report: LoadReport, path: str = 
   source = row['metadata']['source']
   hop = next((h for h in HOPS if f'_{h}_' in f'_{source}_'), None)
   if hop is None:
-    raise ValueError(f'{where}: cannot tell single- from multi-hop from source {source!r}')
+    raise EngramError(f'{where}: cannot tell single- from multi-hop from source {source!r}')
   facts = parse_facts(context, report=report, source=source)
   if not facts:
-    raise ValueError(f'{where}: context holds no numbered fact ("<serial>. <fact>" lines)')
+    raise EngramError(f'{where}: context holds no numbered fact ("<serial>. <fact>" lines)')
   ix = _index(facts)
   no_template = [f.serial for f, t in zip(facts, ix.triples) if t is None]
   for s in no_template:
@@ -398,7 +406,7 @@ def episode_from_row(row: Mapping[str, Any], *, report: LoadReport, path: str = 
   for qid, text, ans in zip(qa_ids, questions, answers):
     ans_list = _answer_list(ans, qid, where, report)
     if not isinstance(text, str) or not text.strip():
-      raise ValueError(f'{where}: question {qid} has question {text!r}, expected non-empty text')
+      raise EngramError(f'{where}: question {qid} has question {text!r}, expected non-empty text')
     if len(ans_list) > 1:
       report.add('multiple_answers', qid)
     if hop == 'sh':
@@ -435,7 +443,7 @@ def episode_from_row(row: Mapping[str, Any], *, report: LoadReport, path: str = 
 def _row_sources(data: Any, path: str) -> list[str]:
   """``metadata.source`` of every row of a file; ValueError naming the file and the row when one has none."""
   if not isinstance(data, Mapping) or not isinstance(data.get('data'), list):
-    raise ValueError(
+    raise EngramError(
       f'{path}: expected {{"data": [row, ...]}}, got {type_name(data)}'
       + (f' whose "data" is {type_name(data.get("data"))}' if isinstance(data, Mapping) else '')
     )
@@ -444,11 +452,11 @@ def _row_sources(data: Any, path: str) -> list[str]:
     meta = r.get('metadata') if isinstance(r, Mapping) else None
     source = meta.get('source') if isinstance(meta, Mapping) else None
     if not isinstance(source, str):
-      raise ValueError(f'{path}: data row {i} has no metadata.source string')
+      raise EngramError(f'{path}: data row {i} has no metadata.source string')
     sources.append(source)
   dup = duplicates(sources)
   if dup:
-    raise ValueError(
+    raise EngramError(
       f'{path}: duplicate rows for source ' + ', '.join(f'{s!r} (found {sources.count(s)})' for s in dup)
     )
   return sources
@@ -478,16 +486,16 @@ def load_factconsolidation(
     100
   """
   if size not in FILES:
-    raise ValueError(f'Unknown FactConsolidation size {size!r}; available: {sorted(FILES)}')
+    raise EngramError(f'Unknown FactConsolidation size {size!r}; available: {sorted(FILES)}')
   if hop not in HOPS:
-    raise ValueError(f'Unknown FactConsolidation hop {hop!r}; known: {sorted(HOPS)}')
+    raise EngramError(f'Unknown FactConsolidation hop {hop!r}; known: {sorted(HOPS)}')
   path = dataset_file(root, 'memoryagentbench', FILES[size])
   data = read_json(path)
   source = f'factconsolidation_{hop}_{size}'
   sources = _row_sources(data, str(path))
   rows = [r for r, s in zip(data['data'], sources) if s == source]
   if len(rows) != 1:
-    raise ValueError(f'{path}: expected one row with source {source!r}, found {len(rows)}')
+    raise EngramError(f'{path}: expected one row with source {source!r}, found {len(rows)}')
   report = LoadReport(source)
   return [episode_from_row(rows[0], report=report, path=str(path))], report
 

@@ -10,6 +10,8 @@ from collections.abc import Hashable, Iterable
 from pathlib import Path
 from typing import Any
 
+from engram_jax.core.errors import DataNotFoundError, EngramError
+
 ENV_VAR = 'ENGRAM_DATA_ROOT'
 
 # Where each dataset comes from, for the error raised when a file is missing.
@@ -43,7 +45,7 @@ def resolve_data_root(root: str | os.PathLike | None = None) -> Path:
     root = os.environ.get(ENV_VAR) or default_data_root()
   path = Path(root).expanduser().resolve()
   if not path.is_dir():
-    raise FileNotFoundError(
+    raise DataNotFoundError(
       f'Data root {path} does not exist. Set it with the Hydra option paths.data_root=/path/to/data '
       f'or the environment variable {ENV_VAR}. Expected layout and sources:\n  ' + '\n  '.join(HOW_TO_GET.values())
     )
@@ -54,7 +56,7 @@ def dataset_file(root: str | os.PathLike | None, dataset: str, name: str) -> Pat
   """``<root>/<dataset>/<name>``, or a FileNotFoundError saying how to obtain it."""
   path = resolve_data_root(root) / dataset / name
   if not path.is_file():
-    raise FileNotFoundError(f'{path} not found. {HOW_TO_GET.get(dataset, "")}')
+    raise DataNotFoundError(f'{path} not found. {HOW_TO_GET.get(dataset, "")}')
   return path
 
 
@@ -66,11 +68,11 @@ def read_json(path: str | os.PathLike) -> Any:
     with opener(path, 'rb') as f:
       text = f.read().decode('utf-8')  # bytes then decode: ~4x faster than gzip's text mode
   except (OSError, EOFError, UnicodeDecodeError) as e:
-    raise ValueError(f'{path}: cannot read ({e})') from e
+    raise EngramError(f'{path}: cannot read ({e})') from e
   try:
     return json.loads(text)
   except json.JSONDecodeError as e:
-    raise ValueError(f'{path}: malformed JSON at line {e.lineno} column {e.colno} (char {e.pos}): {e.msg}') from e
+    raise EngramError(f'{path}: malformed JSON at line {e.lineno} column {e.colno} (char {e.pos}): {e.msg}') from e
 
 
 def duplicates(values: Iterable[Hashable]) -> list[Hashable]:
@@ -83,7 +85,7 @@ def reject_duplicates(values: Iterable[Hashable], *, what: str, where: str, note
   dup = duplicates(values)
   if dup:
     more = f' and {len(dup) - 10} more' if len(dup) > 10 else ''
-    raise ValueError(f'{where}: duplicate {what} {dup[:10]}{more}' + (f' ({note})' if note else ''))
+    raise EngramError(f'{where}: duplicate {what} {dup[:10]}{more}' + (f' ({note})' if note else ''))
 
 
 def type_name(value: Any) -> str:

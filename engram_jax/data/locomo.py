@@ -36,11 +36,13 @@ for one session number, or a sample with no turn at all.
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from engram_jax.core.errors import EngramError
 from engram_jax.core.types import Episode, Item, LoadReport, Question
 from engram_jax.data.io import dataset_file, read_json, reject_duplicates, type_name
 from engram_jax.metrics import boundary
@@ -54,6 +56,8 @@ DEFAULT_CATEGORIES = {1: 'multi-hop', 2: 'temporal', 3: 'open-domain', 4: 'singl
 TURN_FIELDS = ('dia_id', 'speaker', 'text')
 _ID = re.compile(r'^D(\d+):(\d+)$')
 _SESSION = re.compile(r'^session_(\d+)$')
+# LoCoMo's session dates, e.g. '1:56 pm on 8 May, 2023' (all 272 dates of locomo10.json parse)
+DATE_FORMAT = '%I:%M %p on %d %B, %Y'
 _MARK = '\x00'
 
 
@@ -104,7 +108,7 @@ def renders_caption(template: str) -> bool:
   try:
     text = template.format(text='', speaker='', date='', caption=_MARK, session=0, dia_id='')
   except (KeyError, IndexError, ValueError, AttributeError) as e:
-    raise ValueError(
+    raise EngramError(
       f'LoCoMo template {template!r} cannot be filled ({e!r}); its fields must be among '
       'text, speaker, date, caption, session, dia_id'
     ) from e
@@ -115,35 +119,43 @@ def _sessions(conv: Mapping[str, Any], where: str) -> list[tuple[int, str]]:
   sessions = sorted((int(m[1]), k) for k in conv if (m := _SESSION.match(k)))
   for (a, key_a), (b, key_b) in zip(sessions, sessions[1:]):
     if a == b:
-      raise ValueError(f'{where}: {key_a} and {key_b} are both session {a}')
+      raise EngramError(f'{where}: {key_a} and {key_b} are both session {a}')
   return sessions
 
 
 def _session_date(conv: Mapping[str, Any], key: str, sample_id: str, where: str, report: LoadReport) -> str | None:
   date = conv.get(f'{key}_date_time')
   if date is not None and not isinstance(date, str):
-    raise ValueError(f'{where}: {key}_date_time is {type_name(date)}, expected a string')
+    raise EngramError(f'{where}: {key}_date_time is {type_name(date)}, expected a string')
   if date is None or not date.strip():
     report.add('session_without_date', (sample_id, key))
     return None
+  try:
+    datetime.datetime.strptime(date.strip(), DATE_FORMAT)
+  except ValueError:
+    raise EngramError(
+      f"{where}: {key}_date_time {date!r} is not a LoCoMo date (expected the form '1:56 pm on 8 May, 2023'); it "
+      'would be written into every item text of that session'
+    ) from None
+  report.add('session_dates_checked')
   return date
 
 
 def _read_turn(t: Any, where: str) -> tuple[str, str, str, str]:
   """``(dia_id, speaker, text, caption)`` of one turn; ValueError naming ``where`` when malformed."""
   if not isinstance(t, Mapping):
-    raise ValueError(f'{where} is {type_name(t)}, expected an object')
+    raise EngramError(f'{where} is {type_name(t)}, expected an object')
   missing = [f for f in TURN_FIELDS if f not in t]
   if missing:
-    raise ValueError(f'{where} lacks field {", ".join(map(repr, missing))}')
+    raise EngramError(f'{where} lacks field {", ".join(map(repr, missing))}')
   for f in TURN_FIELDS:
     if not isinstance(t[f], str):
-      raise ValueError(f'{where} has {f} {t[f]!r}, expected a string')
+      raise EngramError(f'{where} has {f} {t[f]!r}, expected a string')
   if not t['dia_id'].strip():
-    raise ValueError(f'{where} has a blank dia_id')
+    raise EngramError(f'{where} has a blank dia_id')
   cap = t.get('blip_caption')
   if cap is not None and not isinstance(cap, str):
-    raise ValueError(f'{where} has blip_caption {cap!r}, expected a string or null')
+    raise EngramError(f'{where} has blip_caption {cap!r}, expected a string or null')
   caption = f' [shares a photo: {cap}]' if cap and cap.strip() else ''
   return t['dia_id'], t['speaker'], t['text'], caption
 
@@ -162,7 +174,7 @@ def _turns(
     date = _session_date(conv, key, sample_id, where, report)
     turns = conv[key]
     if not isinstance(turns, list):
-      raise ValueError(f'{where}: {key} is {type_name(turns)}, expected a list of turns')
+      raise EngramError(f'{where}: {key} is {type_name(turns)}, expected a list of turns')
     if not turns:
       report.add('empty_session', (sample_id, key))
     report.add('turns_read', n=len(turns))
@@ -185,7 +197,7 @@ def _turns(
       )
   reject_duplicates(dia_ids, what='dia_id', where=where)
   if not items:
-    raise ValueError(f'{where}: no turns (no session holds a non-blank turn)')
+    raise EngramError(f'{where}: no turns (no session holds a non-blank turn)')
   return items, frozenset(blank)
 
 
@@ -198,10 +210,10 @@ def _evidence(q: Mapping[str, Any], qid: str, where: str, report: LoadReport) ->
     report.add('evidence_null', qid)
     return []
   if not isinstance(evidence, list):
-    raise ValueError(f'{where}: {qid}: evidence is {type_name(evidence)}, expected a list of dia_id strings')
+    raise EngramError(f'{where}: {qid}: evidence is {type_name(evidence)}, expected a list of dia_id strings')
   for e in evidence:
     if not isinstance(e, str):
-      raise ValueError(f'{where}: {qid}: evidence entry {e!r} is {type_name(e)}, expected a dia_id string')
+      raise EngramError(f'{where}: {qid}: evidence entry {e!r} is {type_name(e)}, expected a dia_id string')
   return evidence
 
 
@@ -215,7 +227,7 @@ def _answer(q: Mapping[str, Any], qid: str, where: str, report: LoadReport) -> s
   if isinstance(answer, (int, float)) and not isinstance(answer, bool):
     report.add('answer_number_stringified', (qid, answer))
     return str(answer)
-  raise ValueError(f'{where}: {qid}: answer {answer!r} is {type_name(answer)}, expected a string or number')
+  raise EngramError(f'{where}: {qid}: answer {answer!r} is {type_name(answer)}, expected a string or number')
 
 
 def _question(
@@ -223,15 +235,15 @@ def _question(
 ) -> Question | None:
   """One ``qa`` entry -> a :class:`Question`, or None when it has no resolvable evidence (counted)."""
   if not isinstance(q, Mapping):
-    raise ValueError(f'{where}: {qid} is {type_name(q)}, expected an object')
+    raise EngramError(f'{where}: {qid} is {type_name(q)}, expected an object')
   missing = [f for f in ('question', 'category') if f not in q]
   if missing:
-    raise ValueError(f'{where}: {qid} lacks field {", ".join(map(repr, missing))}')
+    raise EngramError(f'{where}: {qid} lacks field {", ".join(map(repr, missing))}')
   text, category = q['question'], q['category']
   if not isinstance(text, str) or not text.strip():
-    raise ValueError(f'{where}: {qid}: question is {text!r}, expected non-empty text')
+    raise EngramError(f'{where}: {qid}: question is {text!r}, expected non-empty text')
   if not isinstance(category, int) or isinstance(category, bool):
-    raise ValueError(f'{where}: {qid}: category {category!r} is not an integer')
+    raise EngramError(f'{where}: {qid}: category {category!r} is not an integer')
   evidence = _evidence(q, qid, where, report)
   answer = _answer(q, qid, where, report)
   gold = normalise_evidence(evidence, known, report, qid, blank=blank)
@@ -251,23 +263,23 @@ def _question(
 def _check_samples(data: Any, path: str) -> list[tuple[str, Mapping[str, Any], list[Any]]]:
   """``(sample_id, conversation, qa)`` per sample; ValueError for a malformed sample or a repeated sample_id."""
   if not isinstance(data, list):
-    raise ValueError(f'{path}: expected a JSON list of samples, got {type_name(data)}')
+    raise EngramError(f'{path}: expected a JSON list of samples, got {type_name(data)}')
   out = []
   for s_i, sample in enumerate(data):
     if not isinstance(sample, Mapping):
-      raise ValueError(f'{path}: sample {s_i} is {type_name(sample)}, expected an object')
+      raise EngramError(f'{path}: sample {s_i} is {type_name(sample)}, expected an object')
     missing = [f for f in ('sample_id', 'conversation', 'qa') if f not in sample]
     if missing:
-      raise ValueError(f'{path}: sample {s_i} lacks field {", ".join(map(repr, missing))}')
+      raise EngramError(f'{path}: sample {s_i} lacks field {", ".join(map(repr, missing))}')
     sample_id, conv, qa = sample['sample_id'], sample['conversation'], sample['qa']
     if not isinstance(sample_id, str) or not sample_id.strip():
-      raise ValueError(
+      raise EngramError(
         f'{path}: sample {s_i}: sample_id is {type_name(sample_id)} {sample_id!r}, expected a non-empty string'
       )
     if not isinstance(conv, Mapping):
-      raise ValueError(f'{path}: {sample_id}: conversation is {type_name(conv)}, expected an object')
+      raise EngramError(f'{path}: {sample_id}: conversation is {type_name(conv)}, expected an object')
     if not isinstance(qa, list):
-      raise ValueError(f'{path}: {sample_id}: qa is {type_name(qa)}, expected a list of questions')
+      raise EngramError(f'{path}: {sample_id}: qa is {type_name(qa)}, expected a list of questions')
     out.append((sample_id, conv, qa))
   reject_duplicates(
     [s for s, _, _ in out],
@@ -305,8 +317,15 @@ def load_locomo(
     >>> len(episodes), episodes[0].id
     (1, 'conv-26')
   """
+  if isinstance(conversations, str):
+    raise EngramError(
+      f'conversations must be a list of sample ids, got the string {conversations!r}; write '
+      f'dataset.loader.conversations=[{conversations}]'
+    )
   path = dataset_file(root, 'locomo', filename)
   samples = _check_samples(read_json(path), str(path))
+  if not samples:
+    raise EngramError(f'{path}: holds no conversations (an empty list); nothing to load')
   template = TEMPLATES.get(template, template)
   with_caption = renders_caption(template)
   report = LoadReport('locomo')
@@ -336,7 +355,7 @@ def load_locomo(
   if conversations is not None:
     missing = set(conversations) - {e.id for e in episodes}
     if missing:
-      raise ValueError(f'{path}: unknown conversations {sorted(missing)}')
+      raise EngramError(f'{path}: unknown conversations {sorted(missing)}')
   return episodes, report
 
 

@@ -1,6 +1,7 @@
 """LongMemEval (S cleaned, oracle) loader: one episode per question, items = turns or sessions.
 
-Files: ``<root>/longmemeval/longmemeval_s_cleaned_498of500.json.gz`` (``split='s'``) and
+Files: ``<root>/longmemeval/longmemeval_s_cleaned.json`` (upstream's name, also gzipped) or our 498-question copy
+``longmemeval_s_cleaned_498of500.json.gz`` (``split='s'``) and
 ``<root>/longmemeval/longmemeval_oracle.json`` (``split='oracle'``); see that folder's ``SOURCE.md``.
 
 Item ids are the official retriever's corpus ids (xiaowu0162/LongMemEval ``src/retrieval/run_retrieval.py``,
@@ -94,13 +95,21 @@ import datetime
 import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+from engram_jax.core.errors import DataNotFoundError, EngramError
 from engram_jax.core.types import Episode, Item, LoadReport, Question
-from engram_jax.data.io import dataset_file, read_json, type_name
+from engram_jax.data.io import HOW_TO_GET, dataset_file, read_json, resolve_data_root, type_name
 from engram_jax.metrics import boundary, official
 
 FILES = {'s': 'longmemeval_s_cleaned_498of500.json.gz', 'oracle': 'longmemeval_oracle.json'}
+# the file names looked for under <root>/longmemeval/, first found wins: upstream's names (plain or gzipped), then
+# our 498-question copy
+NAMES = {
+  's': ('longmemeval_s_cleaned.json', 'longmemeval_s_cleaned.json.gz', FILES['s']),
+  'oracle': (FILES['oracle'], 'longmemeval_oracle.json.gz'),
+}
 TEMPLATES = {'content': '{content}', 'role': '{role}: {content}'}
 LEVELS = ('turn', 'session')
 CORPORA = ('official', 'clean')
@@ -118,14 +127,34 @@ REQUIRED_FIELDS = (
 DATE_FORMAT = '%Y/%m/%d (%a) %H:%M'
 
 
-def read_longmemeval(root: str | os.PathLike | None = None, *, split: str = 's') -> list[dict[str, Any]]:
-  """Read the raw entries of one split (``'s'`` or ``'oracle'``) as a list of dicts (a few seconds for S)."""
+def find_file(root: str | os.PathLike | None, split: str, file: str | os.PathLike | None = None) -> Path:
+  """The file of ``split``: ``file`` when given (absolute, or relative to ``<root>/longmemeval/``), else the first
+  of :data:`NAMES` present (upstream's ``longmemeval_s_cleaned.json``, gzipped or not, or our 498-question copy)."""
   if split not in FILES:
-    raise ValueError(f'Unknown LongMemEval split {split!r}; known: {sorted(FILES)}')
-  path = dataset_file(root, 'longmemeval', FILES[split])
+    raise EngramError(f'Unknown LongMemEval split {split!r}; known: {sorted(FILES)}')
+  if file is not None:
+    path = Path(file)
+    return path if path.is_absolute() and path.is_file() else dataset_file(root, 'longmemeval', str(file))
+  for name in NAMES[split]:
+    try:
+      return dataset_file(root, 'longmemeval', name)
+    except FileNotFoundError:
+      continue
+  folder = resolve_data_root(root) / 'longmemeval'
+  raise DataNotFoundError(
+    f'no LongMemEval {split} file in {folder} (looked for {", ".join(NAMES[split])}). {HOW_TO_GET["longmemeval"]}'
+  )
+
+
+def read_longmemeval(
+  root: str | os.PathLike | None = None, *, split: str = 's', file: str | os.PathLike | None = None
+) -> list[dict[str, Any]]:
+  """Read the raw entries of one split (``'s'`` or ``'oracle'``) as a list of dicts (a few seconds for S); the file
+  is :func:`find_file`'s."""
+  path = find_file(root, split, file)
   data = read_json(path)
   if not isinstance(data, list):
-    raise ValueError(f'{path}: expected a JSON list of entries, got {type(data).__name__}')
+    raise EngramError(f'{path}: expected a JSON list of entries, got {type(data).__name__}')
   return data
 
 
@@ -171,15 +200,15 @@ def entry_skip_reason(entry: Mapping[str, Any]) -> str | None:
 def _text(value: Any, where: str, field: str) -> str:
   """``value`` when it is a non-blank string; else a one-line ValueError naming ``where`` and ``field``."""
   if not isinstance(value, str):
-    raise ValueError(f'{where}: {field} is {type_name(value)}, expected a non-blank string')
+    raise EngramError(f'{where}: {field} is {type_name(value)}, expected a non-blank string')
   if not value.strip():
-    raise ValueError(f'{where}: {field} is blank, expected a non-blank string')
+    raise EngramError(f'{where}: {field} is blank, expected a non-blank string')
   return value
 
 
 def _list(value: Any, where: str, field: str) -> list[Any]:
   if not isinstance(value, list):
-    raise ValueError(f'{where}: {field} is {type_name(value)}, expected a list')
+    raise EngramError(f'{where}: {field} is {type_name(value)}, expected a list')
   return value
 
 
@@ -187,52 +216,52 @@ def _check_entry(entry: Any, e_i: int) -> str:
   """The entry's question id after checking every field the loader reads above turn level (types, blanks, list
   lengths); ValueError naming the question id (the entry index when the id itself is missing or bad)."""
   if not isinstance(entry, Mapping):
-    raise ValueError(f'LongMemEval entry {e_i}: expected an object, got {type_name(entry)}')
+    raise EngramError(f'LongMemEval entry {e_i}: expected an object, got {type_name(entry)}')
   if 'question_id' in entry:
     qid = _text(entry['question_id'], f'LongMemEval entry {e_i}', 'question_id')
   else:
     qid = f'<entry {e_i}>'
   missing = [f for f in REQUIRED_FIELDS if f not in entry]
   if missing:
-    raise ValueError(f'LongMemEval question {qid}: missing fields {missing}')
+    raise EngramError(f'LongMemEval question {qid}: missing fields {missing}')
   where = f'LongMemEval question {qid}'
   for field in ('question', 'question_type'):
     _text(entry[field], where, field)
   if not isinstance(entry['question_date'], str):
-    raise ValueError(f'{where}: question_date is {type_name(entry["question_date"])}, expected a string')
+    raise EngramError(f'{where}: question_date is {type_name(entry["question_date"])}, expected a string')
   try:
     parse_haystack_date(entry['question_date'])
   except ValueError as e:
-    raise ValueError(f'{where}: unparsable question_date ({e})') from e
+    raise EngramError(f'{where}: unparsable question_date ({e})') from e
   answer = entry['answer']
   if not isinstance(answer, (str, int)) or isinstance(answer, bool):
-    raise ValueError(f'{where}: answer is {type_name(answer)}, expected a string or an integer')
+    raise EngramError(f'{where}: answer is {type_name(answer)}, expected a string or an integer')
   sids = _list(entry['haystack_session_ids'], where, 'haystack_session_ids')
   dates = _list(entry['haystack_dates'], where, 'haystack_dates')
   sessions = _list(entry['haystack_sessions'], where, 'haystack_sessions')
   if len(dates) != len(sids) or len(sessions) != len(sids):
-    raise ValueError(
+    raise EngramError(
       f'{where}: haystack_session_ids/dates/sessions have lengths {len(sids)}/{len(dates)}/{len(sessions)}'
     )
   for i, sid in enumerate(sids):
     _text(sid, where, f'haystack_session_ids entry {i}')
   for i, date in enumerate(dates):
     if not isinstance(date, str):
-      raise ValueError(f'{where}: haystack_dates entry {i} is {type_name(date)}, expected a string')
+      raise EngramError(f'{where}: haystack_dates entry {i} is {type_name(date)}, expected a string')
   for i, sid in enumerate(_list(entry['answer_session_ids'], where, 'answer_session_ids')):
     if not isinstance(sid, str):
-      raise ValueError(f'{where}: answer_session_ids entry {i} is {type_name(sid)}, expected a string')
+      raise EngramError(f'{where}: answer_session_ids entry {i} is {type_name(sid)}, expected a string')
   return qid
 
 
 def _check_turn(turn: Any, qid: str, sid: str, t_i: int) -> tuple[str, str, bool | None]:
   if not isinstance(turn, Mapping) or 'role' not in turn or 'content' not in turn:
-    raise ValueError(f'LongMemEval question {qid}: session {sid} turn {t_i} lacks role/content')
+    raise EngramError(f'LongMemEval question {qid}: session {sid} turn {t_i} lacks role/content')
   role, content, has = turn['role'], turn['content'], turn.get('has_answer')
   if not isinstance(content, str) or not isinstance(role, str):
-    raise ValueError(f'LongMemEval question {qid}: session {sid} turn {t_i} has non-string role/content')
+    raise EngramError(f'LongMemEval question {qid}: session {sid} turn {t_i} has non-string role/content')
   if has is not None and not isinstance(has, bool):
-    raise ValueError(f'LongMemEval question {qid}: session {sid} turn {t_i} has_answer={has!r} is not a bool')
+    raise EngramError(f'LongMemEval question {qid}: session {sid} turn {t_i} has_answer={has!r} is not a bool')
   return role, content, has
 
 
@@ -248,7 +277,7 @@ def ordered_sessions(
   try:
     keys = [parse_haystack_date(d) for _, d, _ in sessions]
   except (TypeError, ValueError) as e:
-    raise ValueError(f'LongMemEval question {qid}: unparsable haystack date ({e})') from e
+    raise EngramError(f'LongMemEval question {qid}: unparsable haystack date ({e})') from e
   if any(b < a for a, b in zip(keys, keys[1:])):
     report.add('haystack_out_of_order', qid)
   order = sorted(range(len(sessions)), key=keys.__getitem__)
@@ -257,7 +286,7 @@ def ordered_sessions(
   for i in order:
     sid, date, turns = sessions[i]
     if not isinstance(turns, list):
-      raise ValueError(f'LongMemEval question {qid}: session {sid} is {type(turns).__name__}, expected a list')
+      raise EngramError(f'LongMemEval question {qid}: session {sid} is {type(turns).__name__}, expected a list')
     copy = seen[sid]
     seen[sid] += 1
     if copy:
@@ -274,7 +303,7 @@ def _copy_id(iid: str, copy: int, qid: str, sid: str) -> str:
   if not copy:
     return iid
   if 'answer' in iid:
-    raise ValueError(
+    raise EngramError(
       f'LongMemEval question {qid}: evidence session {sid} is repeated in the haystack; upstream '
       f'would count every copy of {iid} as relevant, which unique item ids cannot express '
       "(load with corpus='clean' to drop the repeat)"
@@ -301,7 +330,7 @@ def _turn_items(
       if not content.strip():
         if corpus == 'clean':
           if has:
-            raise ValueError(f'LongMemEval question {qid}: empty turn {sid}[{t_i}] is marked has_answer')
+            raise EngramError(f'LongMemEval question {qid}: empty turn {sid}[{t_i}] is marked has_answer')
           report.add('empty_turn_dropped', (qid, sid, t_i, role))
           continue
         report.add('empty_turn_kept', (qid, sid, t_i, role))
@@ -375,9 +404,9 @@ def episode_from_entry(
   Args: as :func:`load_longmemeval`; ``report`` collects the counts (a fresh one when None).
   """
   if level not in LEVELS:
-    raise ValueError(f'level must be one of {LEVELS}, got {level!r}')
+    raise EngramError(f'level must be one of {LEVELS}, got {level!r}')
   if corpus not in CORPORA:
-    raise ValueError(f'corpus must be one of {CORPORA}, got {corpus!r}')
+    raise EngramError(f'corpus must be one of {CORPORA}, got {corpus!r}')
   report = report if report is not None else LoadReport('longmemeval')
   template = TEMPLATES.get(template, template)
   roles = tuple(roles)
@@ -432,7 +461,7 @@ def episodes_from_entries(
 ) -> tuple[list[Episode], LoadReport]:
   """Raw entries (from :func:`read_longmemeval`) -> ``(episodes, report)``; see :func:`load_longmemeval`."""
   if not isinstance(entries, Sequence) or isinstance(entries, (str, bytes)):
-    raise ValueError(f'LongMemEval entries are {type_name(entries)}, expected a list of entries')
+    raise EngramError(f'LongMemEval entries are {type_name(entries)}, expected a list of entries')
   report = LoadReport(f'{dataset}/{level}')
   episodes = []
   seen: set[str] = set()
@@ -440,7 +469,7 @@ def episodes_from_entries(
     ep = episode_from_entry(entry, level=level, template=template, roles=roles, corpus=corpus, report=report, e_i=e_i)
     qid = entry['question_id']
     if qid in seen:
-      raise ValueError(f'LongMemEval question {qid}: duplicate question id')
+      raise EngramError(f'LongMemEval question {qid}: duplicate question id')
     seen.add(qid)
     if ep is not None:
       episodes.append(ep)
@@ -455,12 +484,14 @@ def load_longmemeval(
   template: str = 'content',
   roles: Sequence[str] = ('user',),
   corpus: str = 'official',
+  file: str | os.PathLike | None = None,
 ) -> tuple[list[Episode], LoadReport]:
   """Load LongMemEval as one :class:`Episode` per question.
 
   Args:
     root: data root (see :func:`engram_jax.data.io.resolve_data_root`).
-    split: ``'s'`` (498-question S cleaned copy) or ``'oracle'`` (500 questions, evidence sessions only).
+    split: ``'s'`` (S cleaned: upstream's 500-question file or our 498-question copy) or ``'oracle'`` (500
+      questions, evidence sessions only).
     level: ``'turn'`` or ``'session'`` items (see the module docstring for ids, text and gold).
     template: a key of :data:`TEMPLATES` or a ``str.format`` template with ``role`` and ``content``; the default
       ``'content'`` (``'{content}'``) is what the official retriever embeds.
@@ -469,6 +500,7 @@ def load_longmemeval(
       blank turns / sessions kept as (empty) documents and repeated sessions kept (later copies get
       ``#dup<n>`` ids, never gold); ``'clean'``: blank turns / non-evidence sessions and repeated sessions dropped.
       Both are counted in the report (see the module docstring).
+    file: the file to read (absolute, or relative to ``<root>/longmemeval/``); default :func:`find_file`'s.
 
   Returns:
     ``(episodes, report)``; episode id = question id; questions without gold at this level are excluded.
@@ -479,7 +511,7 @@ def load_longmemeval(
     >>> len(episodes) > 400, len(episodes[0].questions)
     (True, 1)
   """
-  entries = read_longmemeval(root, split=split)
+  entries = read_longmemeval(root, split=split, file=file)
   episodes, report = episodes_from_entries(
     entries, level=level, template=template, roles=roles, corpus=corpus, dataset=f'longmemeval_{split}'
   )
@@ -497,7 +529,7 @@ def _turn2session(ep: Episode, ranked: list[int], k: int) -> official.RetrievalS
       ranked, official.longmemeval_correct_docs(corpus_ids), corpus_ids, k=k
     )
   except ValueError as e:
-    raise ValueError(
+    raise EngramError(
       f'{ep.id}: {e} (raise eval.k: the turn->session metrics need the top turns to cover {k} sessions)'
     ) from e
 

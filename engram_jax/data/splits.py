@@ -14,21 +14,33 @@ question id per line, sorted):
 
 Regenerate with ``python -m engram_jax.data.splits`` (needs the data root); ``tests/data/test_splits.py`` checks that
 regenerating gives the committed lists.
+
+Parts pinned beside them (:func:`pinned_part`): ``<pilot>.<part>.n<n_train>.seed<seed>.txt`` holds the ``train`` or
+``confirm`` ids of :func:`load_part` as drawn from our copy of the data (for LongMemEval_S: the 498-question copy,
+after the official skips), so that a part does not move with the file's contents (upstream's 500-question file would
+change the training draw). Where such a list exists, :func:`load_part` takes the part from it and counts (and logs)
+the pinned questions missing from the data; ``python -m engram_jax.data.splits parts`` writes them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
 import random
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from engram_jax.core.errors import EngramError
 from engram_jax.core.types import Episode, LoadReport, Question
 from engram_jax.data.io import dataset_file, read_json
 
+log = logging.getLogger(__name__)
+
 PILOT_SEED = 20261008
+# the parts pinned by committed id lists: (pilot set, n_train, seed)
+PINNED_PARTS = (('longmemeval_s', 100, PILOT_SEED),)
 PILOT_DIR = Path(__file__).resolve().parent / 'pilot'
 PILOT_SIZES = {
   'longmemeval_s': 100,
@@ -47,7 +59,7 @@ def draw_ids(ids: Iterable[str], *, n: int, seed: int) -> list[str]:
   """
   pool = sorted(set(ids))
   if n > len(pool):
-    raise ValueError(f'cannot draw {n} ids from {len(pool)}')
+    raise EngramError(f'cannot draw {n} ids from {len(pool)}')
   return sorted(random.Random(seed).sample(pool, n))
 
 
@@ -63,7 +75,7 @@ def draw_stratified(ids_by_stratum: dict[int | str, Iterable[str]], *, n_per: in
   for key in sorted(ids_by_stratum, key=str):
     pool = sorted(set(ids_by_stratum[key]))
     if n_per > len(pool):
-      raise ValueError(f'stratum {key!r}: cannot draw {n_per} ids from {len(pool)}')
+      raise EngramError(f'stratum {key!r}: cannot draw {n_per} ids from {len(pool)}')
     out.extend(rng.sample(pool, n_per))
   return sorted(out)
 
@@ -92,9 +104,9 @@ def candidate_ids(name: str, root: str | os.PathLike | None = None) -> list[str]
     path = dataset_file(root, 'memoryagentbench', FILES['6k'])
     rows = [r for r in read_json(path)['data'] if r['metadata']['source'] == name]
     if len(rows) != 1:
-      raise ValueError(f'{path}: expected one row with source {name!r}, found {len(rows)}')
+      raise EngramError(f'{path}: expected one row with source {name!r}, found {len(rows)}')
     return list(rows[0]['metadata']['qa_pair_ids'])
-  raise ValueError(f'Unknown pilot set {name!r}; known: {sorted(PILOT_SIZES)}')
+  raise EngramError(f'Unknown pilot set {name!r}; known: {sorted(PILOT_SIZES)}')
 
 
 def generate_pilot_ids(
@@ -103,7 +115,7 @@ def generate_pilot_ids(
   """Draw pilot set ``name`` from the data (or from ``ids`` when given, to skip re-reading it)."""
   if name == 'locomo_answer':
     if ids is not None:
-      raise ValueError('locomo_answer is drawn per category; pass no ids')
+      raise EngramError('locomo_answer is drawn per category; pass no ids')
     return draw_stratified(locomo_ids_by_category(root), n_per=LOCOMO_ANSWER_PER_CATEGORY, seed=seed)
   pool = candidate_ids(name, root) if ids is None else list(ids)
   return draw_ids(pool, n=PILOT_SIZES[name], seed=seed)
@@ -112,11 +124,11 @@ def generate_pilot_ids(
 def pilot_ids(name: str, *, pilot_dir: str | os.PathLike = PILOT_DIR) -> list[str]:
   """The committed pilot set ``name`` (one of :data:`PILOT_SIZES`), as written by :func:`write_pilot_ids`."""
   if name not in PILOT_SIZES:
-    raise ValueError(f'Unknown pilot set {name!r}; known: {sorted(PILOT_SIZES)}')
+    raise EngramError(f'Unknown pilot set {name!r}; known: {sorted(PILOT_SIZES)}')
   path = Path(pilot_dir) / f'{name}.txt'
   ids = [line.strip() for line in path.read_text(encoding='utf-8').splitlines() if line.strip()]
   if len(ids) != PILOT_SIZES[name] or len(set(ids)) != len(ids):
-    raise ValueError(f'{path}: expected {PILOT_SIZES[name]} distinct ids, found {len(ids)} ({len(set(ids))} distinct)')
+    raise EngramError(f'{path}: expected {PILOT_SIZES[name]} distinct ids, found {len(ids)} ({len(set(ids))} distinct)')
   return ids
 
 
@@ -138,7 +150,7 @@ def assert_disjoint(train: Iterable[str], scored: Iterable[str]) -> None:
   overlap = sorted(set(train) & set(scored))
   if overlap:
     shown = ', '.join(overlap[:20]) + (f', ... ({len(overlap)} in all)' if len(overlap) > 20 else '')
-    raise ValueError(f'training ids overlap the scored ids: {shown}')
+    raise EngramError(f'training ids overlap the scored ids: {shown}')
 
 
 def disjoint_split(ids: Iterable[str], *, scored: Iterable[str], seed: int, n_train: int) -> list[str]:
@@ -150,7 +162,7 @@ def disjoint_split(ids: Iterable[str], *, scored: Iterable[str], seed: int, n_tr
   scored = set(scored)
   pool = sorted(set(ids) - scored)
   if n_train > len(pool):
-    raise ValueError(f'only {len(pool)} ids lie outside the scored set; cannot draw {n_train} training ids')
+    raise EngramError(f'only {len(pool)} ids lie outside the scored set; cannot draw {n_train} training ids')
   train = draw_ids(pool, n=n_train, seed=seed)
   assert_disjoint(train, scored)
   return train
@@ -193,10 +205,10 @@ def assert_disjoint_questions(train: Sequence[Episode], scored: Sequence[Episode
 
 
 def corpus_fingerprint(episode: Episode) -> str:
-  """sha256 of the episode's item texts (sorted, so that write order does not matter): equal for a corpus copied
-  under another episode id."""
+  """sha256 of the episode's item texts, each up to case and whitespace (:func:`normalised_text`), sorted (write order
+  does not matter): equal for a corpus copied under another episode id, also with a changed space or case."""
   h = hashlib.sha256()
-  for text in sorted(it.text for it in episode.items):
+  for text in sorted(normalised_text(it.text) for it in episode.items):
     h.update(text.encode('utf-8'))
     h.update(b'\0')
   return h.hexdigest()
@@ -210,7 +222,7 @@ def assert_disjoint_content(train: Sequence[Episode], scored: Sequence[Episode])
   same = [(e.id, scored_fp[fp]) for e in train if (fp := corpus_fingerprint(e)) in scored_fp]
   if same:
     pairs = ', '.join(f'{a!r} (training) = {b!r} (scored)' for a, b in same[:10])
-    raise ValueError(
+    raise EngramError(
       f'{len(same)} training episode(s) have the same corpus as a scored episode (a copy under another id): {pairs}'
     )
   for key, name in ((lambda q: q.id, 'id'), (lambda q: normalised_text(q.text), 'text')):
@@ -219,7 +231,7 @@ def assert_disjoint_content(train: Sequence[Episode], scored: Sequence[Episode])
     if shared:
       n = sum(key(q) in scored_q for e in train for q in e.questions)
       pairs = ', '.join(f'{a!r} (training) and {b!r} (scored)' for a, b in shared[:10])
-      raise ValueError(f'{n} question {name}(s) are both in training and in scored episodes: {pairs}')
+      raise EngramError(f'{n} question {name}(s) are both in training and in scored episodes: {pairs}')
 
 
 def assert_distinct_episodes(episodes: Sequence[Episode]) -> None:
@@ -230,17 +242,47 @@ def assert_distinct_episodes(episodes: Sequence[Episode]) -> None:
   for e in episodes:
     fp = corpus_fingerprint(e)
     if fp in seen_fp:
-      raise ValueError(
+      raise EngramError(
         f'episodes {seen_fp[fp]} and {e.id} have the same corpus (a copied episode would sit on both sides of a split)'
       )
     seen_fp[fp] = e.id
     for q in e.questions:
       for key in (f'id:{q.id}', f'text:{normalised_text(q.text)}'):
         if key in seen_q and seen_q[key] != e.id:
-          raise ValueError(
+          raise EngramError(
             f'episodes {seen_q[key]} and {e.id} share question {key[:80]!r} (it would sit on both sides of a split)'
           )
         seen_q[key] = e.id
+
+
+def part_path(pilot: str, part: str, n_train: int, seed: int, *, pilot_dir: str | os.PathLike = PILOT_DIR) -> Path:
+  """Where the committed id list of part ``part`` (train or confirm) of ``(pilot, n_train, seed)`` lives."""
+  return Path(pilot_dir) / f'{pilot}.{part}.n{n_train}.seed{seed}.txt'
+
+
+def pinned_part(
+  pilot: str | None, part: str, n_train: int | None, seed: int, *, pilot_dir: str | os.PathLike = PILOT_DIR
+) -> list[str] | None:
+  """The committed ids of a part (None when that part is not pinned)."""
+  if pilot is None or n_train is None:
+    return None
+  path = part_path(pilot, part, n_train, seed, pilot_dir=pilot_dir)
+  if not path.is_file():
+    return None
+  return [line.strip() for line in path.read_text(encoding='utf-8').splitlines() if line.strip()]
+
+
+def drawn_parts(ids: Iterable[str], *, pilot: str | None, n_train: int | None, seed: int) -> dict[str, list[str]]:
+  """``train`` (``n_train`` ids drawn with ``seed`` outside the pilot set; all of them when None) and ``confirm``
+  (in neither) from the ids of the data, sorted."""
+  ids = set(ids)
+  piloted = set(pilot_ids(pilot)) if pilot else set()
+  train = set(
+    disjoint_split(ids, scored=piloted, seed=seed, n_train=n_train if n_train is not None else len(ids - piloted))
+  )
+  confirm = ids - piloted - train
+  assert_disjoint(sorted(confirm), sorted(piloted | train))
+  return {'train': sorted(train), 'confirm': sorted(confirm)}
 
 
 def load_part(
@@ -297,28 +339,61 @@ def load_part(
     for qid in sorted(chosen - loaded_ids):  # e.g. a damaged or older copy of the data
       report.add('pilot_ids_not_in_data', qid)
   elif part in ('train', 'confirm'):
-    ids = [q.id for e in episodes for q in e.questions]
-    piloted = set(pilot_ids(pilot)) if pilot else set()
-    train = set(
-      disjoint_split(
-        ids, scored=piloted, seed=seed, n_train=n_train if n_train is not None else len(set(ids) - piloted)
-      )
-    )
-    if part == 'train':
-      chosen = train
-    else:  # untouched: in neither the pilot set nor the training split of (n_train, seed)
-      chosen = set(ids) - piloted - train
-      assert_disjoint(sorted(chosen), sorted(piloted | train))
+    pinned = {p: pinned_part(pilot, p, n_train, seed) for p in ('train', 'confirm')}
+    if pinned['train'] is not None and pinned['confirm'] is not None:  # committed: independent of the file
+      piloted = set(pilot_ids(pilot)) if pilot else set()
+      assert_disjoint(pinned['train'], sorted(piloted | set(pinned['confirm'])))
+      assert_disjoint(pinned['confirm'], sorted(piloted))
+      chosen = set(pinned[part])
+      missing = sorted(chosen - loaded_ids)
+      for qid in missing:
+        report.add(f'pinned_{part}_ids_not_in_data', qid)
+      if missing:
+        shown = ', '.join(missing[:20]) + (f', ... ({len(missing)} in all)' if len(missing) > 20 else '')
+        log.warning('%d of the %d pinned %s questions are not in the data: %s', len(missing), len(chosen), part, shown)
+      kept = {q.id for e in episodes for q in e.questions}  # after the skips
+      outside = kept - piloted - set(pinned['train']) - set(pinned['confirm'])
+      for qid in sorted(outside):  # e.g. a question our copy lacks (upstream has 2): in no pinned part
+        report.add('ids_in_no_pinned_part', qid)
+    else:  # drawn from the ids of this data (moves with the file's contents)
+      ids = [q.id for e in episodes for q in e.questions]
+      chosen = set(drawn_parts(ids, pilot=pilot, n_train=n_train, seed=seed)[part])
+      report.add(f'{part}_drawn_from_data', n=len(chosen))
   else:
-    raise ValueError(f'Unknown part {part!r} (all, pilot, train or confirm)')
+    raise EngramError(f'Unknown part {part!r} (all, pilot, train or confirm)')
   if chosen is not None:
     episodes = select_questions(episodes, lambda ep, q: None if q.id in chosen else f'not_in_{part}', report)
   report.add(f'questions_in_{part}', n=sum(len(e.questions) for e in episodes))
   return episodes, report
 
 
+def write_parts(*, root: str | os.PathLike | None = None, pilot_dir: str | os.PathLike = PILOT_DIR) -> dict[str, Path]:
+  """Draw the parts of :data:`PINNED_PARTS` from the data (LongMemEval_S after the official skips, as
+  ``conf/dataset/longmemeval_s.yaml`` loads it) and write their id lists; returns the paths."""
+  import functools
+
+  from engram_jax.data.longmemeval import load_longmemeval
+
+  out = {}
+  for pilot, n_train, seed in PINNED_PARTS:
+    load = functools.partial(load_longmemeval, split='s', level='session', corpus='official')
+    episodes, _ = load_part(root, load=load, part='all', official_skips=True)
+    parts = drawn_parts([q.id for e in episodes for q in e.questions], pilot=pilot, n_train=n_train, seed=seed)
+    for part, ids in parts.items():
+      path = part_path(pilot, part, n_train, seed, pilot_dir=pilot_dir)
+      path.write_text(''.join(f'{i}\n' for i in ids), encoding='utf-8')
+      out[f'{pilot}.{part}'] = path
+  return out
+
+
 def main() -> None:
-  """Regenerate the committed pilot files (``python -m engram_jax.data.splits``)."""
+  """Regenerate the committed pilot files (``python -m engram_jax.data.splits``) or the pinned parts (``... parts``)."""
+  import sys
+
+  if sys.argv[1:] == ['parts']:
+    for name, path in write_parts().items():
+      print(f'{name} -> {path}')
+    return
   for name, path in write_pilot_ids().items():
     print(f'{name}: {PILOT_SIZES[name]} ids -> {path}')
 

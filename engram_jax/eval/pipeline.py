@@ -35,6 +35,7 @@ from jax import Array
 
 from engram_jax.core import ranking
 from engram_jax.core.batch import EpisodeArrays
+from engram_jax.core.errors import EngramError
 from engram_jax.ops import registry, rrf
 from engram_jax.ops.registry import LEG_KEYS
 
@@ -63,9 +64,9 @@ class LegSpec:
     operator = registry.get(self.op)
     where = f'leg {self.name}'
     if isinstance(self.depth, bool) or not isinstance(self.depth, (int, np.integer)) or self.depth < 1:
-      raise ValueError(f'{where}: depth must be an integer >= 1 (leg depth), got {self.depth!r}')
+      raise EngramError(f'{where}: depth must be an integer >= 1 (leg depth), got {self.depth!r}')
     if isinstance(self.weight, bool) or not isinstance(self.weight, (int, float)) or not self.weight >= 0:
-      raise ValueError(f'{where}: weight must be >= 0 (fusion weight), got {self.weight!r}')
+      raise EngramError(f'{where}: weight must be >= 0 (fusion weight), got {self.weight!r}')
     full = operator.options(dict(self.options), where=where)
     object.__setattr__(self, 'options', tuple(full.items()))
     object.__setattr__(self, 'score', functools.partial(operator.leg, **full))
@@ -119,22 +120,22 @@ class Pipeline:
 
   def __post_init__(self) -> None:
     if not self.legs:
-      raise ValueError(f'pipeline {self.name}: no legs')
+      raise EngramError(f'pipeline {self.name}: no legs')
     if self.fusion not in FUSIONS:
-      raise ValueError(f'pipeline {self.name}: fusion must be one of {list(FUSIONS)}, got {self.fusion!r}')
+      raise EngramError(f'pipeline {self.name}: fusion must be one of {list(FUSIONS)}, got {self.fusion!r}')
     if self.fusion == 'none' and len(self.legs) != 1:
-      raise ValueError(f'pipeline {self.name}: fusion none needs exactly one leg, got {len(self.legs)}')
+      raise EngramError(f'pipeline {self.name}: fusion none needs exactly one leg, got {len(self.legs)}')
     names = [leg.name for leg in self.legs]
     if len(set(names)) != len(names):
-      raise ValueError(f'pipeline {self.name}: leg names must be unique, got {names}')
+      raise EngramError(f'pipeline {self.name}: leg names must be unique, got {names}')
     if isinstance(self.k0, bool) or not isinstance(self.k0, (int, float)) or not self.k0 > 0:
-      raise ValueError(f'pipeline {self.name}: k0 must be > 0 (RRF rank offset), got {self.k0!r}')
+      raise EngramError(f'pipeline {self.name}: k0 must be > 0 (RRF rank offset), got {self.k0!r}')
 
   def leg(self, name: str) -> LegSpec:
     for leg in self.legs:
       if leg.name == name:
         return leg
-    raise ValueError(f'pipeline {self.name}: no leg {name!r}; legs: {[l.name for l in self.legs]}')
+    raise EngramError(f'pipeline {self.name}: no leg {name!r}; legs: {[l.name for l in self.legs]}')
 
 
 def make_pipeline(
@@ -158,7 +159,7 @@ def make_pipeline(
     else:
       specs = tuple(legs)
   except ValueError as e:
-    raise ValueError(f'pipeline {name}, {e}') from None
+    raise EngramError(f'pipeline {name}, {e}') from None
   return Pipeline(legs=specs, fusion=fusion, k0=float(k0), name=name)
 
 
@@ -175,11 +176,11 @@ def split_path(pipe: Pipeline, path: str) -> tuple[str, str | None]:
     leg = pipe.leg(parts[1])
     if parts[2] in ('weight', 'depth') or parts[2] in dict(leg.options):
       return parts[1], parts[2]
-    raise ValueError(
+    raise EngramError(
       f'pipeline {pipe.name}: leg {parts[1]} ({leg.op}) has no knob {parts[2]!r}; knobs: '
       f'{["weight", "depth", *dict(leg.options)]}'
     )
-  raise ValueError(f"pipeline {pipe.name}: knob paths are 'k0' or 'legs.<leg>.<knob>', got {path!r}")
+  raise EngramError(f"pipeline {pipe.name}: knob paths are 'k0' or 'legs.<leg>.<knob>', got {path!r}")
 
 
 def knob_value(pipe: Pipeline, path: str) -> Any:

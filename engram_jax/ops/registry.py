@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from engram_jax.core.errors import EngramError
+
 # Leg-level keys of a pipeline YAML leg node; an operator's knobs may not use them.
 LEG_KEYS = ('op', 'depth', 'weight')
 TRANSFORMS = ('log', 'logit', 'softplus', 'identity')
@@ -113,14 +115,14 @@ class Knob:
     what = f' ({self.doc})' if self.doc else ''
     if isinstance(c, tuple):
       if value not in c:
-        raise ValueError(f'{where}: {self.name} must be one of {list(c)}{what}, got {value!r}')
+        raise EngramError(f'{where}: {self.name} must be one of {list(c)}{what}, got {value!r}')
       return
     if value is None and not self.static:
-      raise ValueError(f'{where}: {self.name} must be a number{what}, got None')
+      raise EngramError(f'{where}: {self.name} must be a number{what}, got None')
     if value is None:
       return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-      raise ValueError(f'{where}: {self.name} must be a number{what}, got {value!r}')
+      raise EngramError(f'{where}: {self.name} must be a number{what}, got {value!r}')
     ok = {
       '>0': value > 0,
       '>=0': value >= 0,
@@ -138,7 +140,7 @@ class Knob:
         'int>=1': 'an integer >= 1',
         'int>=0': 'an integer >= 0',
       }[c]
-      raise ValueError(f'{where}: {self.name} must be {allowed}{what}, got {value!r}')
+      raise EngramError(f'{where}: {self.name} must be {allowed}{what}, got {value!r}')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,7 +240,7 @@ class Operator:
     """Every knob's value: ``given`` over the defaults, each validated; unknown names are a one-line error."""
     unknown = sorted(set(given) - {k.name for k in self.knobs})
     if unknown:
-      raise ValueError(
+      raise EngramError(
         f'{where}: operator {self.name} has no knob {unknown}; its knobs: '
         f'{[k.name for k in self.knobs]} (leg keys: {list(LEG_KEYS)})'
       )
@@ -287,5 +289,5 @@ def get(name: str) -> Operator:
     "Okapi BM25 (rank_bm25's BM25Okapi semantics)"
   """
   if name not in OPERATORS:
-    raise ValueError(f'unknown operator {name!r}; registered: {sorted(OPERATORS)}')
+    raise EngramError(f'unknown operator {name!r}; registered: {sorted(OPERATORS)}')
   return OPERATORS[name]

@@ -63,6 +63,8 @@ class Tier1:
         batch_size=int(r.get('batch_size', 16)),
         cache_dir=self.cfg.paths.cache_dir,
         threads=r.get('threads'),
+        prompt=str(r.get('prompt') or 'chat'),
+        gguf_file=r.get('gguf_file'),
       )
       self.info['load'] = {
         'source': load.source,

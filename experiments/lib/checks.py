@@ -7,15 +7,66 @@ the config knows: metrics per dataset, baselines, training sets, splits and fitt
 
 from __future__ import annotations
 
+import difflib
+import json
+import logging
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from engram_jax.core import validation
+from engram_jax.core.errors import EngramError
 from engram_jax.metrics import labels as metrics_lib
-from experiments.lib.common import dataset_metrics
+from experiments.lib.common import CONF, dataset_metrics
+
+log = logging.getLogger(__name__)
 
 AUTO = 'auto'
+# The top-level keys an entry point reads (evaluate and fit): any other key of the composed configuration (a
+# `+key=...` nobody reads, a typo) is refused by :func:`check_keys`. A new top-level option is one line here.
+TOP_LEVEL_KEYS = (
+  'hydra',
+  'dataset',
+  'datasets',
+  'embedder',
+  'pipeline',
+  'eval',
+  'reader',
+  'train_sets',
+  'local',
+  'experiment',
+  'paths',
+  'fit',
+  'seed',
+  'ops_modules',
+  'reference',
+  'reference_label',
+  'fitted',
+  'values',
+  'primary_metric',
+  'protocol_name',
+  'protocol_force',
+  'protocol_ledger',
+  'grid',  # +grid='{knob path: [values]}' (experiments/lib/grid.py)
+)
+# the keys of the ``eval`` node that the code reads (conf/eval/default.yaml)
+EVAL_KEYS = (
+  'k',
+  'metrics',
+  'n_resamples',
+  'baselines',
+  'progress',
+  'stacked',
+  'max_waste',
+  'devices',
+  'leg_cache_mb',
+  'pileup',
+  'grid_chunk',
+  'grid_ranked',
+)
+# fewer training questions than this in a fold of a fit: warned (a fit on a handful of questions is noise)
+MIN_TRAIN_QUESTIONS = 20
 DEFAULT_BASELINES = ('cosine', 'rrf_cos_bm25')
 PARTS = ('all', 'pilot', 'train', 'confirm')
 SPLITS = ('crossfit', 'holdout', 'parts')
@@ -40,20 +91,20 @@ KNOWN_EPISODE_METRICS = ('answer', 'newest_first', 'parent_recall')
 def check_metrics(names: list[str], *, k: int, supported: list[str], where: str) -> None:
   """Every metric parses, its cutoff is <= k, and a dataset-owned metric is one the dataset declares."""
   if not names:
-    raise ValueError(f'{where}: no metrics given; expected names such as ndcg@10')
+    raise EngramError(f'{where}: no metrics given; expected names such as ndcg@10')
   for m in names:
     try:
       base, cut = metrics_lib.parse_metric(m, tuple(supported) + KNOWN_EPISODE_METRICS)
     except ValueError:
       allowed = sorted(metrics_lib.METRICS) + sorted(supported)
-      raise ValueError(f'{where}: unknown metric {m!r}; allowed: {allowed} followed by @k') from None
+      raise EngramError(f'{where}: unknown metric {m!r}; allowed: {allowed} followed by @k') from None
     if base not in metrics_lib.METRICS and base not in supported:
-      raise ValueError(
+      raise EngramError(
         f'{where}: metric {m!r} cannot be computed on this dataset; its dataset-owned metrics are '
         f'{sorted(supported)} (label metrics {sorted(metrics_lib.METRICS)} always can)'
       )
     if not 1 <= cut <= k:
-      raise ValueError(f'{where}: metric {m!r} needs cutoff {cut}, but eval.k={k}; allowed cutoffs 1..{k}')
+      raise EngramError(f'{where}: metric {m!r} needs cutoff {cut}, but eval.k={k}; allowed cutoffs 1..{k}')
 
 
 def check_scored_questions(episodes, where: str) -> int:
@@ -61,7 +112,7 @@ def check_scored_questions(episodes, where: str) -> int:
   questions would give empty means and zero paired differences)."""
   n = sum(len(e.questions) for e in episodes)
   if n == 0:
-    raise ValueError(
+    raise EngramError(
       f'{where}: 0 questions to score after loading ({len(episodes)} episodes; see the load '
       'report for what was left out)'
     )
@@ -77,9 +128,9 @@ def check_distinct_corpora(episodes, where: str) -> None:
   for e in episodes:
     fp = splits.corpus_fingerprint(e)
     if fp in seen:
-      raise ValueError(
-        f'{where}: episodes {seen[fp]!r} and {e.id!r} have identical content (the same corpus '
-        'fingerprint: a copy under another id) and would be scored twice; remove one'
+      raise EngramError(
+        f'{where}: episodes {seen[fp]!r} and {e.id!r} have identical content up to case and whitespace (the '
+        'same corpus fingerprint: a copy under another id) and would be scored twice; remove one'
       )
     seen[fp] = e.id
 
@@ -88,15 +139,23 @@ def check_folds(episodes, folds: list[list[str]]) -> None:
   """Every fold of a fit scores at least one question and trains on at least one (before any fitting)."""
   n_q = {e.id: len(e.questions) for e in episodes}
   total = sum(n_q.values())
+  few = sorted({total - sum(n_q.get(e, 0) for e in fold) for fold in folds})
+  if few and few[0] < MIN_TRAIN_QUESTIONS:
+    log.warning(
+      'a fold of this fit trains on only %d question(s) (fewer than %d): its fitted knobs are noise, and a minibatch '
+      'larger than that repeats them; use more training episodes',
+      few[0],
+      MIN_TRAIN_QUESTIONS,
+    )
   for fold in folds:
     scored = sum(n_q.get(e, 0) for e in fold)
     if scored == 0:
-      raise ValueError(
+      raise EngramError(
         f'fold {sorted(fold)}: its scored episodes have 0 questions, so it would score nothing '
         '(choose other episodes, fit.n_test or fit.seed)'
       )
     if total - scored == 0:
-      raise ValueError(
+      raise EngramError(
         f'fold {sorted(fold)}: the episodes outside it have 0 questions, so there is nothing to '
         'fit on (fewer folds, or more episodes with questions)'
       )
@@ -112,7 +171,7 @@ def resolve_baselines(cfg: DictConfig) -> list[str]:
   chosen = list(chosen)
   unknown = [b for b in chosen if b not in names]
   if unknown:
-    raise ValueError(f'eval.baselines names {unknown}, which are not in this run; allowed: {names} (or auto)')
+    raise EngramError(f'eval.baselines names {unknown}, which are not in this run; allowed: {names} (or auto)')
   return chosen
 
 
@@ -121,10 +180,10 @@ def _check_loader(loader: Any, where: str) -> None:
   if part is None:
     return
   if part not in PARTS:
-    raise ValueError(f'{where}.loader.part must be one of {list(PARTS)}, got {part!r}')
+    raise EngramError(f'{where}.loader.part must be one of {list(PARTS)}, got {part!r}')
   n_train = loader.get('n_train')
   if part == 'train' and n_train is not None and int(n_train) < 1:
-    raise ValueError(f'{where}.loader.n_train must be >= 1 (an empty training split), got {n_train}')
+    raise EngramError(f'{where}.loader.n_train must be >= 1 (an empty training split), got {n_train}')
 
 
 def check_run_settings(cfg: DictConfig) -> None:
@@ -132,10 +191,10 @@ def check_run_settings(cfg: DictConfig) -> None:
   (bootstrap and permutation resamples: an integer >= 1)."""
   seed = cfg.get('seed')
   if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-    raise ValueError(f'seed must be an integer >= 0, got {seed!r}')
+    raise EngramError(f'seed must be an integer >= 0, got {seed!r}')
   n = cfg.eval.get('n_resamples')
   if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-    raise ValueError(
+    raise EngramError(
       f'eval.n_resamples must be an integer >= 1 (resamples of the intervals and paired tests), got {n!r}'
     )
 
@@ -145,7 +204,7 @@ def check_dataset_k(ds: DictConfig, k: int, where: str) -> None:
   turns to cover k sessions), checked before any work."""
   min_k = ds.get('min_k')
   if min_k is not None and k < int(min_k):
-    raise ValueError(
+    raise EngramError(
       f'{where}: its metrics need eval.k >= {min_k} (the ranking must reach that deep), got '
       f'eval.k={k}; set eval.k={min_k}'
     )
@@ -156,21 +215,117 @@ def check_loader_selection(loader: Any, where: str) -> None:
   if loader is None:
     return
   conv = loader.get('conversations')
+  if isinstance(conv, str):
+    raise EngramError(
+      f'{where}.loader.conversations must be a list of ids, got the string {conv!r} (read as its characters); '
+      f'write {where}.loader.conversations=[{conv}]'
+    )
   if conv is not None and len(conv) == 0:
-    raise ValueError(f'{where}.loader.conversations is empty (nothing to score); give at least one id, or null for all')
+    raise EngramError(
+      f'{where}.loader.conversations is empty (nothing to score); give at least one id, or null for all'
+    )
+
+
+def _unknown(keys, allowed, where: str) -> None:
+  extra = [k for k in keys if k not in allowed]
+  if extra:
+    hints = {k: difflib.get_close_matches(str(k), allowed, n=1) for k in extra}
+    said = ', '.join(f'{where}{k}' + (f' (did you mean {where}{hints[k][0]}?)' if hints[k] else '') for k in extra)
+    raise EngramError(
+      f'unknown option {said}: no part of the program reads it; known {where.rstrip(".") or "top-level"} keys: '
+      f'{sorted(allowed)}'
+    )
+
+
+def check_keys(cfg: DictConfig) -> None:
+  """Refuse a key of the composed configuration that the program does not read: a top-level key outside
+  :data:`TOP_LEVEL_KEYS` (e.g. ``+grd=...``, a typo of ``+grid``) or an ``eval`` key outside :data:`EVAL_KEYS`
+  (e.g. the typo ``+eval.nresamples=100``), before any work."""
+  _unknown(list(cfg.keys()), TOP_LEVEL_KEYS, '')
+  if cfg.get('eval') is not None:
+    _unknown(list(cfg.eval.keys()), EVAL_KEYS, 'eval.')
+
+
+def check_reader(cfg: DictConfig) -> None:
+  """A reader (Tier 1) needs every scored dataset to declare an answer task, and ``reader.questions`` is null or
+  an integer >= 1; checked before loading."""
+  if not (cfg.get('reader') and cfg.reader.get('name', 'none') != 'none'):
+    return
+  for name, ds in datasets_of(cfg).items():
+    if ds.get('answer') is None:
+      import yaml
+
+      with_task = sorted(
+        p.stem for p in (CONF / 'dataset').glob('*.yaml') if 'answer' in (yaml.safe_load(p.read_text()) or {})
+      )
+      raise EngramError(
+        f'reader={cfg.reader.name}: dataset {name} declares no answer task (dataset.answer.task), so nothing can be '
+        f'answered on it; choose a dataset with one ({", ".join(with_task)}) or reader=none'
+      )
+  n = cfg.reader.get('questions')
+  if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+    raise EngramError(f'reader.questions must be an integer >= 1 (or null: all), got {n!r}')
+
+
+def check_loaded(cfg: DictConfig, name: str, episodes) -> None:
+  """What needs the loaded data but no embedding: ``eval.k`` within every episode, ``reader.questions`` within
+  the scored questions, and a ``fitted=`` file covering every scored episode (dataset ``name``)."""
+  where = f'dataset {name}'
+  k = int(cfg.eval.k)
+  small = [e for e in episodes if e.n_items < k]  # as evaluation.evaluate requires, after embedding
+  if small:
+    e = min(small, key=lambda e: e.n_items)
+    raise EngramError(
+      f'{where}: eval.k={k} is larger than episode {e.id} ({e.n_items} items; {len(small)} episode(s) have fewer '
+      f'than {k}); set eval.k <= {e.n_items}'
+    )
+  n_q = sum(len(e.questions) for e in episodes)
+  if cfg.get('reader') and cfg.reader.get('name', 'none') != 'none':
+    n = cfg.reader.get('questions')
+    if n is not None and n > n_q:
+      raise EngramError(f'reader.questions must be in 1..{n_q} (the questions of {where}), got {n}')
+  if cfg.get('fitted'):
+    try:
+      fitted = json.loads(Path(cfg.fitted).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+      raise EngramError(f'fitted={cfg.fitted}: not a readable fitted.json ({e})') from None
+    pipe = fitted.get('pipeline')
+    skipped = pipe in cfg.pipeline and name in (cfg.pipeline[pipe].get('skip_datasets') or [])
+    missing = sorted(e.id for e in episodes if e.questions and e.id not in fitted.get('folds', {}))
+    if missing and not skipped:
+      shown = ', '.join(missing[:10]) + (f', ... ({len(missing)} in all)' if len(missing) > 10 else '')
+      raise EngramError(
+        f'fitted={cfg.fitted}: no fitted parameters for episodes {shown} of {where} (the fit scored other '
+        'episodes); evaluate it on the dataset it was fitted on'
+      )
+
+
+def check_fitted_file(cfg: DictConfig) -> None:
+  """``fitted=PATH`` names a readable fitted.json of ``experiments.fit`` (``{"pipeline", "folds"}``)."""
+  if not cfg.get('fitted'):
+    return
+  try:
+    fitted = json.loads(Path(cfg.fitted).read_text())
+  except (OSError, json.JSONDecodeError) as e:
+    raise EngramError(f'fitted={cfg.fitted}: not a readable fitted.json of experiments.fit ({e})') from None
+  if not isinstance(fitted, dict) or not {'pipeline', 'folds'} <= set(fitted):
+    raise EngramError(f'fitted={cfg.fitted}: expected a fitted.json of experiments.fit ({{"pipeline", "folds"}})')
 
 
 def check_evaluate(cfg: DictConfig) -> None:
   """Everything ``experiments.evaluate`` can check before loading data."""
+  check_keys(cfg)
+  check_reader(cfg)
+  check_fitted_file(cfg)
   k = int(cfg.eval.k)
   if k < 1:
-    raise ValueError(f'eval.k must be an integer >= 1, got {cfg.eval.k}')
+    raise EngramError(f'eval.k must be an integer >= 1, got {cfg.eval.k}')
   check_run_settings(cfg)
   datasets = datasets_of(cfg)
   if cfg.get('datasets') and 'dataset' in cfg:
     explicit = OmegaConf.to_container(cfg.eval, resolve=True).get('metrics')
     if explicit != list(cfg.dataset.metrics):
-      raise ValueError(
+      raise EngramError(
         'eval.metrics applies to one-dataset runs; in a multi-dataset run set '
         f'datasets.<name>.metrics (datasets: {list(datasets)})'
       )
@@ -181,7 +336,7 @@ def check_evaluate(cfg: DictConfig) -> None:
     check_dataset_k(ds, k, f'dataset {name}')
     skipped = [n for n in cfg.pipeline if name in (cfg.pipeline[n].get('skip_datasets') or [])]
     if skipped and len(skipped) == len(cfg.pipeline):
-      raise ValueError(
+      raise EngramError(
         f'dataset {name}: every selected pipeline skips it ({skipped}: their parameters were fit on '
         'its questions, skip_datasets), so nothing would be scored; choose another pipeline or dataset'
       )
@@ -193,12 +348,12 @@ def check_evaluate(cfg: DictConfig) -> None:
       continue
     for t in tune.get('train') or []:
       if t not in train_sets:
-        raise ValueError(f'pipeline {name}: tune.train names {t!r}; allowed: {sorted(train_sets)}')
+        raise EngramError(f'pipeline {name}: tune.train names {t!r}; allowed: {sorted(train_sets)}')
       tcfg = train_sets[t]
       _check_loader(tcfg.get('loader'), f'train_sets.{t}')
       check_metrics([tcfg.metric], k=k, supported=list(dataset_metrics(tcfg)), where=f'train_sets.{t}.metric')
     if not tune.get('grid'):
-      raise ValueError(f'pipeline {name}: tune.grid is empty; give at least one value')
+      raise EngramError(f'pipeline {name}: tune.grid is empty; give at least one value')
     if tune.get('metric') is not None:
       ds0 = next(iter(datasets.values()))
       check_metrics([tune.metric], k=k, supported=list(dataset_metrics(ds0)), where=f'pipeline {name} tune.metric')
@@ -206,31 +361,32 @@ def check_evaluate(cfg: DictConfig) -> None:
 
 def check_fit(cfg: DictConfig) -> None:
   """Everything ``experiments.fit`` can check before loading data."""
+  check_keys(cfg)
   f = cfg.fit
   check_run_settings(cfg)
   if f.split not in SPLITS:
-    raise ValueError(f'fit.split must be one of {list(SPLITS)}, got {f.split!r}')
+    raise EngramError(f'fit.split must be one of {list(SPLITS)}, got {f.split!r}')
   if f.split == 'crossfit' and int(f.folds) < 2:
-    raise ValueError(f'fit.folds must be >= 2 for cross-fitting, got {f.folds}')
+    raise EngramError(f'fit.folds must be >= 2 for cross-fitting, got {f.folds}')
   if f.split == 'parts' and not f.get('train'):
-    raise ValueError(
+    raise EngramError(
       'fit.split=parts fits on fit.train (a dataset node, e.g. the train part of the scored '
       'benchmark) and scores cfg.dataset; fit.train is not set'
     )
   if f.split == 'parts':
     _check_loader(f.train.get('loader'), 'fit.train')
   if f.split == 'holdout' and int(f.n_test) < 1:
-    raise ValueError(f'fit.n_test must be >= 1 (an empty test split scores nothing), got {f.n_test}')
+    raise EngramError(f'fit.n_test must be >= 1 (an empty test split scores nothing), got {f.n_test}')
   for key in ('steps', 'batch_size', 'greedy_pool', 'candidates'):
     if int(f[key]) < 1:
-      raise ValueError(f'fit.{key} must be an integer >= 1, got {f[key]}')
+      raise EngramError(f'fit.{key} must be an integer >= 1, got {f[key]}')
   validation.check_positive(OmegaConf.to_container(f.temperatures), where='fit.temperatures')
   anneal = list(f.get('anneal') or [1.0, 1.0])
   if len(anneal) != 2:
-    raise ValueError(f'fit.anneal must be [start, end] (temperature factors of the first and last step), got {anneal}')
+    raise EngramError(f'fit.anneal must be [start, end] (temperature factors of the first and last step), got {anneal}')
   validation.check_positive({'start': anneal[0], 'end': anneal[1]}, where='fit.anneal')
   if int(f.get('gap_checks') or 0) < 0:
-    raise ValueError(f'fit.gap_checks must be >= 0 (0 = no soft-vs-hard gap), got {f.gap_checks}')
+    raise EngramError(f'fit.gap_checks must be >= 0 (0 = no soft-vs-hard gap), got {f.gap_checks}')
   check_metrics(
     list(cfg.dataset.get('metrics') or cfg.eval.metrics),
     k=int(cfg.eval.k),
@@ -240,9 +396,15 @@ def check_fit(cfg: DictConfig) -> None:
   _check_loader(cfg.dataset.get('loader'), 'dataset')
   check_loader_selection(cfg.dataset.get('loader'), 'dataset')
   check_dataset_k(cfg.dataset, int(cfg.eval.k), f'dataset {cfg.dataset.name}')
+  lists = {'fit.params': list(f.params or [])}
+  lists.update({f'fit.params_by_pipeline.{p}': list(v or []) for p, v in (f.params_by_pipeline or {}).items()})
+  for where, knobs in lists.items():
+    twice = sorted({k for k in knobs if knobs.count(k) > 1})
+    if twice:
+      raise EngramError(f'{where} lists {", ".join(twice)} twice; name each knob once')
   names = list(cfg.pipeline)
   if len(names) == 1 and not (f.params or (f.params_by_pipeline or {}).get(names[0])):
-    raise ValueError(
+    raise EngramError(
       f'nothing to fit: set fit.params or fit.params_by_pipeline.{names[0]}; pipelines with '
       f'entries: {sorted(f.params_by_pipeline or {})}'
     )

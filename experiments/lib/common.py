@@ -10,6 +10,8 @@ import functools
 import importlib
 import json
 import logging
+import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from engram_jax.core.errors import EngramError
 from engram_jax.core.types import Episode, LoadReport
 from engram_jax.data import embed
 from engram_jax.eval import compile_cache, legcache, pipeline
@@ -24,6 +27,32 @@ from engram_jax.eval import compile_cache, legcache, pipeline
 log = logging.getLogger(__name__)
 CONF = Path(__file__).resolve().parents[2] / 'conf'
 PIPELINE_EXTRAS = ('tune', 'replicate', 'skip_datasets')
+
+
+FULL_ERROR_ENV = 'ENGRAM_FULL_ERROR'
+
+
+def one_line(message: str) -> str:
+  """``message`` on one line (its line breaks as ``; ``)."""
+  return '; '.join(line.strip() for line in str(message).splitlines() if line.strip())
+
+
+def plain_errors(fn):
+  """Wrap an entry point's main function: the project's own errors (:class:`EngramError`) print one line on
+  stderr and exit with status 1; ``ENGRAM_FULL_ERROR=1`` raises them with their traceback (as Hydra's
+  ``HYDRA_FULL_ERROR``). Other exceptions (bugs) keep their traceback. Put it under ``@hydra.main``."""
+
+  @functools.wraps(fn)
+  def wrapped(*args, **kwargs):
+    try:
+      return fn(*args, **kwargs)
+    except EngramError as e:
+      if os.environ.get(FULL_ERROR_ENV, '') not in ('', '0'):
+        raise
+      print(f'Error: {one_line(str(e))} ({FULL_ERROR_ENV}=1 for the traceback)', file=sys.stderr)
+      sys.exit(1)
+
+  return wrapped
 
 
 @functools.cache
@@ -63,7 +92,7 @@ def leg_cache(cfg: DictConfig) -> legcache.LegCache | None:
   the jobs of an in-process multirun (Hydra's basic launcher); ``eval.leg_cache_mb`` bounds it (0: off)."""
   mb = cfg.eval.get('leg_cache_mb', 2048)
   if isinstance(mb, bool) or not isinstance(mb, int) or mb < 0:
-    raise ValueError(f'eval.leg_cache_mb must be an integer >= 0 (0: no cache), got {mb!r}')
+    raise EngramError(f'eval.leg_cache_mb must be an integer >= 0 (0: no cache), got {mb!r}')
   return _process_leg_cache(mb << 20) if mb else None
 
 
@@ -107,7 +136,7 @@ def eval_devices(cfg: DictConfig) -> int | None:
   if value is None:
     return None
   if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-    raise ValueError(f'eval.devices must be null (all devices) or an integer >= 1, got {value!r}')
+    raise EngramError(f'eval.devices must be null (all devices) or an integer >= 1, got {value!r}')
   return value
 
 
@@ -134,7 +163,7 @@ def hand_set_pipeline(name: str, node: Mapping[str, Any] | DictConfig | None = N
     path = CONF / 'pipeline' / f'{name}.yaml'
     if not path.is_file():
       known = sorted(p.stem for p in (CONF / 'pipeline').glob('*.yaml'))
-      raise ValueError(f'unknown pipeline {name!r}; known: {known}')
+      raise EngramError(f'unknown pipeline {name!r}; known: {known}')
     node = OmegaConf.load(path)[name]
   return pipeline_from_node(name, node)
 
@@ -160,7 +189,7 @@ def build_pipelines(cfg: DictConfig) -> tuple[dict[str, pipeline.Pipeline], dict
   expanded: dict[str, tuple[str, list[str], Any]] = {}
   fitted = json.loads(Path(cfg.fitted).read_text()) if cfg.get('fitted') else None
   if fitted is not None and fitted['pipeline'] not in cfg.pipeline:
-    raise ValueError(f'fitted parameters are for pipeline {fitted["pipeline"]!r}, which is not selected')
+    raise EngramError(f'fitted parameters are for pipeline {fitted["pipeline"]!r}, which is not selected')
   for name, node in cfg.pipeline.items():
     base = pipeline_from_node(name, node)
     if fitted is not None and name == fitted['pipeline']:
@@ -170,7 +199,9 @@ def build_pipelines(cfg: DictConfig) -> tuple[dict[str, pipeline.Pipeline], dict
         try:
           pipes[vname] = pipeline.with_values(base, params, name=vname)
         except ValueError as e:
-          raise ValueError(f'fitted parameters of episode {episode}: {e} (does not exist in pipeline {name})') from None
+          raise EngramError(
+            f'fitted parameters of episode {episode}: {e} (does not exist in pipeline {name})'
+          ) from None
         variant_of[episode] = vname
       expanded[name] = ('fitted', list(variant_of.values()), variant_of)
       continue
@@ -179,7 +210,7 @@ def build_pipelines(cfg: DictConfig) -> tuple[dict[str, pipeline.Pipeline], dict
       pipes[name] = base
       continue
     if tune is not None and rep is not None:
-      raise ValueError(f'pipeline {name}: tune and replicate cannot be combined')
+      raise EngramError(f'pipeline {name}: tune and replicate cannot be combined')
     kind, spec = ('tune', tune) if tune is not None else ('replicate', rep)
     values = spec['grid'] if kind == 'tune' else spec['values']
     variants = []
@@ -230,12 +261,27 @@ def dataset_metrics(ds: Mapping[str, Any] | DictConfig) -> dict[str, Any]:
     return {}
   module = importlib.import_module(str(name))
   if not hasattr(module, 'METRICS'):
-    raise ValueError(f'metrics_module {name} declares no METRICS')
+    raise EngramError(f'metrics_module {name} declares no METRICS')
   return dict(module.METRICS)
 
 
-def load_dataset(cfg: DictConfig, ds: DictConfig) -> tuple[list[Episode], LoadReport]:
-  """Load one dataset config node (``ds.loader``) under the run's data root; logs the load report."""
-  episodes, load_report = instantiate(ds.loader, root=cfg.paths.data_root)
+def load_dataset(cfg: DictConfig, ds: DictConfig, purpose: str | None = None) -> tuple[list[Episode], LoadReport]:
+  """Load one dataset config node (``ds.loader``) under the run's data root; logs the load report. ``purpose``:
+  why this set is read, said when its file is missing (e.g. a training set the user never named)."""
+  from hydra.errors import InstantiationException
+
+  from engram_jax.core.errors import DataNotFoundError
+
+  try:
+    try:
+      episodes, load_report = instantiate(ds.loader, root=cfg.paths.data_root)
+    except InstantiationException as e:  # Hydra wraps the loader's error in a multi-line repr: keep ours as is
+      if isinstance(e.__cause__, EngramError):
+        raise e.__cause__ from None
+      raise
+  except DataNotFoundError as e:
+    if purpose is None:
+      raise
+    raise DataNotFoundError(f'{purpose}, and its data is missing: {one_line(str(e))}') from e
   log.info('%s', load_report.summary())
   return episodes, load_report

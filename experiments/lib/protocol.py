@@ -9,24 +9,38 @@ the protocol's own (the config composed from ``+protocol=<name>`` alone): an ove
 (anything but paths, progress bars, devices and the protocol switches) is refused, and the resolved configuration's
 SHA-256 is recorded beside the file's. A second scoring of a protocol name that has been scored (whatever its file's
 hash: a comment-only edit is the same protocol) is refused. ``protocol_force=true`` runs any of these anyway, marked
-as forced (with the reasons) in its results and in the ledger.
+as forced (with every reason) in its results and in the ledger.
+
+The committed ledger is always consulted for earlier scorings; ``protocol_ledger=<file>`` only adds a scratch
+ledger (consulted too, and the one the run appends to). Each row records what was run: a fingerprint of the data
+actually read (:func:`data_fingerprint`, every loaded episode's items and questions), the git commit and the
+package versions. The data read is compared with the fingerprint pinned for the protocol's dataset settings in
+``conf/protocol/data.json`` (``python -m experiments.lib.protocol pin [NAME ...]`` writes it, to be committed with
+the protocol): a confirmation on changed data, or on data with no pinned fingerprint, is refused unless forced.
 """
 
 from __future__ import annotations
 
 import datetime
 import hashlib
+import importlib.metadata
 import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from engram_jax.core.errors import EngramError
+
 ROOT = Path(__file__).resolve().parents[2]
 PROTOCOL_DIR = ROOT / 'conf' / 'protocol'
 LEDGER = PROTOCOL_DIR / 'scored.jsonl'
 CONF = ROOT / 'conf'
+DATA_PINS = PROTOCOL_DIR / 'data.json'
+# the packages whose versions a ledger row records (absent ones are recorded as None)
+PACKAGES = ('jax', 'jaxlib', 'numpy', 'optax', 'flax', 'sentence-transformers', 'torch', 'transformers', 'hydra-core')
 # settings that do not change what is scored (where files go, progress bars, the devices a map is sharded over:
 # results do not depend on them, tested) or that are the protocol switches themselves
 UNFIXED = ('paths', 'protocol_force', 'protocol_ledger', 'eval.progress', 'eval.devices')
@@ -36,7 +50,7 @@ def protocol_path(name: str, protocol_dir: Path = PROTOCOL_DIR) -> Path:
   path = Path(protocol_dir) / f'{name}.yaml'
   if not path.is_file():
     known = sorted(p.stem for p in Path(protocol_dir).glob('*.yaml'))
-    raise ValueError(f'Unknown protocol {name!r}; known: {known}')
+    raise EngramError(f'Unknown protocol {name!r}; known: {known}')
   return path
 
 
@@ -63,13 +77,109 @@ def committed_unmodified(path: Path) -> bool | None:
     return None
 
 
-def scorings(name: str, ledger: Path = LEDGER) -> list[dict[str, Any]]:
-  """The ledger's earlier scorings of protocol ``name`` (any file hash: an edited protocol file is still the
-  protocol of that name)."""
-  if not ledger.is_file():
-    return []
-  rows = [json.loads(line) for line in ledger.read_text(encoding='utf-8').splitlines() if line.strip()]
-  return [r for r in rows if r['protocol'] == name]
+def scorings(name: str, ledger: Path = LEDGER, committed: Path | None = LEDGER) -> list[dict[str, Any]]:
+  """Earlier scorings of protocol ``name`` (any file hash: an edited protocol file is still the protocol of that
+  name) in the committed ledger and in ``ledger`` (a scratch ledger adds to the committed one, never replaces it)."""
+  paths = list(dict.fromkeys(Path(p).resolve() for p in (committed, ledger) if p is not None))
+  rows = []
+  for path in paths:
+    if path.is_file():
+      for i, line in enumerate(path.read_text(encoding='utf-8').splitlines()):
+        if line.strip():
+          try:
+            rows.append(json.loads(line))
+          except json.JSONDecodeError as e:
+            raise EngramError(f'ledger {path} line {i + 1} is not JSON ({e}); repair it') from None
+  return [r for r in rows if r.get('protocol') == name]
+
+
+def git_commit() -> str | None:
+  """The checkout's HEAD commit, with ``+dirty`` when tracked files differ from it (None outside git)."""
+  try:
+    head = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=ROOT, capture_output=True, text=True, check=False)
+    if head.returncode != 0:
+      return None
+    dirty = subprocess.run(['git', 'diff', '--quiet', 'HEAD'], cwd=ROOT, check=False).returncode != 0
+    return head.stdout.strip() + ('+dirty' if dirty else '')
+  except FileNotFoundError:
+    return None
+
+
+def package_versions() -> dict[str, str | None]:
+  """Python's and :data:`PACKAGES`' versions (None where a package is not installed)."""
+  out: dict[str, str | None] = {'python': sys.version.split()[0]}
+  for name in PACKAGES:
+    try:
+      out[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      out[name] = None
+  return out
+
+
+def data_fingerprint(episodes) -> str:
+  """SHA-256 of the data actually read: every episode's id, items (id, text, parent, position, time, speaker) and
+  questions (id, text, gold, gold parents, category, answer, time), in load order."""
+  h = hashlib.sha256()
+  for e in episodes:
+    h.update(json.dumps(['E', e.id]).encode())
+    for it in e.items:
+      h.update(json.dumps([it.id, it.text, it.parent, it.position, it.time, it.speaker], default=str).encode())
+    for q in e.questions:
+      h.update(
+        json.dumps(
+          [q.id, q.text, list(q.gold), list(q.gold_parents), q.category, q.answer, q.time], default=str
+        ).encode()
+      )
+  return h.hexdigest()
+
+
+def data_key(cfg: DictConfig | dict) -> str:
+  """What selects the data a protocol reads: its dataset node (and ``fit.train`` when it trains on another part),
+  without the data root; SHA-256 of their canonical JSON (the key of :data:`DATA_PINS`)."""
+  node = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else json.loads(json.dumps(cfg))
+  fit_node = node.get('fit') or {}
+  sel = {'dataset': node.get('dataset'), 'train': fit_node.get('train') if fit_node.get('split') == 'parts' else None}
+  return hashlib.sha256(json.dumps(sel, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def pinned_data(key: str, pins: Path = DATA_PINS) -> dict[str, Any] | None:
+  if not Path(pins).is_file():
+    return None
+  return json.loads(Path(pins).read_text(encoding='utf-8')).get(key)
+
+
+def check_data(info: dict[str, Any] | None, cfg: DictConfig, episodes, pins: Path = DATA_PINS) -> None:
+  """Fingerprint the data a protocol run read (``episodes``: every scored and training episode) and compare it with
+  the pinned one; refused when it differs or none is pinned, unless forced (then every reason is added to
+  ``info['forced_because']``). Records ``info['data']``; no-op without a protocol."""
+  if info is None:
+    return
+  key = data_key(cfg)
+  fp = data_fingerprint(episodes)
+  pin = pinned_data(key, pins)
+  info['data'] = {
+    'fingerprint': fp,
+    'key': key,
+    'pinned': (pin or {}).get('fingerprint'),
+    'n_episodes': len(episodes),
+    'n_questions': sum(len(e.questions) for e in episodes),
+  }
+  if pin is None:
+    reason = f'no data fingerprint pinned for these dataset settings (key {key[:12]}) in {_rel(Path(pins))}'
+  elif pin['fingerprint'] != fp:
+    reason = (
+      f'data changed: read {len(episodes)} episodes with fingerprint {fp[:12]}, pinned {pin["fingerprint"][:12]} '
+      f'({pin.get("n_episodes")} episodes)'
+    )
+  else:
+    return
+  if not info.get('force'):
+    raise EngramError(
+      f'protocol {info["name"]}: {reason}; a confirmation runs on the pinned data (protocol_force=true runs it '
+      'anyway, marked as forced)'
+    )
+  info['forced'] = True
+  info['forced_because'].append(reason)
 
 
 def settings(cfg: DictConfig | dict) -> dict[str, Any]:
@@ -121,11 +231,16 @@ def fixed_config(name: str, config_name: str | None = None) -> DictConfig:
 
 
 def check(
-  cfg: DictConfig, ledger: Path = LEDGER, protocol_dir: Path = PROTOCOL_DIR, fixed: DictConfig | dict | None = None
+  cfg: DictConfig,
+  ledger: Path = LEDGER,
+  protocol_dir: Path = PROTOCOL_DIR,
+  fixed: DictConfig | dict | None = None,
+  committed_ledger: Path | None = LEDGER,
 ) -> dict[str, Any] | None:
   """The run's protocol record, or None when no protocol is selected.
 
-  ``fixed``: the protocol's own configuration (default :func:`fixed_config`), compared with ``cfg``.
+  ``fixed``: the protocol's own configuration (default :func:`fixed_config`), compared with ``cfg``. Earlier
+  scorings are looked up in ``committed_ledger`` and in ``ledger`` (``protocol_ledger`` when set).
 
   Raises:
     ValueError: when the protocol file is not committed unmodified, the run's overrides change a fixed setting,
@@ -139,17 +254,17 @@ def check(
   digest = sha256(path)
   force = bool(cfg.get('protocol_force', False))
   committed = committed_unmodified(path)
-  earlier = scorings(str(name), ledger)
+  earlier = scorings(str(name), ledger, committed_ledger)
   if fixed is None:
     fixed = fixed_config(str(name))
   changed = changed_settings(settings(cfg), settings(fixed))
   if committed is False and not force:
-    raise ValueError(
+    raise EngramError(
       f'protocol {name}: {_rel(path)} is not committed (or differs from HEAD); commit '
       'it before its confirmation run (protocol_force=true runs it anyway, marked as forced)'
     )
   if earlier and not force:
-    raise ValueError(
+    raise EngramError(
       f'protocol {name} was already scored on {earlier[0]["date"]} (file sha256 '
       f'{earlier[0]["sha256"][:12]}, run {earlier[0]["run_dir"]}); a confirmation is made once, also '
       'after an edit of its file (protocol_force=true reruns it, marked as forced)'
@@ -157,12 +272,16 @@ def check(
   if changed and not force:
     groups = list(dict.fromkeys('.'.join(c.split('.')[:2]) for c in changed))  # e.g. embedder.encoder, fit.steps
     shown = ', '.join(groups[:12]) + (f', ... ({len(groups)} in all)' if len(groups) > 12 else '')
-    raise ValueError(
+    raise EngramError(
       f"protocol {name}: the run's overrides change settings the protocol fixes ({shown}); run "
       f'`+protocol={name}` alone (protocol_force=true runs it anyway, marked as forced)'
     )
   reasons = (
-    ([f'already scored {len(earlier)}x'] if earlier else [])
+    (
+      [f'already scored {len(earlier)}x (first on {earlier[0]["date"]}, run {earlier[0]["run_dir"]})']
+      if earlier
+      else []
+    )
     + (['file not committed unmodified'] if committed is False else [])
     + ([f'changed settings: {changed}'] if changed else [])
   )
@@ -176,8 +295,11 @@ def check(
     'ledger': str(ledger),
     'earlier_scorings': len(earlier),
     'changed_settings': changed,
+    'force': force,
     'forced': force and bool(reasons),
     'forced_because': reasons if force else [],
+    'git_commit': git_commit(),
+    'packages': package_versions(),
   }
 
 
@@ -199,6 +321,9 @@ def record(
     'forced': info['forced'],
     'forced_because': info.get('forced_because', []),
     'changed_settings': info.get('changed_settings', []),
+    'data': info.get('data'),
+    'git_commit': info.get('git_commit'),
+    'packages': info.get('packages'),
     'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
     'run_dir': _rel(Path(out_dir).resolve()),
     'n_questions': n_questions,
@@ -208,3 +333,39 @@ def record(
   ledger.parent.mkdir(parents=True, exist_ok=True)
   with ledger.open('a', encoding='utf-8') as f:
     f.write(json.dumps(row) + '\n')
+
+
+def pin(names: list[str], pins: Path = DATA_PINS) -> dict[str, dict[str, Any]]:
+  """Load the data each protocol reads (no embedding) and write its fingerprint into ``pins`` (merged)."""
+  from experiments.lib import common
+
+  out = json.loads(Path(pins).read_text(encoding='utf-8')) if Path(pins).is_file() else {}
+  for name in names:
+    cfg = fixed_config(name, 'fit')
+    key = data_key(cfg)
+    if key in out:
+      print(f'{name}: {key[:12]} already pinned')
+      continue
+    episodes, _ = common.load_dataset(cfg, cfg.dataset)
+    if cfg.fit.get('split') == 'parts':
+      train, _ = common.load_dataset(cfg, cfg.fit.train)
+      episodes = train + episodes  # the order experiments.fit reads them in
+    out[key] = {
+      'fingerprint': data_fingerprint(episodes),
+      'n_episodes': len(episodes),
+      'n_questions': sum(len(e.questions) for e in episodes),
+      'first_protocol': name,
+    }
+    print(f'{name}: {key[:12]} -> {out[key]["fingerprint"][:12]} ({len(episodes)} episodes)')
+    Path(pins).write_text(json.dumps(out, indent=1, sort_keys=True) + '\n', encoding='utf-8')
+  return out
+
+
+if __name__ == '__main__':
+  import argparse
+
+  p = argparse.ArgumentParser(description='pin the data fingerprints of protocols (conf/protocol/data.json)')
+  p.add_argument('command', choices=['pin'])
+  p.add_argument('names', nargs='*', help='protocol names (default: every protocol)')
+  a = p.parse_args()
+  pin(a.names or sorted(q.stem for q in PROTOCOL_DIR.glob('*.yaml')))

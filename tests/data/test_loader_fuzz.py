@@ -173,7 +173,7 @@ LOCOMO = [
     'conversation': {
       'speaker_a': 'C',
       'speaker_b': 'D',
-      'session_1_date_time': 'd',
+      'session_1_date_time': '1:56 pm on 8 May, 2023',
       'session_1': [_turn('D1:1', 'C', 'one'), _turn('D1:2', 'D', 'two')],
     },
     'qa': [{'question': 'What first?', 'answer': 1, 'evidence': ['D1:1; D1:2'], 'category': 2}],

@@ -73,12 +73,12 @@ def _sample(evidence):
       'conversation': {
         'speaker_a': 'A',
         'speaker_b': 'B',
-        'session_1_date_time': 'd1',
+        'session_1_date_time': '1:56 pm on 8 May, 2023',
         'session_1': [
           {'speaker': 'A', 'dia_id': 'D1:1', 'text': 'hi'},
           {'speaker': 'B', 'dia_id': 'D1:2', 'text': 'yo'},
         ],
-        'session_2_date_time': 'd2',
+        'session_2_date_time': '2:00 pm on 9 May, 2023',
         'session_2': [{'speaker': 'A', 'dia_id': 'D2:1', 'text': 'later'}],
       },
       'qa': [
@@ -152,7 +152,7 @@ def test_null_or_missing_evidence_is_counted_and_excluded(tmp_path):
 
 def test_empty_session_counted(tmp_path):
   data = _sample(['D1:1'])
-  data[0]['conversation'].update(session_3=[], session_3_date_time='d3')
+  data[0]['conversation'].update(session_3=[], session_3_date_time='3:00 pm on 10 May, 2023')
   eps, rep = locomo.load_locomo(_write(tmp_path, data))
   assert rep.counts['empty_session'] == 1 and rep.examples['empty_session'] == [('s1', 'session_3')]
   assert eps[0].n_items == 3
@@ -166,7 +166,7 @@ def test_blank_turns_dropped_and_gold_on_them_counted(tmp_path):
   data[0]['qa'].append({'question': 'q3?', 'answer': 'a', 'evidence': ['D1:2'], 'category': 1})
   eps, rep = locomo.load_locomo(_write(tmp_path, data))
   assert [it.id for it in eps[0].items] == ['D1:1', 'D2:1', 'D2:2']  # the captioned photo turn stays
-  assert eps[0].items[2].text == '[d2] B:  [shares a photo: a dog]'
+  assert eps[0].items[2].text == '[2:00 pm on 9 May, 2023] B:  [shares a photo: a dog]'
   assert rep.counts['blank_turn_dropped'] == 1 and rep.counts['blank_text_with_caption'] == 1
   assert rep.counts['dropped_blank_turn_id'] == 2 and rep.counts['dropped_unresolved_id'] == 1
   assert [q.id for q in eps[0].questions] == ['s1/q0'] and eps[0].questions[0].gold == ('D1:1',)

@@ -493,6 +493,33 @@ def test_small_file_round_trip(tmp_path):
   assert [e.id for e in episodes] == ['q1', 'q2_abs'] and report.counts['questions_kept'] == 2
 
 
+@pytest.mark.parametrize('name', ['longmemeval_s_cleaned.json', 'longmemeval_s_cleaned.json.gz', L.FILES['s']])
+def test_the_official_file_name_gzip_and_our_copy_are_found(tmp_path, name):
+  """The probe: a data root holding upstream's longmemeval_s_cleaned.json was refused (our copy's name was
+  hard-coded); upstream's name (plain or gzipped) and our copy's are read, the official name first."""
+  folder = tmp_path / 'longmemeval'
+  folder.mkdir()
+  text = json.dumps([_entry(), _entry(question_id='q2')])
+  if name.endswith('.gz'):
+    with gzip.open(folder / name, 'wt', encoding='utf-8') as f:
+      f.write(text)
+  else:
+    (folder / name).write_text(text)
+  assert L.find_file(tmp_path, 's') == folder / name
+  episodes, _ = L.load_longmemeval(tmp_path, split='s', level='session')
+  assert [e.id for e in episodes] == ['q1', 'q2']
+  (folder / 'mine.json').write_text(json.dumps([_entry(question_id='q3')]))
+  assert [e.id for e in L.load_longmemeval(tmp_path, split='s', level='session', file='mine.json')[0]] == ['q3']
+
+
+def test_no_file_names_every_name_looked_for(tmp_path):
+  (tmp_path / 'longmemeval').mkdir()
+  with pytest.raises(
+    FileNotFoundError, match=r'looked for longmemeval_s_cleaned.json, longmemeval_s_cleaned.json.gz, '
+  ):
+    L.load_longmemeval(tmp_path, split='s')
+
+
 # ---------------------------------------------------------------------------------------------- real data
 
 

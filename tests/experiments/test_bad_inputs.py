@@ -199,3 +199,104 @@ def test_fit_refuses_an_empty_test_conversation_and_names_a_copied_one(tmp_path,
   monkeypatch.setattr(fit_lib, 'holdout_split', lambda ids, n_test, seed: (['conv-30', 'conv-26'], ['conv-26-copy']))
   with pytest.raises(ValueError, match=r"'conv-26' \(training\) = 'conv-26-copy' \(scored\)"):
     fit_exp.run(_compose(base + ['fit.split=holdout', 'fit.n_test=1'], name='fit'), tmp_path / 'o2')
+
+
+# ------------------------------------------------------------------------------------------ issue 31's inputs
+
+
+def test_near_copies_of_a_conversation_are_refused():
+  """A conversation copied with one trailing space (a near copy) scored its questions twice: the corpus fingerprint
+  now compares texts up to case and whitespace."""
+  eps = [_ep(0), _ep(1), _ep(2, text='text 0 ')]
+  with pytest.raises(ValueError, match=r"episodes 'e0' and 'e2' have identical content up to case and whitespace"):
+    checks.check_distinct_corpora(eps, 'dataset d')
+  checks.check_distinct_corpora([_ep(0), _ep(2, text='text 0 more')], 'dataset d')
+
+
+def test_conversations_without_brackets_and_a_knob_listed_twice_are_refused():
+  """`dataset.loader.conversations=conv-30` (no brackets) became ['-', '0', '3', 'c', 'n', 'o', 'v']."""
+  with pytest.raises(ValueError, match=r"got the string 'conv-30' .*write dataset.loader.conversations=\[conv-30\]"):
+    checks.check_evaluate(_compose(['dataset.loader.conversations=conv-30']))
+  from engram_jax.data.locomo import load_locomo
+
+  with pytest.raises(ValueError, match=r"got the string 'conv-30'"):
+    load_locomo(conversations='conv-30')
+  with pytest.raises(ValueError, match=r'fit.params lists legs.cfsr.lam twice'):
+    checks.check_fit(_compose(['fit.params=[k0,legs.cfsr.lam,legs.cfsr.lam]'], name='fit'))
+
+
+def _locomo_root(tmp_path, samples):
+  (tmp_path / 'locomo').mkdir(parents=True)
+  (tmp_path / 'locomo' / 'locomo10.json').write_text(json.dumps(samples))
+  return tmp_path
+
+
+@real
+def test_locomo_dates_are_checked_and_an_empty_list_is_called_empty(tmp_path):
+  from engram_jax.data.locomo import load_locomo
+
+  data = json.loads((io.resolve_data_root() / 'locomo' / 'locomo10.json').read_text())
+  _, report = load_locomo()
+  conv = [s['conversation'] for s in data]
+  with_turns = sum(1 for c in conv for k in c if k.endswith('_date_time') and c.get(k[: -len('_date_time')]))
+  assert report.counts['session_dates_checked'] == with_turns == 272
+  bad = json.loads(json.dumps(data[:1]))
+  bad[0]['conversation']['session_2_date_time'] = 'not a date'
+  with pytest.raises(ValueError, match=r"conv-26: session_2_date_time 'not a date' is not a LoCoMo date") as e:
+    load_locomo(_locomo_root(tmp_path / 'a', bad))
+  _one_line(e)
+  with pytest.raises(ValueError, match=r'holds no conversations \(an empty list\)'):
+    load_locomo(_locomo_root(tmp_path / 'b', []))
+
+
+def test_fc_facts_repeated_under_new_serials_are_counted():
+  from engram_jax.data.factconsolidation import parse_facts
+
+  report = LoadReport('fc')
+  facts = parse_facts(
+    'Here is a list of facts:\n0. Ann lives in Paris.\n1. Bob is 3.\n2. ann lives in  Paris.', report=report, source='s'
+  )
+  assert len(facts) == 3 and report.counts['fact_repeated_under_new_serial'] == 1
+  assert report.examples['fact_repeated_under_new_serial'][0] == ('s', 0, 2)
+
+
+def test_a_fit_on_one_training_question_is_warned(caplog):
+  eps = [_ep(0), _ep(1), _ep(2, n_q=30)]
+  with caplog.at_level('WARNING'):
+    checks.check_folds(eps, [['e2']])
+  assert 'trains on only 2 question(s)' in caplog.text
+  caplog.clear()
+  with caplog.at_level('WARNING'):
+    checks.check_folds(eps, [['e0']])
+  assert 'trains on only' not in caplog.text
+
+
+def test_a_training_set_the_user_never_named_says_why_it_is_read(tmp_path):
+  """`pipeline=[bm25_recency]` on FactConsolidation without LongMemEval data failed on lme_train, unexplained."""
+  from engram_jax.core.errors import DataNotFoundError
+  from experiments.lib import common
+
+  cfg = _compose([f'paths.data_root={tmp_path}'])
+  (tmp_path / 'longmemeval').mkdir()
+  with pytest.raises(
+    DataNotFoundError, match=r'pipeline p is tuned on lme_train, and its data is missing: no LongMemEval'
+  ):
+    common.load_dataset(cfg, cfg.train_sets.lme_train, purpose='pipeline p is tuned on lme_train')
+  with pytest.raises(DataNotFoundError, match=r'^no LongMemEval s file'):  # the loader's own error, not Hydra's repr
+    common.load_dataset(cfg, cfg.train_sets.lme_train)
+
+
+def test_a_damaged_answer_cache_entry_is_discarded_and_answered_again(tmp_path, caplog):
+  from engram_jax.answer import cache as answer_cache
+
+  cache = answer_cache.AnswerCache(tmp_path, {'model': 'm'})
+  m = [{'role': 'user', 'content': 'hi'}]
+  cache.put(m, 'hello')
+  assert cache.get(m) == 'hello'
+  for damage in (b'', b'{"answer": "hel'):
+    cache.path(m).write_bytes(damage)
+    with caplog.at_level('WARNING'):
+      assert cache.get(m) is None
+    assert 'is damaged' in caplog.text and not cache.path(m).exists()
+    cache.put(m, 'hello')
+  assert cache.damaged == 2 and cache.get(m) == 'hello'

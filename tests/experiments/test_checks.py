@@ -228,3 +228,74 @@ def test_eval_metrics_override_is_honoured(tmp_path):
   )
   res = evaluate.run(cfg, tmp_path / 'out')
   assert res['metrics'] == ['ndcg@5', 'mrr@10'] and 'mrr@10' in res['pipelines']['bm25']
+
+
+@pytest.mark.parametrize(
+  'overrides, match',
+  [
+    (['+grd={k0: [20, 60]}'], r'unknown option grd \(did you mean grid\?\): no part of the program reads it'),
+    (['+eval.nresamples=100'], r'unknown option eval.nresamples \(did you mean eval.n_resamples\?\)'),
+    (['+typo=1'], r'unknown option typo'),
+    (['reader=smollm2'], r'reader=smollm2: dataset locomo declares no answer task.*locomo_answer'),
+    (['dataset=longmemeval_s', 'reader=smollm2'], r'dataset longmemeval_s declares no answer task'),
+    (['dataset=locomo_answer', 'reader=smollm2', 'reader.questions=0'], r'reader.questions must be an integer >= 1'),
+  ],
+)
+def test_options_nobody_reads_and_reader_mistakes_are_refused_before_loading(overrides, match):
+  """The probes: `+grid=...` (before the grid existed; now `+grd`, its typo) and the typo `+eval.nresamples=100` ran the default job and exited 0;
+  `reader=` on a dataset without an answer task failed after retrieval."""
+  with pytest.raises(ValueError, match=match) as e:
+    checks.check_evaluate(_compose(overrides))
+  assert '\n' not in str(e.value)
+
+
+def test_fit_refuses_unknown_keys_too():
+  with pytest.raises(ValueError, match='unknown option eval.nresamples'):
+    checks.check_fit(_compose(['+eval.nresamples=100'], name='fit'))
+
+
+def _eps(sizes):
+  from engram_jax.core.types import Episode, Item, Question
+
+  return [
+    Episode(
+      id=f'e{i}',
+      items=tuple(Item(id=f'e{i}-{j}', text=f'item {j}', parent='s', position=j) for j in range(n)),
+      questions=(Question(id=f'q{i}', text='what?', gold=(f'e{i}-0',), gold_parents=('s',), category=1),),
+    )
+    for i, n in enumerate(sizes)
+  ]
+
+
+def test_checks_on_loaded_data_run_before_embedding(tmp_path):
+  """k larger than an episode, reader.questions above the questions, a fitted= file missing episodes: refused by
+  check_loaded (called by evaluate right after loading, before embedding)."""
+  eps = _eps([30, 7, 40])
+  with pytest.raises(ValueError, match=r'eval.k=10 is larger than episode e1 \(7 items; 1 episode\(s\)'):
+    checks.check_loaded(_compose(), 'locomo', eps)
+  checks.check_loaded(_compose(['eval.k=7', 'eval.metrics=[ndcg@5]']), 'locomo', eps)
+  with pytest.raises(ValueError, match=r'reader.questions must be in 1..3'):
+    checks.check_loaded(
+      _compose(['dataset=locomo_answer', 'reader=smollm2', 'reader.questions=4', 'eval.k=5']), 'x', eps
+    )
+  fitted = tmp_path / 'fitted.json'
+  fitted.write_text(json.dumps({'pipeline': 'cosine', 'folds': {'e0': {}, 'e2': {}}}))
+  with pytest.raises(ValueError, match=r'no fitted parameters for episodes e1 of dataset locomo'):
+    checks.check_loaded(_compose([f'fitted={fitted}', 'eval.k=5']), 'locomo', eps)
+  with pytest.raises(ValueError, match=r'fitted=/nonexistent.json: not a readable fitted.json'):
+    checks.check_evaluate(_compose(['fitted=/nonexistent.json']))
+
+
+def test_entry_point_prints_one_line_and_the_traceback_on_request(tmp_path):
+  import os
+  import subprocess
+  import sys
+
+  cmd = [sys.executable, '-m', 'experiments.evaluate', '+eval.nresamples=100', f'hydra.run.dir={tmp_path}']
+  out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, 'ENGRAM_FULL_ERROR': ''})
+  assert out.returncode == 1
+  assert (
+    out.stderr.strip().splitlines() == [out.stderr.strip()] and 'Error: unknown option eval.nresamples' in out.stderr
+  )
+  out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, 'ENGRAM_FULL_ERROR': '1'})
+  assert out.returncode == 1 and 'Traceback' in out.stderr

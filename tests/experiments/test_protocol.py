@@ -115,16 +115,17 @@ def test_overrides_that_change_fixed_settings_are_refused_then_forced_and_marked
     forced = compose(
       'fit', overrides=['+protocol=locomo_full', *bad, 'protocol_force=true', f'protocol_ledger={ledger}']
     )
-  info = protocol.check(own)  # progress bars and the ledger's path are not fixed settings
+  empty = tmp_path / 'committed.jsonl'  # locomo_full is scored in the real committed ledger
+  info = protocol.check(own, committed_ledger=empty)  # progress bars and the ledger's path are not fixed settings
   assert info['changed_settings'] == [] and not info['forced'] and len(info['config_sha256']) == 64
   with pytest.raises(
     ValueError,
     match=r"protocol locomo_full: the run's overrides change settings the protocol "
     r'fixes \(embedder.*fit.params.*fit.steps',
   ) as e:
-    protocol.check(changed)
+    protocol.check(changed, committed_ledger=empty)
   assert '\n' not in str(e.value)
-  marked = protocol.check(forced)
+  marked = protocol.check(forced, committed_ledger=empty)
   assert marked['forced'] and {'fit.steps', 'fit.params'} <= set(marked['changed_settings'])
   assert marked['config_sha256'] != info['config_sha256']
   protocol.record(marked, tmp_path / 'run', summary={}, paired={}, n_questions=1)
@@ -132,4 +133,67 @@ def test_overrides_that_change_fixed_settings_are_refused_then_forced_and_marked
   assert row['forced'] and row['changed_settings'] == marked['changed_settings']
   assert row['config_sha256'] == marked['config_sha256'] and row['forced_because']
   with pytest.raises(ValueError, match='protocol locomo_full was already scored'):  # by name, whatever was changed
-    protocol.check(own)
+    protocol.check(own, committed_ledger=empty)
+
+
+def test_a_new_ledger_file_does_not_hide_the_committed_one(tmp_path, monkeypatch):
+  """Probe (c1): `+protocol=locomo_full protocol_ledger=<new file>` passed unforced with earlier_scorings 0; the
+  committed ledger is now always consulted, and a forced rerun says it was already scored."""
+  from hydra import compose, initialize_config_dir
+
+  monkeypatch.setattr(protocol, 'committed_unmodified', lambda path: True)
+  new = tmp_path / 'new.jsonl'
+  with initialize_config_dir(config_dir=str(protocol.CONF), version_base='1.3'):
+    cfg = compose('fit', overrides=['+protocol=locomo_full', f'protocol_ledger={new}'])
+    forced = compose('fit', overrides=['+protocol=locomo_full', f'protocol_ledger={new}', 'protocol_force=true'])
+  with pytest.raises(ValueError, match=r'protocol locomo_full was already scored on 2026-12-01'):
+    protocol.check(cfg)
+  info = protocol.check(forced)
+  assert info['forced'] and info['earlier_scorings'] >= 1 and info['forced_because'][0].startswith('already scored')
+  assert info['ledger'] == str(new)  # the run appends to the scratch ledger only
+  protocol.record(info, tmp_path / 'run', summary={}, paired={}, n_questions=1)
+  row = json.loads(new.read_text())
+  assert row['git_commit'] and row['packages']['numpy'] and row['forced_because'] == info['forced_because']
+
+
+def _toy(text='a'):
+  return [
+    Episode(
+      id='e0',
+      items=(Item('i0', text, 'p', 0), Item('i1', 'b', 'p', 1)),
+      questions=(Question('q0', 'q?', ('i0',), ('p',), 1),),
+    )
+  ]
+
+
+def test_changed_data_is_refused_unless_forced_and_the_row_records_it(tmp_path):
+  """Probe (c2): a confirmation on a modified data copy (paths are not fixed settings) ran unforced and recorded no
+  fingerprint; now the data read is fingerprinted and compared with the pinned one."""
+  cfg = OmegaConf.create({'dataset': {'name': 'toy', 'loader': {'x': 1}}, 'fit': {'split': 'crossfit'}})
+  pins = tmp_path / 'data.json'
+  key = protocol.data_key(cfg)
+  pins.write_text(json.dumps({key: {'fingerprint': protocol.data_fingerprint(_toy()), 'n_episodes': 1}}))
+  info = {'name': 'p', 'force': False, 'forced': False, 'forced_because': []}
+  protocol.check_data(info, cfg, _toy(), pins)  # the pinned data: passes
+  assert info['data']['fingerprint'] == info['data']['pinned'] and not info['forced']
+  with pytest.raises(ValueError, match=r'protocol p: data changed: read 1 episodes with fingerprint'):
+    protocol.check_data(dict(info), cfg, _toy('a '), pins)  # one trailing space
+  other = OmegaConf.create({'dataset': {'name': 'toy', 'loader': {'x': 2}}, 'fit': {'split': 'crossfit'}})
+  with pytest.raises(ValueError, match='no data fingerprint pinned for these dataset settings'):
+    protocol.check_data(dict(info), other, _toy(), pins)
+  forced = {'name': 'p', 'force': True, 'forced': False, 'forced_because': ['already scored 1x']}
+  protocol.check_data(forced, cfg, _toy('a '), pins)
+  assert forced['forced'] and forced['forced_because'][0] == 'already scored 1x'
+  assert forced['forced_because'][1].startswith('data changed')
+  assert protocol.data_key(OmegaConf.create({**OmegaConf.to_container(cfg), 'paths': {'data_root': '/x'}})) == key
+
+
+def test_every_protocol_has_its_data_pinned():
+  """conf/protocol/data.json holds a fingerprint for every protocol's dataset settings (written by `pin`)."""
+  from hydra import compose, initialize_config_dir
+
+  pins = json.loads(protocol.DATA_PINS.read_text())
+  with initialize_config_dir(config_dir=str(protocol.CONF), version_base='1.3'):
+    for path in sorted(protocol.PROTOCOL_DIR.glob('*.yaml')):
+      cfg = compose('fit', overrides=[f'+protocol={path.stem}'])
+      assert protocol.data_key(cfg) in pins, path.stem
