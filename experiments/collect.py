@@ -114,7 +114,7 @@ def load_rows(
     if name is None:
       missing.append({'job': job.num, 'label': labels[job.num], 'why': f'no metric {metric} in {res["metrics"]}'})
       continue
-    scores = compare.per_question_scores([path], dataset)
+    scores = {r.pipeline: r.scores for r in compare.per_question_scores([path], dataset)}  # one file: one row each
     for pipe, summary in res['pipelines'].items():
       per_q = {q: ms[name] for q, ms in scores[pipe].items()}
       rows.append(

@@ -195,9 +195,9 @@ def evaluate(
     cached = leg_cache is not None and mesh is None
     runs = {
       name: (
-        leg_cache.program(('topk', structure_key(p), k), functools.partial(_stacked_topk, p, k))
+        leg_cache.program(('topk', structure_key(p), k), functools.partial(stacked_topk, p, k))
         if cached
-        else by_structure.setdefault(structure_key(p), _stacked_topk(p, k, mesh=mesh))
+        else by_structure.setdefault(structure_key(p), stacked_topk(p, k, mesh=mesh))
       )
       for name, p in pipelines.items()
     }
@@ -324,7 +324,7 @@ def _cached_topk(
     mine = {p[len(prefix) :]: v for p, v in values.items() if p.startswith(prefix) and p[len(prefix) :] != 'weight'}
     tops.append(leg_top_d(cache, spec, pos, n_legs, mine, stack, base_key, index, group_key))
   fuse = cache.program(
-    ('rrf_topk', tuple(int(t[0].shape[-1]) for t in tops), n_legs, k), functools.partial(_stacked_fusion, k)
+    ('rrf_topk', tuple(int(t[0].shape[-1]) for t in tops), n_legs, k), functools.partial(stacked_fusion, k)
   )
   weights = [values[f'legs.{s.name}.weight'] for s in pipe.legs]
   return fuse([t[0] for t in tops], [t[1] for t in tops], stack.where, weights, values['k0'])
@@ -434,7 +434,7 @@ def _stacked_finish(spec, pos: int, n_legs: int, traced: tuple[str, ...]) -> Cal
   return jax.jit(run)
 
 
-def _stacked_fusion(k: int) -> Callable:
+def stacked_fusion(k: int) -> Callable:
   """``(legs' top-D indices, ranked, where [E, N], weights, k0) -> top-k [E, Q, k]`` (-1 where unranked): RRF
   from the legs' top-D (:func:`engram_jax.eval.legcache.rrf_from_top`) and the final top-k, mapped over episodes."""
 
@@ -452,7 +452,7 @@ def _stacked_fusion(k: int) -> Callable:
   return jax.jit(run)
 
 
-def _stacked_topk(pipe: Pipeline, k: int, *, mesh: jax.sharding.Mesh | None = None) -> Callable:
+def stacked_topk(pipe: Pipeline, k: int, *, mesh: jax.sharding.Mesh | None = None) -> Callable:
   """``(stacked arrays [E, ...], key, episode indices [E], knob values) -> top-k [E, Q, k]``: ``pipe``'s structure
   mapped over episodes (episode ``e`` with ``fold_in(key, e)``), jitted; the traced knob values
   (:func:`engram_jax.eval.pipeline.traced_values`) are arguments, so it serves every pipeline of the same

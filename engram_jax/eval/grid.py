@@ -40,7 +40,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from engram_jax.core.batch import EpisodeArrays, episode_arrays, stack_arrays, stack_groups
 from engram_jax.core.types import Episode
 from engram_jax.eval import legcache, sharding
-from engram_jax.eval.evaluation import _stacked_topk, leg_top_d
+from engram_jax.eval.evaluation import leg_top_d, stacked_topk
 from engram_jax.eval.legcache import LegCache
 from engram_jax.eval.pipeline import Pipeline, build_options, knob_value, split_path, traced_values, with_values
 from engram_jax.eval.timing import RunTimer
@@ -140,7 +140,7 @@ def _value_array(v: Any) -> np.ndarray:
   return np.asarray(v, np.int32 if isinstance(v, (int, np.integer)) else np.float32)
 
 
-def _grid_candidates(k: int):
+def grid_candidates(k: int):
   """``(legs' top-D indices [E, Q, D_l], ranked [E, Q, D_l], where [E, N]) -> (candidates [E, Q, M], ranks
   [E, L, Q, M])``, jitted: per question, every item that can reach an RRF top-``k`` whatever the leg weights and
   ``k0`` are: the items any leg ranks, and the last ``k`` real items that no leg ranks (their fused score is 0, and
@@ -176,12 +176,12 @@ def _grid_candidates(k: int):
   return jax.jit(lambda idx, ranked, where: jax.lax.map(one, (idx, ranked, where)))
 
 
-def _grid_fusion(k: int):
+def grid_fusion(k: int):
   """``(candidates [E, Q, M], ranks [E, L, Q, M], weights [B, L], k0 [B]) -> top-k [B, E, Q, k]`` (-1 where
   unranked), ``vmap``-ped over ``B`` points, jitted. The fused score of each candidate is
   :func:`engram_jax.eval.legcache.rrf_from_top`'s, added leg by leg from 0 in the same order (so the same floats),
   and the top-``k`` among candidates sorted by item index, largest first, keeps the shared tie rule (the later
-  item first); items outside the candidates score 0 and are never needed (see :func:`_grid_candidates`)."""
+  item first); items outside the candidates score 0 and are never needed (see :func:`grid_candidates`)."""
 
   def one_point(cand, ranks, w, k0):
     fused = jnp.zeros(cand.shape, jnp.float32)
@@ -195,7 +195,7 @@ def _grid_fusion(k: int):
   return jax.jit(jax.vmap(one_point, in_axes=(None, None, 0, 0)))
 
 
-def _as_gains(tops: np.ndarray, labels_flat: np.ndarray, n_gold: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def as_gains(tops: np.ndarray, labels_flat: np.ndarray, n_gold: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   """Top-k ``[B, E, Q, k]`` and the flat labels ``[E * Q * N]`` as a label metric's ``(topk, labels)`` of the same
   value, small: ``topk' [B, E, Q, k]`` = the positions ``0..k-1`` (-1 where empty) and ``labels' [B, E, Q, k + G]``
   = the gains at those positions followed by as many gold items as the top-k misses (``G`` = the most gold of a
@@ -358,7 +358,7 @@ def evaluate_grid(
         real = tops.reshape(len(chosen), -1, k)[:, src]
         if np.any(real < 0):
           raise AssertionError(f'Pipeline {pipe.name} returned fewer than k={k} items at a grid point')
-        top_pos, gold = _as_gains(tops, labels_flat, n_gold)
+        top_pos, gold = as_gains(tops, labels_flat, n_gold)
         for m, b, cut in parsed:
           vals = metrics_lib.METRICS[b](top_pos, gold, k=cut)  # [B, E, Q_pad] float64
           scores[m][chosen[:, None], dst[None]] = vals.reshape(len(chosen), -1)[:, src]
@@ -370,7 +370,7 @@ def evaluate_grid(
 
       t1 = time.perf_counter()
       if base.fusion != 'rrf':  # one leg: every traced knob is the leg's own, so the pipeline runs once per point
-        run = cache.program(('grid_topk', id(base), k), functools.partial(_stacked_topk, base, k))
+        run = cache.program(('grid_topk', id(base), k), functools.partial(stacked_topk, base, k))
         for p in pts:
           vals = {**defaults, **{t: _value_array(points[t][p].item()) for t in traced_paths}}
           out = np.asarray(run(stack, base_key, index, vals))
@@ -423,8 +423,8 @@ def evaluate_grid(
       most = max(len(js) for js in by_legs.values())
       b = sharding.padded_size(-(-most // -(-most // chunk)), n_dev)  # <= chunk, as few padded points as can be
       widths = tuple(int(x.shape[-1]) for x in idx_stacks)
-      candidates = cache.program(('grid_candidates', widths, k), functools.partial(_grid_candidates, k))
-      fuse = cache.program(('grid_fusion', widths, n_legs, k, b), functools.partial(_grid_fusion, k))
+      candidates = cache.program(('grid_candidates', widths, k), functools.partial(grid_candidates, k))
+      fuse = cache.program(('grid_fusion', widths, n_legs, k, b), functools.partial(grid_fusion, k))
       t_retrieve += time.perf_counter() - t1
       for row, js in by_legs.items():
         t1 = time.perf_counter()

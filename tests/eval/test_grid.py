@@ -204,11 +204,11 @@ def test_candidate_fusion_equals_rrf_fusion(seed):
   weights = np.array([[1.0, 0.0, 2.0], [0.0, 0.0, 0.0], [0.5, 1.0, 3.0], [1.0, 1.0, 1.0]], np.float32)
   k0 = np.array([60.0, 20.0, 1.0, 1.0], np.float32)
   want = [
-    np.asarray(evaluation._stacked_fusion(k)(idx, ranked, jnp.asarray(where), list(w), np.float32(z)))
+    np.asarray(evaluation.stacked_fusion(k)(idx, ranked, jnp.asarray(where), list(w), np.float32(z)))
     for w, z in zip(weights, k0)
   ]
-  cand, ranks = grid._grid_candidates(k)(idx, ranked, jnp.asarray(where))
-  got = np.asarray(grid._grid_fusion(k)(cand, ranks, weights, k0))
+  cand, ranks = grid.grid_candidates(k)(idx, ranked, jnp.asarray(where))
+  got = np.asarray(grid.grid_fusion(k)(cand, ranks, weights, k0))
   for j in range(len(weights)):
     np.testing.assert_array_equal(got[j], want[j])
 
@@ -223,7 +223,7 @@ def test_gains_give_every_label_metric_exactly():
   labels[0, 0] = False  # a question without gold
   tops = np.stack([rng.permutation(n)[:k] for _ in range(b * e * q)]).reshape(b, e, q, k).astype(np.int32)
   tops[1, 1, 1, 7:] = -1  # empty slots
-  pos, gold = grid._as_gains(tops, labels.reshape(-1), labels.sum(-1))
+  pos, gold = grid.as_gains(tops, labels.reshape(-1), labels.sum(-1))
   for name, fn in metrics_lib.METRICS.items():
     for cut in (1, 5, 10):
       np.testing.assert_array_equal(
