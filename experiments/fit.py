@@ -492,7 +492,8 @@ def write_outputs(cfg: DictConfig, out_dir: Path, plan, data: Data, parts, resul
         {','.join(f): r.losses for f, r in zip(folds, parts[label]['fits'])}
       )
   report.write_files(out_dir, files)
-  fit_artifact.write(cfg, out_dir / 'artifact', plan, data, parts, results.get('protocol'))
+  array_pipes = [plan.name, *(b for b in cfg.fit.baselines if b != plan.name)]
+  fit_artifact.write(cfg, out_dir / 'artifact', plan, data, parts, results.get('protocol'), array_pipes)
   log.info('wrote %s', out_dir / 'fitted.json')
 
 

@@ -159,7 +159,7 @@ def save(
 
   >>> import tempfile; from engram_jax.fit.train import FitResult
   >>> res = FitResult(values={'k0': 60.0}, losses=[], train_rows=1, wall_s=0.0, raw={'k0': np.float32(4.09)})
-  >>> node = {'legs': {'cos': {'op': 'cosine'}, 'bm25': {'op': 'bm25'}}}
+  >>> node = {'fusion': 'rrf', 'legs': {'cos': {'op': 'cosine'}, 'bm25': {'op': 'bm25'}}}
   >>> d = save(tempfile.mkdtemp(), pipe_name='p', pipe_node=node, params=['k0'], k=10, components=[],
   ...          fits={'final': res}, scored={'final': []}, train_questions={'final': ['q1']},
   ...          train_episodes={'final': ['e1']})
@@ -254,8 +254,10 @@ def score(
   metrics: Sequence[str],
   seed: int,
   episode_metrics: Mapping[str, Callable] | None = None,
+  retrieved: list | None = None,
 ) -> dict[str, np.ndarray]:
-  """Per-question hard scores ``{metric: [Q]}`` (``episodes``' order) of the fitted pipeline with every learned
+  """Per-question hard scores ``{metric: [Q]}`` (``episodes``' order; ``retrieved``, a list, receives each
+  question's top-k item ids where the scorer gives them, else empty lists) of the fitted pipeline with every learned
   part of ``res``: the knob values; the adapter (queries adapted, pools re-formed under them); the conditioned
   knobs (per-question fusion, :func:`engram_jax.fit.conditioned.score_episodes`). ``arrays``: the episodes' padded
   arrays when no adapter changes the queries (else rebuilt)."""
@@ -277,10 +279,15 @@ def score(
       episode_metrics=episode_metrics,
     )
     eps = np.asarray(r.episode_ids)
+    if retrieved is not None:
+      ids = r.retrieved[pipe.name]
+      retrieved.extend(ids[i] for e in episodes for i in np.flatnonzero(eps == e.id))
     return {m: np.concatenate([np.asarray(r.scores[pipe.name][m])[eps == e.id] for e in episodes]) for m in metrics}
   if arrays is None:
     options = build_options([pipe])
     arrays = [episode_arrays(e, d, q, **options) for e, (d, q) in zip(episodes, embeddings)]
+  if retrieved is not None:
+    retrieved.extend([] for e in episodes for _ in e.questions)
   return C.score_episodes(
     pipe,
     problem,
