@@ -4,8 +4,8 @@ Kept short on purpose: the logic lives in engram_jax.fit; loading, embedding and
 experiments.evaluate's and engram_jax.eval.evaluation's.
 
 Writes to the Hydra run folder: fitted.json (``{"pipeline", "folds": {episode: {config path: value}}}``, the
-format ``experiments.evaluate fitted=...`` reads), loss_curve.json, split.json, results.json, results.md and
-the resolved config.
+format ``experiments.evaluate fitted=...`` reads), loss_curve.json, split.json, results.json, results.md, the
+resolved config and ``artifact/`` (every learned part of every fit: :mod:`engram_jax.fit.artifact`).
 """
 
 from __future__ import annotations

@@ -106,9 +106,6 @@ class Adapter:
     return vals, adapted_rows(problem, rows, inputs, params)
 
 
-AdapterSpec = Adapter  # the name under which experiments and tests knew it
-
-
 @struct.dataclass
 class Inputs:
   """Per-question query embeddings and per-episode item embeddings (padded to one N)."""

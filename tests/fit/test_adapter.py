@@ -86,7 +86,7 @@ def test_fit_runs_forward_mode_is_refused_and_queries_stay_unit():
   np.testing.assert_allclose(np.linalg.norm(q, axis=-1), 1.0, rtol=1e-5)
   problem_f, *_ = _setup('forward')
   with pytest.raises(ValueError, match='cfsr_grad=implicit or reverse'):
-    A.AdapterSpec(rank=2, lr_scale=1.0).check(problem_f)
+    A.Adapter(rank=2, lr_scale=1.0).check(problem_f)
 
 
 @pytest.mark.slow
@@ -150,8 +150,8 @@ def test_soft_query_legs_give_the_cosine_leg_a_gradient_that_is_cold_hard():
   a nonzero gradient when on; cold, the soft-ranked constant leg fuses as the hard-ranked one."""
   problem, knobs, fixed, rows, inputs = _cos_bm25_setup()
   with pytest.raises(ValueError, match='soft_query_legs=true'):
-    A.AdapterSpec(rank=2, lr_scale=1.0).check(problem)
-  A.AdapterSpec(rank=2, lr_scale=1.0, soft_query_legs=True).check(problem)
+    A.Adapter(rank=2, lr_scale=1.0).check(problem)
+  A.Adapter(rank=2, lr_scale=1.0, soft_query_legs=True).check(problem)
   assert A.query_legs(problem) == (0,)
   assert np.abs(_adapter_grad(problem, knobs, fixed, rows, inputs, (0,))).sum() > 0
   vals = {**fixed, **knobs.values()}
