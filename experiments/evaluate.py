@@ -136,6 +136,11 @@ def run_dataset(
       merged[name] = evaluation.merge_replicates(result, name, variants)
     else:
       merged[name] = evaluation.merge_by_episode(result, name, extra)
+  applied = None
+  if cfg.get('fitted') and Path(str(cfg.fitted)).is_dir():  # a fit's artifact: every learned part of it applied
+    from experiments.lib import fit_artifact  # flax and safetensors: only when an artifact is applied
+
+    applied = fit_artifact.apply(cfg, episodes, embeddings, result, metrics=metrics)
   order = [n for n in cfg.pipeline if n not in skip]
   result.scores = {n: result.scores[n] for n in order}
   result.retrieved = {n: result.retrieved[n] for n in order}
@@ -152,6 +157,12 @@ def run_dataset(
     reference_label=cfg.get('reference_label', 'published'),
     title=f'{ds.name}: {len(result.question_ids)} questions, k={cfg.eval.k}, embedder {cfg.embedder.model_id}',
   )
+  if applied:
+    table += (
+      f'\nFitted artifact {applied["artifact"]} (components {applied["components"]}): '
+      + ', '.join(f'{label} on {len(eps)} episodes' for label, eps in applied['episodes_by_fit'].items())
+      + '\n'
+    )
   if skip:
     table += f'\nNot run here (their parameters were fit on questions of this dataset): {sorted(skip)}\n'
   pileup = None
@@ -181,6 +192,8 @@ def run_dataset(
     'not_run': sorted(skip),
     'per_question': report.per_question(result),
   }
+  if applied:
+    results['fitted_artifact'] = applied
   if tier1 is not None:
     with timer.phase('answer'):
       results['tier1'], t1_table = tier1.run(ds, episodes, result, labels=answer.labels_for(cfg))

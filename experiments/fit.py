@@ -4,12 +4,13 @@ Kept short on purpose: the logic lives in engram_jax.fit; loading, embedding and
 experiments.evaluate's and engram_jax.eval.evaluation's.
 
 Writes to the Hydra run folder: fitted.json (``{"pipeline", "folds": {episode: {config path: value}}}``, the
-format ``experiments.evaluate fitted=...`` reads), loss_curve.json, split.json, results.json, results.md and
-the resolved config.
+format ``experiments.evaluate fitted=...`` reads), loss_curve.json, split.json, results.json, results.md, the
+resolved config and ``artifact/`` (every learned part of every fit: :mod:`engram_jax.fit.artifact`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -20,16 +21,15 @@ from typing import Any
 import hydra
 import numpy as np
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from engram_jax import fit
 from engram_jax.core import batch
 from engram_jax.data import splits
 from engram_jax.eval import evaluation, pipeline
-from engram_jax.fit import twins
+from engram_jax.fit import artifact
 from engram_jax.metrics import report, stats
-from experiments.lib import checks, common, fit_adapter, fit_conditioned, protocol
+from experiments.lib import checks, common, fit_adapter, fit_artifact, fit_conditioned, fit_setup, protocol
 
 log = logging.getLogger(__name__)
 
@@ -48,106 +48,9 @@ def prepare(cfg: DictConfig, options: dict | None = None, dataset: DictConfig | 
   return episodes, embeddings, arrays
 
 
-def make_folds(cfg: DictConfig, episode_ids: list[str]) -> list[list[str]]:
-  """Scored episode folds: cross-fitting folds, one hold-out fold, or (``parts``) every episode of the scored
-  dataset in one fold (the training episodes come from ``fit.train``)."""
-  if cfg.fit.split == 'parts':
-    return [list(episode_ids)]
-  if cfg.fit.split == 'crossfit':
-    return fit.episode_folds(episode_ids, n_folds=int(cfg.fit.folds), seed=int(cfg.fit.seed))
-  if cfg.fit.split == 'holdout':
-    return [fit.holdout_split(episode_ids, n_test=int(cfg.fit.n_test), seed=int(cfg.fit.seed))[1]]
-  raise ValueError(f'fit.split must be crossfit or holdout, got {cfg.fit.split!r}')
-
-
-def fit_folds(cfg: DictConfig, name: str, pipe: pipeline.Pipeline, episodes, arrays, folds):
-  """Fit ``pipe`` once per fold (on every episode outside it); returns ``(problem, every knob, fits)``."""
-  params = list(cfg.fit.params or cfg.fit.params_by_pipeline[name])
-  problem, knobs, every = fit.make_problem(
-    pipe,
-    params,
-    k=int(cfg.eval.k),
-    temperatures=fit.Temperatures(**cfg.fit.temperatures),
-    settings=fit.Settings(
-      greedy_pool=int(cfg.fit.greedy_pool),
-      candidates=int(cfg.fit.candidates),
-      solve_batch=cfg.fit.solve_batch,
-      cfsr_grad=str(cfg.fit.cfsr_grad),
-    ),
-  )
-  rows = fit.build_rows(problem, pipe, episodes, arrays, seed=int(cfg.seed))
-  if cfg.fit.get('check_twins', True):
-    check_twins(
-      problem,
-      rows,
-      episodes,
-      arrays,
-      every,
-      seed=int(cfg.seed),
-      max_questions=int(cfg.fit.get('check_twins_questions') or 512),
-    )
-  row_eps = [e.id for e in episodes for _ in e.questions]
-  qids = [q.id for e in episodes for q in e.questions]
-  steps, checks_n = int(cfg.fit.steps), int(cfg.fit.get('gap_checks') or 0)
-  monitor_steps = sorted({round(i * steps / checks_n) for i in range(checks_n + 1)}) if checks_n else []
-  monitor = functools.partial(gap_monitor, cfg, name, pipe, problem, rows, episodes, arrays) if checks_n else None
-  fits = fit.crossfit(
-    problem,
-    knobs,
-    every,
-    rows,
-    row_episodes=row_eps,
-    question_ids=qids,
-    folds=folds,
-    optimizer=instantiate(cfg.fit.optimizer),
-    steps=steps,
-    batch_size=int(cfg.fit.batch_size),
-    seed=int(cfg.fit.seed),
-    log=log.info,
-    anneal=tuple(cfg.fit.get('anneal') or (1.0, 1.0)),
-    monitor=monitor,
-    monitor_steps=monitor_steps,
-  )
-  return problem, every, fits
-
-
-def check_twins(
-  problem: fit.Problem, rows: fit.Rows, episodes, arrays, every: dict[str, float], *, seed: int, max_questions: int
-) -> None:
-  """Before step 0: every fitted leg's soft twin, cold, against its hard leg (:mod:`engram_jax.fit.twins`) on the
-  training rows of the first episodes (up to ``max_questions`` questions), at the hand-set knob values and with
-  every fitted knob moved once. Raises a one-line ValueError naming the operator and the gap when they differ
-  (``fit.check_twins=false`` skips the check)."""
-  n_questions = [len(e.questions) for e in episodes]
-  sel, total = [], 0
-  for e, n in enumerate(n_questions):
-    if total >= max_questions:
-      break
-    sel.append(e)
-    total += n
-  moved = dict(every)
-  for l in range(len(problem.legs)):
-    moved = twins.moved_values(problem, l, moved)
-  for at, vals in (('hand-set', every), ('moved', moved)):
-    for gap in twins.cold_twin_gaps(problem, rows, arrays, n_questions, vals, seed=seed, at=at, episode_index=sel):
-      log.info(
-        'twin check: %s',
-        gap.message()
-        if not gap.ok
-        else f'operator {gap.op} (leg {gap.leg}, {at}): cold soft twin == hard leg on {gap.n_questions} questions '
-        f'(max |soft - hard| {gap.max_diff:.3g})',
-      )
-      if not gap.ok:
-        hint = (
-          f' (a relaxed greedy leg picks among the cosine top fit.greedy_pool={problem.settings.greedy_pool} '
-          'items, its hard leg among its own pool: a larger fit.greedy_pool may close the gap)'
-          if gap.selection
-          else ''
-        )
-        raise ValueError(
-          f'refusing to fit: {gap.message()}{hint}; fix the soft twin (engram_jax.testing.'
-          f'check_operator({gap.op!r}) runs the full check) or set fit.check_twins=false'
-        )
+def check_twins(*args, **kwargs) -> None:
+  """:func:`experiments.lib.fit_setup.check_twins` (kept here for its callers)."""
+  fit_setup.check_twins(*args, **kwargs)
 
 
 def gap_monitor(
@@ -192,30 +95,71 @@ def gap_monitor(
   return watch
 
 
-def score_folds(
-  cfg: DictConfig, name: str, pipe: pipeline.Pipeline, episodes, embeddings, arrays, folds, fits, metrics: list[str]
-) -> dict[str, np.ndarray]:
-  """Hard per-question scores of the fitted pipeline, each fold's episodes with that fold's knobs, in the
-  order of the scored episodes (as they appear in ``episodes``)."""
+def fit_variant(
+  cfg: DictConfig, plan: fit_setup.Plan, label: str, pipe: pipeline.Pipeline, data: Data
+) -> dict[str, Any]:
+  """Cross-fit one variant of the plan (``fitted``, ``conditioned``, ``adapter``) and score each fold's episodes
+  with its fit (hard, every learned part: :func:`engram_jax.fit.artifact.score`); with ``fit.final``, one more fit
+  on every training question. Returns ``{'problem', 'components', 'fits', 'final', 'scores', 'per_fold'}``."""
+  problem, components = plan.variants()[label]
+  episodes, embeddings, arrays, folds = data.episodes, data.embeddings, data.arrays, data.folds
+  rows = fit_setup.rows(plan, pipe, episodes, arrays, seed=int(cfg.seed), problem=problem)
+  inputs = {c.name: c.inputs(problem, episodes, arrays) for c in components}
+  checks_n = int(cfg.fit.get('gap_checks') or 0) if label == 'fitted' else 0
+  steps = plan.steps
+  monitor_steps = sorted({round(i * steps / checks_n) for i in range(checks_n + 1)}) if checks_n else []
+  monitor = functools.partial(gap_monitor, cfg, plan.name, pipe, problem, rows, episodes, arrays) if checks_n else None
+  fits = fit_setup.crossfit(
+    plan,
+    rows,
+    episodes,
+    folds,
+    problem=problem,
+    components=components,
+    inputs=inputs,
+    monitor=monitor,
+    monitor_steps=monitor_steps,
+  )
+  final = None
+  if cfg.fit.get('final'):  # one fit on every training question of the run (for use after cross-fitting)
+    final = fit_setup.fit_rows(
+      plan, rows, np.arange(rows.where.shape[0]), problem=problem, components=components, inputs=inputs
+    )
   by_ep: dict[str, dict[str, np.ndarray]] = {}
   for fold, res in zip(folds, fits):
     sel = [i for i, e in enumerate(episodes) if e.id in fold]
-    r = evaluation.evaluate(
+    got = artifact.score(
+      pipe,
+      problem,
+      plan.every,
+      res,
+      components,
       [episodes[i] for i in sel],
       [embeddings[i] for i in sel],
-      {name: pipeline.with_values(pipe, res.values)},
+      [arrays[i] for i in sel],
       k=int(cfg.eval.k),
-      metrics=metrics,
+      metrics=data.metrics,
       seed=int(cfg.seed),
-      progress=False,
-      arrays=[arrays[i] for i in sel],
       episode_metrics=common.dataset_metrics(cfg.dataset),
     )
-    eps = np.asarray(r.episode_ids)
-    for i in sel:
-      by_ep[episodes[i].id] = {m: r.scores[name][m][eps == episodes[i].id] for m in metrics}
+    lens = np.cumsum([0] + [len(episodes[i].questions) for i in sel])
+    for j, i in enumerate(sel):
+      by_ep[episodes[i].id] = {m: got[m][lens[j] : lens[j + 1]] for m in data.metrics}
   order = [e.id for e in episodes if e.id in by_ep]
-  return {m: np.concatenate([by_ep[e][m] for e in order]) for m in metrics}
+  scores = {m: np.concatenate([by_ep[e][m] for e in order]) for m in data.metrics}
+  return {'problem': problem, 'components': components, 'fits': fits, 'final': final, 'scores': scores}
+
+
+def make_folds(cfg: DictConfig, episode_ids: list[str]) -> list[list[str]]:
+  """Scored episode folds: cross-fitting folds, one hold-out fold, or (``parts``) every episode of the scored
+  dataset in one fold (the training episodes come from ``fit.train``)."""
+  if cfg.fit.split == 'parts':
+    return [list(episode_ids)]
+  if cfg.fit.split == 'crossfit':
+    return fit.episode_folds(episode_ids, n_folds=int(cfg.fit.folds), seed=int(cfg.fit.seed))
+  if cfg.fit.split == 'holdout':
+    return [fit.holdout_split(episode_ids, n_test=int(cfg.fit.n_test), seed=int(cfg.fit.seed))[1]]
+  raise ValueError(f'fit.split must be crossfit or holdout, got {cfg.fit.split!r}')
 
 
 def paired_tests(
@@ -289,24 +233,22 @@ def gap_table(folds, fits) -> dict[str, Any]:
   return {'by_step': by_step, 'per_fold': per_fold}
 
 
-def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
-  """Fit ``cfg.pipeline`` (one pipeline) on ``cfg.dataset`` and score it out of fold; write the results."""
-  t0 = time.perf_counter()
-  names = list(cfg.pipeline)
-  if len(names) != 1:
-    raise ValueError(f'experiments.fit fits one pipeline per run, got {names} (use -m pipeline=a,b)')
-  checks.check_fit(cfg)
-  name = names[0]
-  metrics = list(cfg.dataset.get('metrics') or cfg.eval.metrics)
-  common.import_ops_modules(cfg)
-  pipe = common.hand_set_pipeline(name, cfg.pipeline[name])
-  baselines = {b: common.hand_set_pipeline(b) for b in cfg.fit.baselines if b != name}
-  cond_spec = fit_conditioned.spec_of(cfg)  # config errors before any data is loaded
-  if cond_spec is not None:
-    cond_spec.check(pipe, list(cfg.fit.params or cfg.fit.params_by_pipeline[name]))
-  adapter_spec = fit_adapter.spec_of(cfg)
-  protocol_info = protocol.check(cfg)  # refuses an already-scored confirmation (unless forced)
-  options = pipeline.build_options([pipe, *baselines.values()])
+@dataclasses.dataclass
+class Data:
+  """The run's questions: episodes (training-only ones first with ``fit.split=parts``), their embeddings and padded
+  arrays, the scored folds, the indices of the scored episodes and the metrics."""
+
+  episodes: list
+  embeddings: list
+  arrays: list
+  folds: list[list[str]]
+  scored: list[int]
+  metrics: list[str]
+
+
+def load(cfg: DictConfig, options: dict, metrics: list[str]) -> Data:
+  """Load, embed and pad the scored dataset (and ``fit.train`` with ``fit.split=parts``); folds checked disjoint by
+  question id and content before any fitting."""
   episodes, embeddings, arrays = prepare(cfg, options)
   folds = make_folds(cfg, [e.id for e in episodes])
   if cfg.fit.split == 'parts':  # train on another part / dataset: its episodes join the rows, never a fold
@@ -318,49 +260,67 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     if {e.id for e in train_eps} & {e.id for e in episodes}:
       raise ValueError('fit.train and the scored dataset share episode ids')
     episodes, embeddings, arrays = train_eps + episodes, train_emb + embeddings, train_arr + arrays
-  protocol.check_data(protocol_info, cfg, episodes)  # the data read against the pinned fingerprint (unless forced)
-  t_load = time.perf_counter() - t0
   checks.check_scored_questions(episodes, f'dataset {cfg.dataset.name}')
   checks.check_folds(episodes, folds)  # every fold scores >= 1 question and trains on >= 1, before any fitting
   for fold in folds:  # content-level: a copied conversation must not train the fold that scores it
     splits.assert_disjoint_content([e for e in episodes if e.id not in fold], [e for e in episodes if e.id in fold])
   scored_ids = {e for f in folds for e in f}
   scored = [i for i, e in enumerate(episodes) if e.id in scored_ids]
-  problem, every, fits = fit_folds(cfg, name, pipe, episodes, arrays, folds)
-  t_fit = time.perf_counter() - t0 - t_load
+  return Data(episodes, embeddings, arrays, folds, scored, metrics)
 
-  after = score_folds(cfg, name, pipe, episodes, embeddings, arrays, folds, fits, metrics)
-  cond = (
-    None
-    if cond_spec is None
-    else fit_conditioned.run_folds(cfg, name, pipe, episodes, arrays, folds, problem, every, cond_spec, metrics)
-  )
-  adapted = (
-    None
-    if adapter_spec is None
-    else fit_adapter.run_folds(
-      cfg, name, pipe, episodes, embeddings, arrays, folds, problem, every, *adapter_spec, metrics
-    )
-  )
+
+def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+  """Fit ``cfg.pipeline`` (one pipeline) on ``cfg.dataset`` and score it out of fold; write the results, the
+  Markdown, the artifact and the ledger row."""
+  t0 = time.perf_counter()
+  names = list(cfg.pipeline)
+  if len(names) != 1:
+    raise ValueError(f'experiments.fit fits one pipeline per run, got {names} (use -m pipeline=a,b)')
+  checks.check_fit(cfg)
+  name = names[0]
+  metrics = list(cfg.dataset.get('metrics') or cfg.eval.metrics)
+  common.import_ops_modules(cfg)
+  pipe = common.hand_set_pipeline(name, cfg.pipeline[name])
+  baselines = {b: common.hand_set_pipeline(b) for b in cfg.fit.baselines if b != name}
+  plan = fit_setup.build(cfg, pipe, name)  # config errors before any data is loaded
+  protocol_info = protocol.check(cfg)  # refuses an already-scored confirmation (unless forced)
+  data = load(cfg, pipeline.build_options([pipe, *baselines.values()]), metrics)
+  protocol.check_data(protocol_info, cfg, data.episodes)  # the data read against its pinned fingerprint (unless forced)
+  t_load = time.perf_counter() - t0
+  parts = {label: fit_variant(cfg, plan, label, pipe, data) for label in plan.variants()}
+  t_fit = time.perf_counter() - t0 - t_load  # hard scoring of the folds included
   before = evaluation.evaluate(
-    [episodes[i] for i in scored],
-    [embeddings[i] for i in scored],
+    [data.episodes[i] for i in data.scored],
+    [data.embeddings[i] for i in data.scored],
     {name: pipe, **baselines},
     k=int(cfg.eval.k),
     metrics=metrics,
     seed=int(cfg.seed),
     progress=False,
-    arrays=[arrays[i] for i in scored],
+    arrays=[data.arrays[i] for i in data.scored],
     episode_metrics=common.dataset_metrics(cfg.dataset),
   )
-  wall = time.perf_counter() - t0
-  train_qids = {}
-  for fold in folds:  # the disjointness the fits asserted, asserted again on what is written
-    train_q = [q.id for e in episodes if e.id not in fold for q in e.questions]
-    test_q = [q.id for e in episodes if e.id in fold for q in e.questions]
-    splits.assert_disjoint(train_q, test_q)
-    train_qids[','.join(fold)] = len(train_q)
+  timing = {'wall_s': time.perf_counter() - t0, 'load_embed_s': t_load, 'fit_s': t_fit}
+  timing.update(score_s=timing['wall_s'] - t_load - t_fit, fit_per_fold_s=[r.wall_s for r in parts['fitted']['fits']])
+  results = make_results(cfg, plan, data, parts, before, list(baselines), protocol_info, timing)
+  text = markdown(cfg, plan, data, parts, results)
+  write_outputs(cfg, out_dir, plan, data, parts, results, text)
+  print(text)
+  if protocol_info:
+    record_ledger(protocol_info, out_dir, results)
+  return results
 
+
+def make_results(cfg, plan, data: Data, parts, before, baselines: list[str], protocol_info, timing) -> dict[str, Any]:
+  """results.json: every row's mean and CI, the paired differences, per category, per question, the fits."""
+  name, metrics, folds = plan.name, data.metrics, data.folds
+  episodes = data.episodes
+  for fold in folds:  # the disjointness the fits asserted, asserted again on what is written
+    splits.assert_disjoint(
+      [q.id for e in episodes if e.id not in fold for q in e.questions],
+      [q.id for e in episodes if e.id in fold for q in e.questions],
+    )
+  after, fits = parts['fitted']['scores'], parts['fitted']['fits']
   seed, nres = int(cfg.seed), int(cfg.eval.n_resamples)
   rows = {f'{name} (hand-set)': before.scores[name], f'{name} (fitted, out of fold)': after}
   rows.update({f'{b} (hand-set)': before.scores[b] for b in baselines})
@@ -371,85 +331,44 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     for r, v in paired_tests(after, before, hand_rows, metrics, seed=seed, n_resamples=nres).items()
   }
   by_category = category_tests(before, after, hand_rows, metrics, seed=seed, n_resamples=nres)
-  fitted = {'pipeline': name, 'folds': {ep: res.values for fold, res in zip(folds, fits) for ep in fold}}
-  split = {
-    'kind': cfg.fit.split,
-    'seed': int(cfg.fit.seed),
-    'folds': [
-      {
-        'scored_episodes': list(f),
-        'train_episodes': sorted({e.id for e in episodes} - set(f)),
-        'n_train_questions': train_qids[','.join(f)],
-        'scored_questions': [q.id for e in episodes if e.id in f for q in e.questions],
-      }
-      for f in folds
-    ],
-  }
-  gap = gap_table(folds, fits)
-  extra_lines, extra_files = [], {}
-  if cond is not None:
-    cond_summary = {m: _interval(cond['scores'][m], seed, nres) for m in metrics}
-    cond_paired = fit_conditioned.compare(
-      cond['scores'], after, before, hand_rows, metrics, seed=seed, n_resamples=nres
+  extra: dict[str, Any] = {}
+  for label in ('conditioned', 'adapter'):
+    if label not in parts:
+      continue
+    part = parts[label]
+    summary[f'{name} ({label}, out of fold)'] = {m: _interval(part['scores'][m], seed, nres) for m in metrics}
+    paired.update(
+      fit_conditioned.compare(
+        part['scores'], after, before, hand_rows, metrics, seed=seed, n_resamples=nres, label=label
+      )
     )
-    summary[f'{name} (conditioned, out of fold)'] = cond_summary
-    paired.update(cond_paired)
-    extra_lines = fit_conditioned.section(name, cond_spec, cond_summary, cond_paired, cond, metrics)
-    extra_files = fit_conditioned.files(cond, folds)
-  if adapted is not None:
-    ad_summary = {m: _interval(adapted['scores'][m], seed, nres) for m in metrics}
-    ad_paired = fit_conditioned.compare(
-      adapted['scores'], after, before, hand_rows, metrics, seed=seed, n_resamples=nres, label='adapter'
-    )
-    summary[f'{name} (adapter, out of fold)'] = ad_summary
-    paired.update(ad_paired)
-    extra_lines += fit_adapter.section(name, adapter_spec[0], adapter_spec[1], ad_summary, ad_paired, adapted, metrics)
-    extra_files.update(fit_adapter.files(adapted, folds))
-  timing = {
-    'wall_s': wall,
-    'load_embed_s': t_load,
-    'fit_s': t_fit,
-    'fit_per_fold_s': [r.wall_s for r in fits],
-    'score_s': wall - t_load - t_fit,
-  }
-  if cond is not None:
-    extra_results = {
-      'conditioned': {
-        'spec': OmegaConf.to_container(cfg.fit.conditioned),
-        'knob_stats': cond['knob_stats'],
-        'scalars': {fit.fold_label(f): r.values for f, r in zip(folds, cond['fits'])},
-        'fit_per_fold_s': [r.wall_s for r in cond['fits']],
-        'per_question': {m: cond['scores'][m].tolist() for m in metrics},
-      }
+    extra[label] = {
+      'spec': OmegaConf.to_container(cfg.fit[label]),
+      **(fit_conditioned.extras(cfg, plan, data, part) if label == 'conditioned' else {}),
+      **(fit_adapter.extras(cfg, plan, data, part) if label == 'adapter' else {}),
+      'scalars': {fit.fold_label(f): r.values for f, r in zip(folds, part['fits'])},
+      'fit_per_fold_s': [r.wall_s for r in part['fits']],
+      'per_question': {m: part['scores'][m].tolist() for m in metrics},
     }
-  else:
-    extra_results = {}
-  if adapted is not None:
-    extra_results['adapter'] = {
-      'spec': OmegaConf.to_container(cfg.fit.adapter),
-      'mean_cos_to_base': adapted['mean_cos_to_base'],
-      'scalars': {fit.fold_label(f): r.values for f, r in zip(folds, adapted['fits'])},
-      'fit_per_fold_s': [r.wall_s for r in adapted['fits']],
-      'per_question': {m: adapted['scores'][m].tolist() for m in metrics},
-    }
-    if adapted.get('train_gap'):
-      extra_results['adapter']['train_gap'] = adapted['train_gap']
-  results = {
+  primary = (protocol_info or {}).get('primary_metric') or metrics[0]
+  hand = {r: v[primary]['mean'] for r, v in summary.items() if r.endswith('(hand-set)')}
+  best = max(hand, key=hand.get)
+  return {
     'pipeline': name,
     'protocol': protocol_info,
-    'params': [p for p, _ in problem.fitted],
-    'hand_set': every,
+    'params': [p for p, _ in plan.problem.fitted],
+    'hand_set': plan.every,
     'n_questions': len(after[metrics[0]]),
     'metrics': metrics,
     'summary': summary,
     'paired': paired,
-    'fitted': fitted['folds'],
+    'fitted': {ep: res.values for fold, res in zip(folds, fits) for ep in fold},
     'timing': timing,
-    'anneal': list(cfg.fit.get('anneal') or (1.0, 1.0)),
-    'soft_hard_gap': gap,
+    'anneal': list(plan.anneal),
+    'soft_hard_gap': gap_table(folds, fits),
     'by_category': by_category,
-    'steps': int(cfg.fit.steps),
-    'batch_size': int(cfg.fit.batch_size),
+    'steps': plan.steps,
+    'batch_size': plan.batch_size,
     'per_question': {
       'question_ids': before.question_ids,
       'episode_ids': before.episode_ids,
@@ -458,8 +377,26 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
       'baselines': {b: {m: before.scores[b][m].tolist() for m in metrics} for b in baselines},
       'categories': [str(c) for c in before.categories],
     },
-    **extra_results,
+    **extra,
+    'best_hand_set': {'row': best, 'metric': primary, 'value': hand[best]},
   }
+
+
+def _row(label: str, v: dict, metrics: list[str]) -> str:
+  return (
+    f'| {label} | ' + ' | '.join(f'{v[m]["mean"]:.4f} [{v[m]["lo"]:.4f}, {v[m]["hi"]:.4f}]' for m in metrics) + ' |'
+  )
+
+
+def _diff(label: str, v: dict, metrics: list[str]) -> str:
+  cells = [f'{v[m]["delta"]:+.4f} [{v[m]["lo"]:+.4f}, {v[m]["hi"]:+.4f}], {v[m]["p"]:.3g}' for m in metrics]
+  return f'| {label} | ' + ' | '.join(cells) + ' |'
+
+
+def markdown(cfg: DictConfig, plan, data: Data, parts, results: dict[str, Any]) -> str:
+  """results.md: the rows, the paired differences, per category, the fitted knobs, the gap, the components."""
+  name, metrics, summary, folds = plan.name, data.metrics, results['summary'], data.folds
+  scalar_rows = [r for r in summary if not r.endswith(('(conditioned, out of fold)', '(adapter, out of fold)'))]
   lines = [
     f'### {cfg.dataset.name}: {name} fitted by gradient ({cfg.fit.split}, {len(folds)} folds, '
     f'{results["n_questions"]} questions scored out of fold), k={cfg.eval.k}',
@@ -467,48 +404,33 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     '| pipeline | ' + ' | '.join(f'{m} [95% CI]' for m in metrics) + ' |',
     '|---|' + '---|' * len(metrics),
   ]
-  for r, v in summary.items():
-    lines.append(
-      f'| {r} | ' + ' | '.join(f'{v[m]["mean"]:.4f} [{v[m]["lo"]:.4f}, {v[m]["hi"]:.4f}]' for m in metrics) + ' |'
-    )
-  lines += [
-    '',
-    '| paired difference | ' + ' | '.join(f'{m} delta [95% CI], p' for m in metrics) + ' |',
-    '|---|' + '---|' * len(metrics),
-  ]
-  for r, v in paired.items():
-    lines.append(
-      f'| {r} | '
-      + ' | '.join(f'{v[m]["delta"]:+.4f} [{v[m]["lo"]:+.4f}, {v[m]["hi"]:+.4f}], {v[m]["p"]:.3g}' for m in metrics)
-      + ' |'
-    )
-  primary = (protocol_info or {}).get('primary_metric') or metrics[0]
+  lines += [_row(r, summary[r], metrics) for r in summary]
+  lines += ['', '| paired difference | ' + ' | '.join(f'{m} delta [95% CI], p' for m in metrics) + ' |']
+  lines += ['|---|' + '---|' * len(metrics)]
+  lines += [_diff(r, v, metrics) for r, v in results['paired'].items()]
+  primary, by_category = results['best_hand_set']['metric'], results['by_category']
+  hand_rows = [r[: -len(' (hand-set)')] for r in scalar_rows if r.endswith('(hand-set)')]
   if len(by_category) > 1:
-    lines += [
-      '',
-      f'By category ({primary}; fitted minus each hand-set row, paired, 95% CI, p):',
-      '',
-      '| category | n | fitted | ' + ' | '.join(f'- {r}' for r in hand_rows) + ' |',
-      '|---|---|---|' + '---|' * len(hand_rows),
-    ]
+    lines += ['', f'By category ({primary}; fitted minus each hand-set row, paired, 95% CI, p):', '']
+    lines += ['| category | n | fitted | ' + ' | '.join(f'- {r}' for r in hand_rows) + ' |']
+    lines += ['|---|---|---|' + '---|' * len(hand_rows)]
     for c, v in by_category.items():
       cells = [
         f'{t[primary]["delta"]:+.4f} [{t[primary]["lo"]:+.4f}, {t[primary]["hi"]:+.4f}], {t[primary]["p"]:.3g}'
         for t in v['paired'].values()
       ]
       lines.append(f'| {c} | {v["n"]} | {v["fitted"][primary]:.4f} | ' + ' | '.join(cells) + ' |')
-  hand = {r: v[primary]['mean'] for r, v in summary.items() if r.endswith('(hand-set)')}
-  best = max(hand, key=hand.get)
-  results['best_hand_set'] = {'row': best, 'metric': primary, 'value': hand[best]}
-  lines += ['', f'Best hand-set row on these questions by {primary}: {best} ({hand[best]:.4f}).']
+  best = results['best_hand_set']
+  lines += ['', f'Best hand-set row on these questions by {primary}: {best["row"]} ({best["value"]:.4f}).']
+  fitted_paths = [p for p, _ in plan.problem.fitted]
   lines += [
     '',
-    f'Fitted knobs ({", ".join(p for p, _ in problem.fitted)}; hand-set: '
-    f'{ {p: every[p] for p, _ in problem.fitted} }):',
+    f'Fitted knobs ({", ".join(fitted_paths)}; hand-set: { {p: plan.every[p] for p in fitted_paths} }):',
     '',
   ]
-  for fold, res in zip(folds, fits):
+  for fold, res in zip(folds, parts['fitted']['fits']):
     lines.append(f'- {fit.fold_label(fold)}: ' + ', '.join(f'{p}={v:.4g}' for p, v in res.values.items()))
+  gap = results['soft_hard_gap']
   if gap['by_step']:
     lines += [
       '',
@@ -522,37 +444,70 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
       f'| {r["step"]} | {r["scale"]:.3g} | {r["soft_ndcg"]:.4f} | {r["hard_ndcg"]:.4f} | {r["gap"]:+.4f} |'
       for r in gap['by_step']
     ]
-  lines += extra_lines
+  if 'conditioned' in parts:
+    lines += fit_conditioned.section(name, plan.conditioned, results, metrics)
+  if 'adapter' in parts:
+    lines += fit_adapter.section(name, plan.adapter, plan.adapter_cfsr_grad, results, metrics)
+  t = results['timing']
   lines += [
     '',
-    f'Wall time {wall:.1f}s (load+embed {t_load:.1f}s, fit {t_fit:.1f}s, hard scoring '
-    f'{timing["score_s"]:.1f}s); {cfg.fit.steps} steps x {cfg.fit.batch_size} questions per fold.',
+    f'Wall time {t["wall_s"]:.1f}s (load+embed {t["load_embed_s"]:.1f}s, fit {t["fit_s"]:.1f}s, hard scoring '
+    f'{t["score_s"]:.1f}s); {plan.steps} steps x {plan.batch_size} questions per fold.',
     '',
   ]
-  text = '\n'.join(lines)
-  report.write_files(
-    out_dir,
-    {
-      'fitted.json': json.dumps(fitted, indent=1),
-      'loss_curve.json': json.dumps({','.join(f): r.losses for f, r in zip(folds, fits)}),
-      'split.json': json.dumps(split, indent=1),
-      'results.json': json.dumps(results, indent=1),
-      'results.md': text,
-      'config_resolved.yaml': OmegaConf.to_yaml(cfg, resolve=True),
-      **extra_files,
-    },
-  )
-  print(text)
+  return '\n'.join(lines)
+
+
+def split_record(cfg: DictConfig, data: Data) -> dict[str, Any]:
+  """split.json: each fold's scored and training episodes and questions."""
+  episodes = data.episodes
+  return {
+    'kind': cfg.fit.split,
+    'seed': int(cfg.fit.seed),
+    'folds': [
+      {
+        'scored_episodes': list(f),
+        'train_episodes': sorted({e.id for e in episodes} - set(f)),
+        'n_train_questions': sum(len(e.questions) for e in episodes if e.id not in f),
+        'scored_questions': [q.id for e in episodes if e.id in f for q in e.questions],
+      }
+      for f in data.folds
+    ],
+  }
+
+
+def write_outputs(cfg: DictConfig, out_dir: Path, plan, data: Data, parts, results, text: str) -> None:
+  """fitted.json, loss curves, split.json, results.json / .md, the resolved config and the artifact."""
+  folds = data.folds
+  files = {
+    'fitted.json': json.dumps({'pipeline': plan.name, 'folds': results['fitted']}, indent=1),
+    'loss_curve.json': json.dumps({','.join(f): r.losses for f, r in zip(folds, parts['fitted']['fits'])}),
+    'split.json': json.dumps(split_record(cfg, data), indent=1),
+    'results.json': json.dumps(results, indent=1),
+    'results.md': text,
+    'config_resolved.yaml': OmegaConf.to_yaml(cfg, resolve=True),
+  }
+  for label in ('conditioned', 'adapter'):
+    if label in parts:
+      files[f'loss_curve_{label}.json'] = json.dumps(
+        {','.join(f): r.losses for f, r in zip(folds, parts[label]['fits'])}
+      )
+  report.write_files(out_dir, files)
+  array_pipes = [plan.name, *(b for b in cfg.fit.baselines if b != plan.name)]
+  fit_artifact.write(cfg, out_dir / 'artifact', plan, data, parts, results.get('protocol'), array_pipes)
   log.info('wrote %s', out_dir / 'fitted.json')
-  if protocol_info:
-    protocol.record(
-      protocol_info,
-      out_dir,
-      summary={r: {m: v[m]['mean'] for m in metrics} for r, v in summary.items()},
-      paired={r: {m: {k: v[m][k] for k in ('delta', 'lo', 'hi', 'p')} for m in metrics} for r, v in paired.items()},
-      n_questions=results['n_questions'],
-    )
-  return results
+
+
+def record_ledger(protocol_info: dict[str, Any], out_dir: Path, results: dict[str, Any]) -> None:
+  """The protocol's ledger row: every row's mean, every paired difference (delta, CI, p)."""
+  metrics, summary, paired = results['metrics'], results['summary'], results['paired']
+  protocol.record(
+    protocol_info,
+    out_dir,
+    summary={r: {m: v[m]['mean'] for m in metrics} for r, v in summary.items()},
+    paired={r: {m: {k: v[m][k] for k in ('delta', 'lo', 'hi', 'p')} for m in metrics} for r, v in paired.items()},
+    n_questions=results['n_questions'],
+  )
 
 
 @hydra.main(version_base='1.3', config_path='../conf', config_name='fit')

@@ -23,8 +23,11 @@ from engram_jax.fit.problem import (
   make_problem,
   soft_leg,
   soft_scores,
+  soft_scores_per_question,
 )
 from engram_jax.fit.train import (
+  KNOBS,
+  Component,
   FitResult,
   Monitor,
   TrainState,
@@ -33,16 +36,21 @@ from engram_jax.fit.train import (
   fit,
   fitted_values,
   fold_label,
+  group_optimizer,
   loss_fn,
   make_soft_eval,
   make_step,
   max_gold_of,
   soft_ndcg,
   soft_ndcg_rows,
+  soft_objective,
+  soft_problem,
 )
 
 __all__ = [
   'FORWARD',
+  'KNOBS',
+  'Component',
   'FitResult',
   'Knobs',
   'LegInfo',
@@ -64,6 +72,7 @@ __all__ = [
   'fitted_values',
   'fold_label',
   'fittable_paths',
+  'group_optimizer',
   'holdout_split',
   'inverse',
   'leg_values',
@@ -75,5 +84,8 @@ __all__ = [
   'soft_leg',
   'soft_ndcg',
   'soft_ndcg_rows',
+  'soft_objective',
+  'soft_problem',
   'soft_scores',
+  'soft_scores_per_question',
 ]

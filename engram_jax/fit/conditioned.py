@@ -43,27 +43,23 @@ The learned recency gate of ``tcfsr_learned`` (:mod:`engram_jax.ops.tcfsr_learne
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import struct
 from jax import Array
-from jax.typing import ArrayLike
 
-from engram_jax.core import ranking, relax
+from engram_jax.core import ranking
 from engram_jax.core.batch import EpisodeArrays
 from engram_jax.core.types import Episode
 from engram_jax.eval.pipeline import Pipeline, legs_scores, split_path, with_values
-from engram_jax.fit.folds import check_disjoint
 from engram_jax.fit.knobs import FORWARD, Knobs
-from engram_jax.fit.problem import Problem, Rows, effective_values, soft_leg
-from engram_jax.fit.train import anneal_scale, max_gold_of, minibatch
+from engram_jax.fit.problem import Problem, Rows, per_question_fusion, soft_scores_per_question
+from engram_jax.fit.train import FitResult
 from engram_jax.metrics import labels as metrics_lib
 from engram_jax.ops import pools, rrf
 from engram_jax.ops.registry import knob_defaults
@@ -129,6 +125,34 @@ class Conditioning:
         )
       if path not in fitted:
         raise ValueError(f'conditioned knob {path!r} must also be in fit.params (its scalar value is the base)')
+
+  # ---- the component interface (engram_jax.fit.train.Component) ----
+
+  name: ClassVar[str] = 'conditioned'
+  per_question: ClassVar[bool] = True
+
+  @property
+  def lr_scale(self) -> float:
+    return float(self.net_lr_scale)
+
+  def inputs(self, problem: Problem, episodes: Sequence[Episode], arrays: Sequence[EpisodeArrays]) -> Inputs:
+    del problem
+    return build_inputs(self, episodes, arrays)
+
+  def batch(self, inputs: Inputs, idx: Array) -> Inputs:
+    return jax.tree_util.tree_map(lambda x: x[idx], inputs)
+
+  def init(self, inputs: Inputs, seed: int) -> Any:
+    return init_net(self, inputs, seed)
+
+  def soft_constant(self, problem: Problem) -> tuple[int, ...]:
+    del problem
+    return ()
+
+  def apply(
+    self, problem: Problem, params: Any, raw: Mapping[str, Array], vals: dict, rows: Rows, inputs: Inputs
+  ) -> tuple[dict, Rows]:
+    return conditioned_values(problem, self, raw, vals, params, inputs.feats, inputs.query), rows
 
 
 class KnobNet(nn.Module):
@@ -232,20 +256,18 @@ def init_net(spec: Conditioning, inputs: Inputs, seed: int) -> Any:
   return make_net(spec).init(jax.random.key(seed), inputs.feats[:1], inputs.query[:1])
 
 
-def question_values(
+def conditioned_values(
   problem: Problem,
   spec: Conditioning,
   raw: Mapping[str, Array],
-  fixed: Mapping[str, Array],
+  vals: Mapping[str, Array],
   net_params: Any,
   feats: Array,
   query: Array,
 ) -> dict[str, Array]:
-  """Every knob's value on a batch: scalars as :func:`engram_jax.fit.effective_values` (weights not renormalised
-  here), the conditioned ones ``[B]``: ``transform(raw + net(x)[:, j])`` (form ``offset``) or ``transform(raw) *
-  sigmoid(net(x)[:, j])`` (form ``gate``)."""
-  vals = dict(fixed)
-  vals.update(Knobs(raw=dict(raw), transforms=problem.fitted).values())
+  """``vals`` with the conditioned knobs ``[B]``: ``transform(raw + net(x)[:, j])`` (form ``offset``) or
+  ``transform(raw) * sigmoid(net(x)[:, j])`` (form ``gate``)."""
+  vals = dict(vals)
   delta = make_net(spec).apply(net_params, feats, query)
   kinds = dict(problem.fitted)
   for j, path in enumerate(spec.knobs):
@@ -256,196 +278,23 @@ def question_values(
   return vals
 
 
-def _per_question_fusion(problem: Problem, vals: Mapping[str, Array], b: int) -> tuple[Array, Array]:
-  """``(weights [B, L], k0 [B])``, the weights renormalised per question to the initial mean when all are fit."""
-  weights = jnp.stack([jnp.broadcast_to(vals[f'legs.{leg.name}.weight'], (b,)) for leg in problem.legs], -1)
-  if problem.normalise_weights:
-    weights = weights * (problem.initial_weight_mean / jnp.mean(weights, axis=-1, keepdims=True))
-  return weights, jnp.broadcast_to(vals['k0'], (b,))
-
-
-def soft_scores(problem: Problem, vals: Mapping[str, Array], rows: Rows, scale: ArrayLike = 1.0) -> Array:
-  """The soft pipeline's final scores ``[B, N]`` with per-question fusion knobs (``vals[path]`` ``[B]`` or
-  scalar): the legs as :func:`engram_jax.fit.problem.soft_scores`, the fusion vmapped over questions."""
-  b = rows.where.shape[0]
-  outs = [soft_leg(problem, l, vals, rows, scale) for l in range(len(problem.legs))]
-  if problem.fusion == 'none':
-    return jnp.where(rows.where, outs[0][0], -jnp.inf)
-  weights, k0 = _per_question_fusion(problem, vals, b)
-  fitted_depths = [leg.depth for leg in problem.legs if leg.fitted and not leg.operator.soft.selection]
-  depths = [leg.depth for leg in problem.legs]
-  temps = [None if t is None else jnp.broadcast_to(t, (b,)) for _, t in outs]
-  cands = max(fitted_depths, default=0) + problem.settings.candidates
-
-  def one(legs, temps, where, w, k):
-    return rrf.soft_rrf_fuse(
-      legs,
-      weights=w,
-      depths=depths,
-      where=where,
-      k0=k,
-      temperature=temps,
-      depth_temperature=problem.temperatures.depth * scale,
-      candidates=cands,
-    )
-
-  return jax.vmap(one)([o for o, _ in outs], temps, rows.where, weights, k0)
-
-
-def loss_fn(
-  params: dict,
+def question_values(
+  problem: Problem,
+  spec: Conditioning,
+  raw: Mapping[str, Array],
   fixed: Mapping[str, Array],
-  rows: Rows,
-  inputs: Inputs,
-  weight: Array,
-  scale: ArrayLike = 1.0,
-  *,
-  problem: Problem,
-  spec: Conditioning,
-  max_gold: int,
-) -> Array:
-  """``1 - weighted mean approx-NDCG@k`` of the conditioned soft pipeline on a batch."""
-  vals = question_values(problem, spec, params['raw'], fixed, params['net'], inputs.feats, inputs.query)
-  s = soft_scores(problem, vals, rows, scale)
-  t = problem.temperatures.scaled(scale)
-  temp = t.final * relax.gap_scale(s, k=problem.k, where=rows.where)
-  nd = relax.approx_ndcg(
-    s, rows.labels, k=problem.k, where=rows.where, temperature=temp, cutoff_temperature=t.cutoff, max_gold=max_gold
-  )
-  return 1.0 - jnp.sum(weight * nd) / jnp.maximum(jnp.sum(weight), 1e-12)
+  net_params: Any,
+  feats: Array,
+  query: Array,
+) -> dict[str, Array]:
+  """Every knob's value on a batch: scalars as :func:`engram_jax.fit.effective_values` (weights not renormalised
+  here), the conditioned ones ``[B]`` (:func:`conditioned_values`)."""
+  vals = dict(fixed)
+  vals.update(Knobs(raw=dict(raw), transforms=problem.fitted).values())
+  return conditioned_values(problem, spec, raw, vals, net_params, feats, query)
 
 
-def make_step(
-  problem: Problem, spec: Conditioning, optimizer: optax.GradientTransformation, *, max_gold: int
-) -> Callable:
-  """Jitted ``(params, opt_state, fixed, rows, inputs, idx, weight, scale) -> (params, opt_state, loss)``."""
-  grad_fn = jax.value_and_grad(lambda p, *a: loss_fn(p, *a, problem=problem, spec=spec, max_gold=max_gold))
-
-  @jax.jit
-  def step(params, opt_state, fixed, rows, inputs, idx, weight, scale):
-    take = lambda x: x[idx]
-    loss, grads = grad_fn(
-      params, fixed, jax.tree_util.tree_map(take, rows), jax.tree_util.tree_map(take, inputs), weight, scale
-    )
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    updates = {'raw': updates['raw'], 'net': jax.tree_util.tree_map(lambda u: u * spec.net_lr_scale, updates['net'])}
-    return optax.apply_updates(params, updates), opt_state, loss
-
-  return step
-
-
-@dataclasses.dataclass
-class CondFit:
-  """One conditioned fit: the scalar knob values (hard pipeline), the module's parameters, the loss curve."""
-
-  values: dict[str, float]
-  raw: dict[str, Array]
-  net: Any
-  losses: list[float]
-  train_rows: int
-  wall_s: float
-
-
-def fit(
-  problem: Problem,
-  spec: Conditioning,
-  knobs: Knobs,
-  fixed: Mapping[str, float],
-  rows: Rows,
-  inputs: Inputs,
-  train: np.ndarray,
-  *,
-  optimizer: optax.GradientTransformation,
-  steps: int,
-  batch_size: int,
-  seed: int,
-  step_fn: Callable | None = None,
-  max_gold: int | None = None,
-  anneal: tuple[float, float] = (1.0, 1.0),
-) -> CondFit:
-  """Fit the scalar knobs and the module jointly on rows ``train`` (minibatches as :func:`engram_jax.fit.fit`)."""
-  t0 = time.perf_counter()
-  max_gold = max_gold_of(rows) if max_gold is None else max_gold
-  step_fn = step_fn or make_step(problem, spec, optimizer, max_gold=max_gold)
-  fixed_j = {p: jnp.asarray(v, jnp.float32) for p, v in fixed.items()}
-  params = {'raw': dict(knobs.raw), 'net': init_net(spec, inputs, seed)}
-  opt_state = optimizer.init(params)
-  rng = np.random.default_rng(seed)
-  train = np.asarray(train)
-  losses = []
-  for t in range(steps):
-    scale = anneal_scale(t, steps, anneal)
-    idx, w = minibatch(rng, train, batch_size)
-    params, opt_state, loss = step_fn(
-      params, opt_state, fixed_j, rows, inputs, jnp.asarray(idx), jnp.asarray(w), jnp.float32(scale)
-    )
-    losses.append(loss)
-  vals = effective_values(problem, params['raw'], fixed_j)
-  out = {p: float(vals[p]) for p, _ in problem.fitted}
-  losses = [float(x) for x in losses]
-  if not all(np.isfinite(v) for v in out.values()) or not np.all(np.isfinite(losses)):
-    raise FloatingPointError(f'conditioned fit of {problem.name} diverged: {out}')
-  return CondFit(
-    values=out,
-    raw=params['raw'],
-    net=params['net'],
-    losses=losses,
-    train_rows=len(train),
-    wall_s=time.perf_counter() - t0,
-  )
-
-
-def crossfit(
-  problem: Problem,
-  spec: Conditioning,
-  knobs: Knobs,
-  fixed: Mapping[str, float],
-  rows: Rows,
-  inputs: Inputs,
-  *,
-  row_episodes: Sequence[str],
-  question_ids: Sequence[str],
-  folds: Sequence[Sequence[str]],
-  optimizer: optax.GradientTransformation,
-  steps: int,
-  batch_size: int,
-  seed: int,
-  anneal: tuple[float, float] = (1.0, 1.0),
-  log: Callable[[str], None] | None = None,
-) -> list[CondFit]:
-  """One conditioned fit per fold on every other fold's rows (asserted disjoint by question id); fold f draws its
-  minibatches and initialises its module with seed ``seed + f``."""
-  row_episodes = np.asarray(row_episodes)
-  max_gold = max_gold_of(rows)
-  step_fn = make_step(problem, spec, optimizer, max_gold=max_gold)
-  out = []
-  for f, fold in enumerate(folds):
-    scored = np.flatnonzero(np.isin(row_episodes, list(fold)))
-    train = np.flatnonzero(~np.isin(row_episodes, list(fold)))
-    check_disjoint(question_ids, train, scored)
-    res = fit(
-      problem,
-      spec,
-      knobs,
-      fixed,
-      rows,
-      inputs,
-      train,
-      optimizer=optimizer,
-      steps=steps,
-      batch_size=batch_size,
-      seed=seed + f,
-      step_fn=step_fn,
-      max_gold=max_gold,
-      anneal=anneal,
-    )
-    if log:
-      log(
-        f'fold {f}: {len(train)} training questions, loss {res.losses[0]:.4f} -> {np.mean(res.losses[-10:]):.4f} '
-        f'in {res.wall_s:.1f}s; scalars {res.values}'
-      )
-    out.append(res)
-  return out
+soft_scores = soft_scores_per_question  # the conditioned soft pipeline (per-question fusion knobs)
 
 
 # ---- hard scoring with per-question fusion knobs ----------------------------------------------------------------
@@ -455,7 +304,7 @@ def hard_topk(
   pipe: Pipeline,
   problem: Problem,
   spec: Conditioning,
-  res: CondFit,
+  res: FitResult,
   fixed: Mapping[str, float],
   ep: EpisodeArrays,
   feats: Array,
@@ -469,13 +318,13 @@ def hard_topk(
   ``feats [Q, F]`` / ``query [Q, D]`` cover the padded question axis (padding rows are ignored)."""
   fitted = with_values(pipe, res.values)
   fixed_j = {p: jnp.asarray(v, jnp.float32) for p, v in fixed.items()}
-  vals = question_values(problem, spec, res.raw, fixed_j, res.net, feats, query)
+  vals = question_values(problem, spec, res.raw, fixed_j, res.learned[spec.name], feats, query)
   operator_knobs = {p: vals[p] for p in spec.knobs if split_path(pipe, p)[1] not in (None, 'weight')}
   legs = jnp.stack(legs_scores(fitted, ep, key, operator_knobs))
   if fitted.fusion == 'none':
     fused = jnp.where(ep.where, legs[0], -jnp.inf)
   else:
-    weights, k0 = _per_question_fusion(problem, vals, legs.shape[1])
+    weights, k0 = per_question_fusion(problem, vals, legs.shape[1])
     depths = [s.depth for s in fitted.legs]
     fused = jax.vmap(
       lambda s, w, k_: rrf.rrf_fuse(s, weights=w, depths=depths, where=ep.where, k0=k_), in_axes=(1, 0, 0)
@@ -485,16 +334,16 @@ def hard_topk(
 
 
 def per_question_knobs(
-  problem: Problem, spec: Conditioning, res: CondFit, fixed: Mapping[str, float], feats: Array, query: Array
+  problem: Problem, spec: Conditioning, res: FitResult, fixed: Mapping[str, float], feats: Array, query: Array
 ) -> dict[str, np.ndarray]:
   """The conditioned knobs' per-question values ``{path: [Q]}`` as the hard scorer uses them (weights
   renormalised)."""
   fixed_j = {p: jnp.asarray(v, jnp.float32) for p, v in fixed.items()}
-  vals = question_values(problem, spec, res.raw, fixed_j, res.net, feats, query)
+  vals = question_values(problem, spec, res.raw, fixed_j, res.learned[spec.name], feats, query)
   b = feats.shape[0]
   out = {p: np.broadcast_to(np.asarray(vals[p]), (b,)) for p in spec.knobs}
   if problem.fusion == 'rrf':
-    weights, k0 = _per_question_fusion(problem, vals, b)
+    weights, k0 = per_question_fusion(problem, vals, b)
     out.update({f'legs.{leg.name}.weight': np.asarray(weights[:, l]) for l, leg in enumerate(problem.legs)})
     out['k0'] = np.asarray(k0)
   return {p: out[p] for p in spec.knobs}
@@ -504,7 +353,7 @@ def score_episodes(
   pipe: Pipeline,
   problem: Problem,
   spec: Conditioning,
-  res: CondFit,
+  res: FitResult,
   fixed: Mapping[str, float],
   episodes: Sequence[Episode],
   arrays: Sequence[EpisodeArrays],

@@ -341,6 +341,55 @@ def soft_scores(
   )
 
 
+def per_question_fusion(problem: Problem, vals: Mapping[str, Array], b: int) -> tuple[Array, Array]:
+  """``(weights [B, L], k0 [B])`` from fusion knob values that are scalars or ``[B]``, the weights renormalised per
+  question to the initial mean when all are fit."""
+  weights = jnp.stack([jnp.broadcast_to(vals[f'legs.{leg.name}.weight'], (b,)) for leg in problem.legs], -1)
+  if problem.normalise_weights:
+    weights = weights * (problem.initial_weight_mean / jnp.mean(weights, axis=-1, keepdims=True))
+  return weights, jnp.broadcast_to(vals['k0'], (b,))
+
+
+def soft_scores_per_question(
+  problem: Problem, vals: Mapping[str, Array], rows: Rows, scale: ArrayLike = 1.0, *, soft_constant: Sequence[int] = ()
+) -> Array:
+  """The soft pipeline's final scores ``[B, N]`` with per-question fusion knobs (``vals[path]`` ``[B]`` or
+  scalar): the legs as :func:`soft_scores` (``soft_constant`` too), the fusion vmapped over questions."""
+  b = rows.where.shape[0]
+  outs = [soft_leg(problem, l, vals, rows, scale) for l in range(len(problem.legs))]
+  for l in soft_constant:
+    leg = problem.legs[l]
+    if leg.fitted:
+      raise ValueError(f'soft_constant: leg {leg.name} is fitted (it is soft-ranked already)')
+    s = outs[l][0]
+    outs[l] = (s, problem.temperatures.scaled(scale).rank * relax.gap_scale(s, k=leg.depth, where=rows.where))
+  if problem.fusion == 'none':
+    return jnp.where(rows.where, outs[0][0], -jnp.inf)
+  weights, k0 = per_question_fusion(problem, vals, b)
+  fitted_depths = [
+    leg.depth
+    for l, leg in enumerate(problem.legs)
+    if (leg.fitted and not leg.operator.soft.selection) or l in soft_constant
+  ]
+  depths = [leg.depth for leg in problem.legs]
+  temps = [None if t is None else jnp.broadcast_to(t, (b,)) for _, t in outs]
+  cands = max(fitted_depths, default=0) + problem.settings.candidates
+
+  def one(legs, temps, where, w, k):
+    return soft_rrf_fuse(
+      legs,
+      weights=w,
+      depths=depths,
+      where=where,
+      k0=k,
+      temperature=temps,
+      depth_temperature=problem.temperatures.depth * scale,
+      candidates=cands,
+    )
+
+  return jax.vmap(one)([o for o, _ in outs], temps, rows.where, weights, k0)
+
+
 def effective_values(problem: Problem, raw: Mapping[str, Array], fixed: Mapping[str, Array]) -> dict[str, Array]:
   """Every knob's value: the fixed (hand-set) ones overridden by the constrained fitted ones, with the fusion
   weights renormalised when all are fitted (the values the hard pipeline should use)."""

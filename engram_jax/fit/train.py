@@ -1,5 +1,22 @@
-"""Training: the approx-NDCG loss of the soft pipeline, a jitted optax step that compiles once per problem, a fit
-on a set of training rows, and cross-fitting by episode folds.
+"""Training: the approx-NDCG loss of the soft pipeline, a jitted optax step that compiles once per problem, one fit
+on a set of training rows, and one cross-fit by episode folds.
+
+A fit is a parameter pytree (``{'knobs': the scalar knobs' unconstrained values, <component>: its parameters}``),
+a soft loss, an optax optimizer with one learning-rate group per component (:func:`group_optimizer`, through
+:func:`optax.partition`), seeded minibatches and the temperature annealing. The scalar knobs are always fit; a
+:class:`Component` (the query adapter, :class:`engram_jax.fit.adapter.Adapter`; the question-conditioned knobs,
+:class:`engram_jax.fit.conditioned.Conditioning`) adds parameters and a transformation of the soft problem, and
+components combine (each transforms the knob values and rows the previous one left)::
+
+    class Component(Protocol):
+      name: str            # its group in the parameters and in the optimizer
+      lr_scale: float      # its learning rate as a fraction of the scalar knobs'
+      per_question: bool   # it makes fusion knobs per question (the soft fusion is vmapped over questions)
+      def inputs(self, problem, episodes, arrays) -> pytree     # per-question inputs of every row, built once
+      def batch(self, inputs, idx) -> pytree                    # the inputs of rows ``idx``
+      def init(self, inputs, seed) -> pytree                    # its parameters at the start of a fit
+      def soft_constant(self, problem) -> tuple[int, ...]       # constant legs to soft-rank in the fusion
+      def apply(self, problem, params, raw, vals, rows, inputs) -> (vals, rows)   # the soft problem, transformed
 """
 
 from __future__ import annotations
@@ -8,7 +25,7 @@ import dataclasses
 import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -21,24 +38,57 @@ from jax.typing import ArrayLike
 from engram_jax.core import relax
 from engram_jax.fit.folds import DEFAULT_SEED, check_disjoint
 from engram_jax.fit.knobs import Knobs
-from engram_jax.fit.problem import Problem, Rows, effective_values, soft_scores
+from engram_jax.fit.problem import Problem, Rows, effective_values, soft_scores, soft_scores_per_question
+
+KNOBS = 'knobs'  # the scalar knobs' group in a fit's parameters and optimizer
+
+
+class Component(Protocol):
+  """A learned part of a fit beside the scalar knobs (see the module docstring)."""
+
+  name: str
+  lr_scale: float
+  per_question: bool
+
+  def inputs(self, problem: Problem, episodes: Sequence[Any], arrays: Sequence[Any]) -> Any: ...
+
+  def batch(self, inputs: Any, idx: Array) -> Any: ...
+
+  def init(self, inputs: Any, seed: int) -> Any: ...
+
+  def soft_constant(self, problem: Problem) -> tuple[int, ...]: ...
+
+  def apply(
+    self, problem: Problem, params: Any, raw: Mapping[str, Array], vals: dict[str, Array], rows: Rows, inputs: Any
+  ) -> tuple[dict[str, Array], Rows]: ...
 
 
 @struct.dataclass
 class TrainState:
-  """Unconstrained knobs, optimiser state and step count; the jitted step maps one to the next."""
+  """Parameters (``{'knobs': unconstrained scalar knobs, <component>: its parameters}``), optimiser state and
+  step count; the jitted step maps one to the next."""
 
-  raw: dict[str, Array]
+  params: dict[str, Any]
   opt_state: Any
   step: Array
 
 
 def soft_ndcg(
-  vals: Mapping[str, Array], rows: Rows, *, problem: Problem, max_gold: int, scale: ArrayLike = 1.0
+  vals: Mapping[str, Array],
+  rows: Rows,
+  *,
+  problem: Problem,
+  max_gold: int,
+  scale: ArrayLike = 1.0,
+  soft_constant: Sequence[int] = (),
+  per_question: bool = False,
 ) -> Array:
-  """Approx-NDCG@k ``[B]`` of the soft pipeline on a batch of rows, knob values by path, temperatures times
-  ``scale``."""
-  s = soft_scores(problem, vals, rows, scale)
+  """Approx-NDCG@k ``[B]`` of the soft pipeline on a batch of rows, knob values by path (``[B]`` values with
+  ``per_question``), temperatures times ``scale``."""
+  if per_question:
+    s = soft_scores_per_question(problem, vals, rows, scale, soft_constant=soft_constant)
+  else:
+    s = soft_scores(problem, vals, rows, scale, soft_constant=soft_constant)
   t = problem.temperatures.scaled(scale)
   temp = t.final * relax.gap_scale(s, k=problem.k, where=rows.where)
   return relax.approx_ndcg(
@@ -46,21 +96,47 @@ def soft_ndcg(
   )
 
 
-def loss_fn(
-  raw: Mapping[str, Array],
+def soft_problem(
+  params: Mapping[str, Any],
   fixed: Mapping[str, Array],
   rows: Rows,
+  inputs: Mapping[str, Any],
+  *,
+  problem: Problem,
+  components: Sequence[Component] = (),
+) -> tuple[dict[str, Array], Rows]:
+  """Every knob's value by path and the rows after each component's transformation (in order)."""
+  vals = dict(fixed)
+  vals.update(Knobs(raw=dict(params[KNOBS]), transforms=problem.fitted).values())
+  for c in components:
+    vals, rows = c.apply(problem, params[c.name], params[KNOBS], vals, rows, inputs[c.name])
+  return vals, rows
+
+
+def soft_options(problem: Problem, components: Sequence[Component]) -> dict[str, Any]:
+  """The soft scorer's options the components ask for: constant legs soft-ranked, per-question fusion."""
+  return {
+    'soft_constant': tuple(sorted({l for c in components for l in c.soft_constant(problem)})),
+    'per_question': any(c.per_question for c in components),
+  }
+
+
+def loss_fn(
+  params: Mapping[str, Any],
+  fixed: Mapping[str, Array],
+  rows: Rows,
+  inputs: Mapping[str, Any],
   weight: Array,
   scale: ArrayLike = 1.0,
   *,
   problem: Problem,
   max_gold: int,
+  components: Sequence[Component] = (),
 ) -> Array:
-  r"""``1 - weighted mean approx-NDCG@k`` of the soft pipeline over a batch of rows (weight 0 = padding), every
-  temperature times ``scale``."""
-  vals = dict(fixed)
-  vals.update(Knobs(raw=dict(raw), transforms=problem.fitted).values())
-  nd = soft_ndcg(vals, rows, problem=problem, max_gold=max_gold, scale=scale)
+  r"""``1 - weighted mean approx-NDCG@k`` of the soft pipeline (transformed by ``components``) over a batch of rows
+  (weight 0 = padding), every temperature times ``scale``."""
+  vals, rows = soft_problem(params, fixed, rows, inputs, problem=problem, components=components)
+  nd = soft_ndcg(vals, rows, problem=problem, max_gold=max_gold, scale=scale, **soft_options(problem, components))
   return 1.0 - jnp.sum(weight * nd) / jnp.maximum(jnp.sum(weight), 1e-12)
 
 
@@ -73,29 +149,52 @@ def anneal_scale(step: int, steps: int, anneal: tuple[float, float] = (1.0, 1.0)
   return start * (end / start) ** (step / max(steps - 1, 1))
 
 
-def make_step(problem: Problem, optimizer: optax.GradientTransformation, *, max_gold: int) -> Callable:
-  """The jitted training step ``(state, fixed, rows, idx [B], weight [B], scale) -> (state, loss)``.
+def group_optimizer(
+  optimizer: optax.GradientTransformation, components: Sequence[Component] = ()
+) -> optax.GradientTransformation:
+  """``optimizer`` for the scalar knobs and, for each component, ``optimizer`` followed by
+  ``optax.scale(lr_scale)`` (its learning rate that fraction of the knobs'), through :func:`optax.partition` on
+  the parameters' top-level groups."""
+  transforms = {KNOBS: optimizer}
+  transforms.update({c.name: optax.chain(optimizer, optax.scale(float(c.lr_scale))) for c in components})
+  return optax.partition(
+    transforms, lambda params: {g: jax.tree_util.tree_map(lambda _, g=g: g, p) for g, p in params.items()}
+  )
 
-  ``problem`` and ``max_gold`` are static (closed over); knob values, the optimiser state, the rows and the
-  temperature factor ``scale`` are traced, so a second call with other values (or another fold's batch, or the
-  next step of an annealing schedule) does not recompile.
+
+def make_step(
+  problem: Problem,
+  optimizer: optax.GradientTransformation,
+  *,
+  max_gold: int,
+  components: Sequence[Component] = (),
+) -> Callable:
+  """The jitted training step ``(state, fixed, rows, inputs, idx [B], weight [B], scale) -> (state, loss)``.
+
+  ``optimizer`` is the grouped one (:func:`group_optimizer`). ``problem``, ``components`` and ``max_gold`` are
+  static (closed over); knob values, the optimiser state, the rows, the inputs and the temperature factor ``scale``
+  are traced, so a second call with other values (or another fold's batch, or the next step of an annealing
+  schedule) does not recompile.
   """
-  grad_fn = jax.value_and_grad(functools.partial(loss_fn, problem=problem, max_gold=max_gold))
+  components = tuple(components)
+  grad_fn = jax.value_and_grad(functools.partial(loss_fn, problem=problem, max_gold=max_gold, components=components))
 
   @jax.jit
-  def step(state: TrainState, fixed: dict[str, Array], rows: Rows, idx: Array, weight: Array, scale: Array):
+  def step(state: TrainState, fixed, rows: Rows, inputs, idx: Array, weight: Array, scale: Array):
     batch = jax.tree_util.tree_map(lambda x: x[idx], rows)
-    loss, grads = grad_fn(state.raw, fixed, batch, weight, scale)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.raw)
-    raw = optax.apply_updates(state.raw, updates)
-    return TrainState(raw=raw, opt_state=opt_state, step=state.step + 1), loss
+    batch_in = {c.name: c.batch(inputs[c.name], idx) for c in components}
+    loss, grads = grad_fn(state.params, fixed, batch, batch_in, weight, scale)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    return TrainState(params=params, opt_state=opt_state, step=state.step + 1), loss
 
   return step
 
 
 @dataclasses.dataclass
 class FitResult:
-  """One fit: the fitted knobs (constrained, by path, the values the hard pipeline uses), the loss curve."""
+  """One fit: the fitted knobs (constrained, by path, the values the hard pipeline uses), the scalar knobs'
+  unconstrained values, each component's learned parameters (NumPy), the loss curve."""
 
   values: dict[str, float]
   losses: list[float]
@@ -103,6 +202,8 @@ class FitResult:
   wall_s: float
   scales: list[float] = dataclasses.field(default_factory=list)  # temperature factor per step
   monitor: list[dict[str, float]] = dataclasses.field(default_factory=list)  # what ``monitor`` returned, by step
+  raw: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+  learned: dict[str, Any] = dataclasses.field(default_factory=dict)  # component name -> its parameters
 
 
 def minibatch(rng: np.random.Generator, train: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -143,26 +244,36 @@ def fit(
   steps: int,
   batch_size: int,
   seed: int = DEFAULT_SEED,
+  components: Sequence[Component] = (),
+  inputs: Mapping[str, Any] | None = None,
   step_fn: Callable | None = None,
   max_gold: int | None = None,
   anneal: tuple[float, float] = (1.0, 1.0),
   monitor: Monitor | None = None,
   monitor_steps: Sequence[int] = (),
 ) -> FitResult:
-  """Fit ``knobs`` on rows ``train`` (indices) by ``steps`` optax steps on minibatches of ``batch_size``.
+  """Fit ``knobs`` and every component's parameters on rows ``train`` (indices) by ``steps`` optax steps on
+  minibatches of ``batch_size`` (the one training loop).
 
-  Minibatches are drawn without replacement by ``numpy.random.default_rng(seed)`` (all training rows,
-  zero-weight padded, when there are fewer than ``batch_size``). Pass ``step_fn`` (from :func:`make_step`)
-  to share one compiled step between fits of the same problem (e.g. cross-fitting folds). Temperatures are
-  multiplied by :func:`anneal_scale` at each step. ``monitor(step, scale, every knob value by path)`` is called
-  before each step in ``monitor_steps`` (``steps`` = after the last one); what it returns is kept, by step, in
-  :attr:`FitResult.monitor` (e.g. the soft-vs-hard gap on the training questions). It never changes the fit.
+  ``optimizer`` is the scalar knobs' (each component gets it scaled by its ``lr_scale``, :func:`group_optimizer`);
+  ``inputs``: each component's :meth:`Component.inputs`, by name. Minibatches are drawn without replacement by
+  ``numpy.random.default_rng(seed)`` (all training rows, zero-weight padded, when there are fewer than
+  ``batch_size``); components are initialised with ``seed``. Pass ``step_fn`` (from :func:`make_step`, with the
+  grouped optimizer) to share one compiled step between fits of the same problem (e.g. cross-fitting folds).
+  Temperatures are multiplied by :func:`anneal_scale` at each step. ``monitor(step, scale, every knob value by
+  path)`` is called before each step in ``monitor_steps`` (``steps`` = after the last one); what it returns is
+  kept, by step, in :attr:`FitResult.monitor` (e.g. the soft-vs-hard gap on the training questions). It never
+  changes the fit.
   """
   t0 = time.perf_counter()
+  components = tuple(components)
+  inputs = dict(inputs or {})
+  grouped = group_optimizer(optimizer, components)
   max_gold = max_gold_of(rows) if max_gold is None else max_gold
-  step_fn = step_fn or make_step(problem, optimizer, max_gold=max_gold)
+  step_fn = step_fn or make_step(problem, grouped, max_gold=max_gold, components=components)
   fixed_j = {p: jnp.asarray(v, jnp.float32) for p, v in fixed.items()}
-  state = TrainState(raw=dict(knobs.raw), opt_state=optimizer.init(dict(knobs.raw)), step=jnp.zeros((), jnp.int32))
+  params = {KNOBS: dict(knobs.raw), **{c.name: c.init(inputs[c.name], seed) for c in components}}
+  state = TrainState(params=params, opt_state=grouped.init(params), step=jnp.zeros((), jnp.int32))
   rng = np.random.default_rng(seed)
   train = np.asarray(train)
   losses, scales, watched = [], [], []
@@ -170,14 +281,15 @@ def fit(
   for t in range(steps + 1):
     scale = anneal_scale(min(t, steps - 1), steps, anneal)
     if monitor is not None and t in monitor_steps:
-      watched.append({'step': t, 'scale': scale, **monitor(t, scale, effective_values(problem, state.raw, fixed_j))})
+      vals = effective_values(problem, state.params[KNOBS], fixed_j)
+      watched.append({'step': t, 'scale': scale, **monitor(t, scale, vals)})
     if t == steps:
       break
     idx, w = minibatch(rng, train, batch_size)
-    state, loss = step_fn(state, fixed_j, rows, jnp.asarray(idx), jnp.asarray(w), jnp.float32(scale))
+    state, loss = step_fn(state, fixed_j, rows, inputs, jnp.asarray(idx), jnp.asarray(w), jnp.float32(scale))
     losses.append(loss)
     scales.append(scale)
-  out = fitted_values(problem, effective_values(problem, state.raw, fixed_j))
+  out = fitted_values(problem, effective_values(problem, state.params[KNOBS], fixed_j))
   if not all(np.isfinite(v) for v in out.values()) or not np.all(np.isfinite(np.asarray(losses))):
     raise FloatingPointError(f'fit of {problem.name} diverged (non-finite loss or knobs): {out}')
   return FitResult(
@@ -187,6 +299,8 @@ def fit(
     wall_s=time.perf_counter() - t0,
     scales=scales,
     monitor=watched,
+    raw={p: np.asarray(v) for p, v in state.params[KNOBS].items()},
+    learned={c.name: jax.tree_util.tree_map(np.asarray, state.params[c.name]) for c in components},
   )
 
 
@@ -209,17 +323,20 @@ def crossfit(
   steps: int,
   batch_size: int,
   seed: int = DEFAULT_SEED,
+  components: Sequence[Component] = (),
+  inputs: Mapping[str, Any] | None = None,
   log: Callable[[str], None] | None = None,
   anneal: tuple[float, float] = (1.0, 1.0),
   monitor: Callable[[int, np.ndarray], Monitor] | None = None,
   monitor_steps: Sequence[int] = (),
 ) -> list[FitResult]:
-  """One fit per fold on the rows of every other fold, asserted disjoint (by question id) from the fold's
-  rows. Folds share one compiled step; fold f draws minibatches with seed ``seed + f``. ``monitor(f, train rows)``
-  gives fold f's monitor (see :func:`fit`)."""
+  """One fit (:func:`fit`) per fold on the rows of every other fold, asserted disjoint (by question id) from the
+  fold's rows (the one cross-fit). Folds share one compiled step; fold f draws minibatches and initialises its
+  components with seed ``seed + f``. ``monitor(f, train rows)`` gives fold f's monitor (see :func:`fit`)."""
+  components = tuple(components)
   row_episodes = np.asarray(row_episodes)
   max_gold = max_gold_of(rows)
-  step_fn = make_step(problem, optimizer, max_gold=max_gold)
+  step_fn = make_step(problem, group_optimizer(optimizer, components), max_gold=max_gold, components=components)
   out = []
   for f, fold in enumerate(folds):
     scored = np.flatnonzero(np.isin(row_episodes, list(fold)))
@@ -235,6 +352,8 @@ def crossfit(
       steps=steps,
       batch_size=batch_size,
       seed=seed + f,
+      components=components,
+      inputs=inputs,
       step_fn=step_fn,
       max_gold=max_gold,
       anneal=anneal,
@@ -242,8 +361,9 @@ def crossfit(
       monitor_steps=monitor_steps,
     )
     if log:
+      names = '+'.join([KNOBS, *(c.name for c in components)])
       log(
-        f'fold {f} ({fold_label(fold)}): {len(train)} training questions, loss {res.losses[0]:.4f} -> '
+        f'{names} fold {f} ({fold_label(fold)}): {len(train)} training questions, loss {res.losses[0]:.4f} -> '
         f'{np.mean(res.losses[-10:]):.4f} in {res.wall_s:.1f}s; {res.values}'
       )
     out.append(res)
@@ -251,8 +371,8 @@ def crossfit(
 
 
 def make_soft_eval(problem: Problem, *, max_gold: int) -> Callable:
-  """A jitted ``(vals, rows, idx [B], scale) -> approx-NDCG@k [B]`` of the soft pipeline on rows ``idx`` (for the
-  soft-vs-hard gap; compiles once per problem and batch size)."""
+  """A jitted ``(vals, rows, idx [B], scale) -> approx-NDCG@k [B]`` of the scalar soft pipeline on rows ``idx``, knob
+  values by path (for the soft-vs-hard gap; compiles once per problem and batch size)."""
 
   @jax.jit
   def run(vals: dict[str, Array], rows: Rows, idx: Array, scale: Array) -> Array:
@@ -274,3 +394,48 @@ def soft_ndcg_rows(
     nd = soft_eval(dict(vals), rows, jnp.asarray(padded), jnp.float32(scale))
     out.append(np.asarray(nd)[: len(chunk)])
   return np.concatenate(out) if out else np.zeros(0)
+
+
+def soft_objective(
+  problem: Problem,
+  res: FitResult,
+  fixed: Mapping[str, float],
+  rows: Rows,
+  idx: np.ndarray,
+  *,
+  scale: float,
+  max_gold: int,
+  components: Sequence[Component] = (),
+  inputs: Mapping[str, Any] | None = None,
+  batch_size: int = 128,
+) -> float:
+  """Mean approx-NDCG@k of a fit's soft pipeline (its scalar knobs and components) on rows ``idx``, every
+  temperature times ``scale``: the objective the fit maximised, evaluated on any questions (its training questions
+  for the soft-vs-hard gap)."""
+  components = tuple(components)
+  run = jax.jit(
+    lambda p, f, r, i, ix, w, sc: (
+      1.0
+      - loss_fn(
+        p,
+        f,
+        jax.tree_util.tree_map(lambda x: x[ix], r),
+        {c.name: c.batch(i[c.name], ix) for c in components},
+        w,
+        sc,
+        problem=problem,
+        max_gold=max_gold,
+        components=components,
+      )
+    )
+  )
+  params = {KNOBS: {k: jnp.asarray(v) for k, v in res.raw.items()}}
+  params.update({c.name: jax.tree_util.tree_map(jnp.asarray, res.learned[c.name]) for c in components})
+  fixed_j = {p: jnp.asarray(v, jnp.float32) for p, v in fixed.items()}
+  total, idx = 0.0, np.asarray(idx)
+  for start in range(0, len(idx), batch_size):
+    sel = idx[start : start + batch_size]
+    ix = jnp.asarray(np.pad(sel, (0, batch_size - len(sel)), mode='edge'))  # one compiled shape
+    w = jnp.asarray(np.arange(batch_size) < len(sel), jnp.float32)
+    total += float(run(params, fixed_j, rows, dict(inputs or {}), ix, w, jnp.float32(scale))) * len(sel)
+  return total / max(len(idx), 1)

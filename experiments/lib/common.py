@@ -187,7 +187,15 @@ def build_pipelines(cfg: DictConfig) -> tuple[dict[str, pipeline.Pipeline], dict
   import_ops_modules(cfg)
   pipes: dict[str, pipeline.Pipeline] = {}
   expanded: dict[str, tuple[str, list[str], Any]] = {}
-  fitted = json.loads(Path(cfg.fitted).read_text()) if cfg.get('fitted') else None
+  fitted = None
+  if cfg.get('fitted') and Path(cfg.fitted).is_dir():  # an artifact: applied after evaluation (fit_artifact.apply)
+    from experiments.lib import fit_artifact
+
+    art = fit_artifact.artifact.load(fit_artifact.artifact.resolve(cfg.fitted, cfg.get('fitted_variant')))
+    if art.pipe.name not in cfg.pipeline:
+      raise ValueError(f'the fitted artifact is for pipeline {art.pipe.name!r}, which is not selected')
+  elif cfg.get('fitted'):
+    fitted = json.loads(Path(cfg.fitted).read_text())
   if fitted is not None and fitted['pipeline'] not in cfg.pipeline:
     raise EngramError(f'fitted parameters are for pipeline {fitted["pipeline"]!r}, which is not selected')
   for name, node in cfg.pipeline.items():

@@ -6,145 +6,60 @@ every hand-set row. The scalar fit keeps its own ``fit.cfsr_grad``; the adapter'
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
-from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from engram_jax import fit
 from engram_jax.eval import evaluation, pipeline
 from engram_jax.fit import adapter as A
-from engram_jax.fit.knobs import inverse
 from experiments.lib import common
 
 log = logging.getLogger(__name__)
 
 
-def spec_of(cfg: DictConfig) -> tuple[A.AdapterSpec, str] | None:
-  node = cfg.fit.get('adapter')
-  if not node:
-    return None
-  node = OmegaConf.to_container(node)
-  grad = str(node['cfsr_grad'])
-  fit.Settings(cfsr_grad=grad)  # validates it
-  return A.AdapterSpec(
-    rank=int(node['rank']), lr_scale=float(node['lr_scale']), soft_query_legs=bool(node.get('soft_query_legs', False))
-  ), grad
-
-
-def run_folds(
-  cfg: DictConfig,
-  name: str,
-  pipe,
-  episodes,
-  embeddings,
-  arrays,
-  folds,
-  problem: fit.Problem,
-  every: dict[str, float],
-  spec: A.AdapterSpec,
-  grad: str,
-  metrics: list[str],
-) -> dict[str, Any]:
-  """Cross-fit the adapter; per-question hard scores in the scored episodes' order, fits, adapter norms."""
-  problem = dataclasses.replace(problem, settings=dataclasses.replace(problem.settings, cfsr_grad=grad))
-  spec.check(problem)
-  knobs = fit.Knobs(
-    raw={p: jnp.asarray(inverse(t, every[p]), jnp.float32) for p, t in problem.fitted}, transforms=problem.fitted
-  )
-  rows = fit.build_rows(problem, pipe, episodes, arrays, seed=int(cfg.seed))
-  inputs = A.build_inputs(episodes, arrays)
-  fits = A.crossfit(
-    problem,
-    spec,
-    knobs,
-    every,
-    rows,
-    inputs,
-    row_episodes=[e.id for e in episodes for _ in e.questions],
-    question_ids=[q.id for e in episodes for q in e.questions],
-    folds=folds,
-    optimizer=instantiate(cfg.fit.optimizer),
-    steps=int(cfg.fit.steps),
-    batch_size=int(cfg.fit.batch_size),
-    seed=int(cfg.fit.seed),
-    anneal=tuple(cfg.fit.get('anneal') or (1.0, 1.0)),
-    log=log.info,
-  )
-  by_ep: dict[str, dict[str, np.ndarray]] = {}
+def extras(cfg: DictConfig, plan, data, part: dict[str, Any]) -> dict[str, Any]:
+  """Per fold, the mean cosine of the adapted to the base query on its scored questions; with
+  ``fit.adapter.train_gap``, the soft-vs-hard gap on its training questions (:func:`train_gap`)."""
+  episodes, embeddings = data.episodes, data.embeddings
   moved = {}
-  for fold, res in zip(folds, fits):
-    sel = [i for i, e in enumerate(episodes) if e.id in fold]
-    emb = [(d, A.adapt_queries(res.adapter, q)) for d, q in (embeddings[i] for i in sel)]
-    r = evaluation.evaluate(
-      [episodes[i] for i in sel],
-      emb,
-      {name: pipeline.with_values(pipe, res.values)},
-      k=int(cfg.eval.k),
-      metrics=metrics,
-      seed=int(cfg.seed),
-      progress=False,
-      episode_metrics=common.dataset_metrics(cfg.dataset),
-    )
-    eps = np.asarray(r.episode_ids)
-    for i in sel:
-      by_ep[episodes[i].id] = {m: r.scores[name][m][eps == episodes[i].id] for m in metrics}
-    base = np.concatenate([q for _, q in (embeddings[i] for i in sel)])
-    moved[fit.fold_label(fold)] = float(np.mean(np.sum(np.concatenate([q for _, q in emb]) * base, -1)))
-  order = [e.id for e in episodes if e.id in by_ep]
-  out = {
-    'scores': {m: np.concatenate([by_ep[e][m] for e in order]) for m in metrics},
-    'fits': fits,
-    'mean_cos_to_base': moved,
-  }
+  for fold, res in zip(data.folds, part['fits']):
+    base = np.concatenate([embeddings[i][1] for i, e in enumerate(episodes) if e.id in fold])
+    adapted = A.adapt_queries(res.learned['adapter'], base)
+    moved[fit.fold_label(fold)] = float(np.mean(np.sum(adapted * base, -1)))
+  out = {'mean_cos_to_base': moved}
   if cfg.fit.adapter.get('train_gap'):
-    out['train_gap'] = train_gap(
-      cfg, name, pipe, episodes, embeddings, arrays, folds, fits, problem, every, spec, rows, inputs
-    )
+    out['train_gap'] = train_gap(cfg, plan, data, part)
   return out
 
 
-def train_gap(
-  cfg: DictConfig,
-  name: str,
-  pipe,
-  episodes,
-  embeddings,
-  arrays,
-  folds,
-  fits,
-  problem: fit.Problem,
-  every: dict[str, float],
-  spec: A.AdapterSpec,
-  rows,
-  inputs,
-) -> dict[str, dict[str, float]]:
+def train_gap(cfg: DictConfig, plan, data, part: dict[str, Any]) -> dict[str, dict[str, float]]:
   """Per fold, on its *training* questions: the fit's soft objective at its last temperatures (approx-NDCG@k), the
   hard NDCG@k of the fitted pipeline on the adapted queries, and the hard NDCG@k of the same scalar knobs on the
   base queries. Soft far above hard: the soft twin flatters the adapter; hard with q' far above hard with q while
   the scored questions lose: the adapter over-fits its training questions. (``fit.adapter.train_gap: true``; it
   changes no fit and no scored number.)"""
-  k = int(cfg.eval.k)
+  k, name, pipe = int(cfg.eval.k), plan.name, common.hand_set_pipeline(plan.name, cfg.pipeline[plan.name])
+  episodes, embeddings, folds = data.episodes, data.embeddings, data.folds
+  problem, components = part['problem'], part['components']
+  rows = fit.build_rows(problem, pipe, episodes, data.arrays, seed=int(cfg.seed))
+  inputs = {c.name: c.inputs(problem, episodes, data.arrays) for c in components}
   row_episodes = np.asarray([e.id for e in episodes for _ in e.questions])
-  anneal = tuple(cfg.fit.get('anneal') or (1.0, 1.0))
   max_gold = fit.max_gold_of(rows)
-  soft_fn = A.soft_ndcg_fn(problem, spec, max_gold=max_gold)  # one compilation for every fold
   out = {}
-  for fold, res in zip(folds, fits):
+  for fold, res in zip(folds, part['fits']):
     train_rows = np.flatnonzero(~np.isin(row_episodes, list(fold)))
     sel = [i for i, e in enumerate(episodes) if e.id not in fold]
-    soft = A.soft_ndcg(
-      problem, spec, res, every, rows, inputs, train_rows, scale=float(anneal[1]), max_gold=max_gold, fn=soft_fn
-    )
+    soft = fit.soft_objective(
+      problem, res, plan.every, rows, train_rows, scale=float(plan.anneal[1]), max_gold=max_gold,
+      components=components, inputs=inputs,
+    )  # fmt: skip
     fitted = {name: pipeline.with_values(pipe, res.values)}
     hard = {}
     for label, adapt in (('adapted', True), ('base', False)):
-      emb = [(d, A.adapt_queries(res.adapter, q) if adapt else q) for d, q in (embeddings[i] for i in sel)]
+      emb = [(d, A.adapt_queries(res.learned['adapter'], q) if adapt else q) for d, q in (embeddings[i] for i in sel)]
       r = evaluation.evaluate(
         [episodes[i] for i in sel], emb, fitted, k=k, metrics=[f'ndcg@{k}'], seed=int(cfg.seed), progress=False
       )
@@ -166,9 +81,11 @@ def train_gap(
   return out
 
 
-def section(
-  name: str, spec: A.AdapterSpec, grad: str, summary: dict, paired: dict, part: dict, metrics: list[str]
-) -> list[str]:
+def section(name: str, spec: A.Adapter, grad: str, results: dict, metrics: list[str]) -> list[str]:
+  """Markdown lines of the adapter fit's results."""
+  summary = results['summary'][f'{name} (adapter, out of fold)']
+  paired = {r: t for r, t in results['paired'].items() if r.startswith('adapter - ')}
+  part = results['adapter']
   lines = [
     '',
     f'Query adapter (rank {spec.rank}, learning rate x{spec.lr_scale}, CFS-R gradient {grad}; pools held '
@@ -214,7 +131,3 @@ def section(
       for f, g in part['train_gap'].items()
     ]
   return lines
-
-
-def files(part: dict, folds) -> dict[str, str]:
-  return {'loss_curve_adapter.json': json.dumps({','.join(f): r.losses for f, r in zip(folds, part['fits'])})}

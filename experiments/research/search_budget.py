@@ -28,13 +28,12 @@ from pathlib import Path
 
 import numpy as np
 from hydra import compose, initialize_config_dir
-from hydra.utils import instantiate
 
 from engram_jax import fit
 from engram_jax.eval import grid, pipeline
 from engram_jax.metrics import stats
 from experiments import fit as fit_exp
-from experiments.lib import common
+from experiments.lib import common, fit_setup
 from experiments.research.search_compare import ROOT, score, split_episodes
 
 # search ranges per knob kind (log-uniform for scales): (low, high, log)
@@ -110,15 +109,16 @@ def main(argv: list[str]) -> dict:
   seed = int(cfg.seed)
   rows_out: dict[str, dict] = {}
 
+  plan = fit_setup.build(cfg, hand, name)  # every fit.* setting, as experiments.fit reads it
+  every = plan.every
   t0 = time.perf_counter()
-  problem, knobs, every = fit.make_problem(
-    hand,
-    params,
-    k=int(cfg.eval.k),
-    temperatures=fit.Temperatures(**cfg.fit.temperatures),
-    settings=fit.Settings(solve_batch=cfg.fit.solve_batch),
-  )
-  rows = fit.build_rows(problem, hand, episodes, arrays, seed=seed)
+  rows = fit.build_rows(plan.problem, hand, episodes, arrays, seed=seed)
+  t_rows = time.perf_counter() - t0
+  if plan.check_twins:  # outside the budget: it checks the soft twins, it fits nothing
+    fit_setup.check_twins(
+      plan.problem, rows, episodes, arrays, every, seed=seed, max_questions=plan.check_twins_questions
+    )
+  t0 = time.perf_counter()
   row_ep = np.asarray([e.id for e in episodes for _ in e.questions])
   train_rows = np.flatnonzero(np.isin(row_ep, [episodes[i].id for i in train]))
   fit.check_disjoint(
@@ -126,18 +126,8 @@ def main(argv: list[str]) -> dict:
     train_rows,
     np.flatnonzero(np.isin(row_ep, [episodes[i].id for i in test])),
   )
-  res = fit.fit(
-    problem,
-    knobs,
-    every,
-    rows,
-    train_rows,
-    optimizer=instantiate(cfg.fit.optimizer),
-    steps=int(cfg.fit.steps),
-    batch_size=int(cfg.fit.batch_size),
-    seed=int(cfg.fit.seed),
-  )
-  budget = time.perf_counter() - t0
+  res = fit_setup.fit_rows(plan, rows, train_rows)
+  budget = t_rows + time.perf_counter() - t0
   rows_out['gradient (adam, soft twins)'] = {
     'values': res.values,
     'wall_s': budget,

@@ -23,14 +23,13 @@ import hydra
 import numpy as np
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from engram_jax import fit
 from engram_jax.data import splits
 from engram_jax.eval import evaluation, pipeline
 from experiments import fit as fit_exp
-from experiments.lib import common
+from experiments.lib import common, fit_setup
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,12 +129,9 @@ def compare(out: Path, overrides: list[str]) -> dict:
 
   # gradient: the same training episodes (the hold-out fold of experiments.fit with these settings)
   t0 = time.perf_counter()
-  params = list(cfg.fit.params or cfg.fit.params_by_pipeline[name])
-  problem, knobs, every = fit.make_problem(
-    hand, params, k=int(cfg.eval.k), temperatures=fit.Temperatures(**cfg.fit.temperatures)
-  )
+  plan = fit_setup.build(cfg, hand, name)  # every fit.* setting, as experiments.fit reads it
   episodes, _, arrays = data
-  rows = fit.build_rows(problem, hand, episodes, arrays, seed=int(cfg.seed))
+  rows = fit_setup.rows(plan, hand, episodes, arrays, seed=int(cfg.seed))
   row_ep = np.asarray([e.id for e in episodes for _ in e.questions])
   train_rows = np.flatnonzero(np.isin(row_ep, [episodes[i].id for i in train]))
   fit.check_disjoint(
@@ -143,17 +139,7 @@ def compare(out: Path, overrides: list[str]) -> dict:
     train_rows,
     np.flatnonzero(np.isin(row_ep, [episodes[i].id for i in test])),
   )
-  res = fit.fit(
-    problem,
-    knobs,
-    every,
-    rows,
-    train_rows,
-    optimizer=instantiate(cfg.fit.optimizer),
-    steps=int(cfg.fit.steps),
-    batch_size=int(cfg.fit.batch_size),
-    seed=int(cfg.fit.seed),
-  )
+  res = fit_setup.fit_rows(plan, rows, train_rows)
   wall = time.perf_counter() - t0
   fitted = pipeline.with_values(hand, res.values)
   rows_out['gradient (adam)'] = {

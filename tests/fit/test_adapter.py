@@ -33,14 +33,17 @@ def _setup(grad='implicit', iterations=80):
 def test_identity_adapter_is_the_soft_pipeline():
   problem, knobs, every, rows, inputs = _setup()
   fixed = {p: jnp.asarray(v, jnp.float32) for p, v in every.items()}
-  params = {'raw': dict(knobs.raw), 'adapter': A.init_params(A.AdapterSpec(rank=3, lr_scale=1.0), 12, 0)}
+  adapter = A.Adapter(rank=3, lr_scale=1.0)
+  params = {'knobs': dict(knobs.raw), 'adapter': A.init_params(adapter, 12, 0)}
   w = jnp.ones(rows.where.shape[0])
   r = A.adapted_rows(problem, rows, inputs, params['adapter'])
   np.testing.assert_allclose(r.cos, rows.cos, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(r.legs[1]['pool_cos'], rows.legs[1]['pool_cos'], rtol=1e-5, atol=1e-6)
   # jitted (one compilation each) rather than dispatched op by op
-  got = jax.jit(functools.partial(A.loss_fn, problem=problem, max_gold=4))(params, fixed, rows, inputs, w)
-  want = jax.jit(functools.partial(scalar_loss, problem=problem, max_gold=4))(knobs.raw, fixed, rows, w)
+  got = jax.jit(functools.partial(fit.loss_fn, problem=problem, max_gold=4, components=(adapter,)))(
+    params, fixed, rows, {'adapter': inputs}, w
+  )
+  want = jax.jit(functools.partial(fit.loss_fn, problem=problem, max_gold=4))({'knobs': knobs.raw}, fixed, rows, {}, w)
   np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
@@ -50,11 +53,13 @@ def test_gradients_reach_the_adapter_and_modes_agree_when_converged():
   for mode in ('implicit', 'reverse'):
     problem, knobs, every, rows, inputs = _setup(mode, iterations=3000)
     fixed = {p: jnp.asarray(v, jnp.float32) for p, v in every.items()}
-    params = {'raw': dict(knobs.raw), 'adapter': A.init_params(A.AdapterSpec(rank=3, lr_scale=1.0), 12, 0)}
+    adapter = A.Adapter(rank=3, lr_scale=1.0)
+    params = {'knobs': dict(knobs.raw), 'adapter': A.init_params(adapter, 12, 0)}
     params['adapter']['u'] = params['adapter']['u'] + 0.05  # off the identity, so V gets a gradient too
-    grads[mode] = jax.grad(A.loss_fn)(
-      params, fixed, rows, inputs, jnp.ones(rows.where.shape[0]), problem=problem, max_gold=4
-    )['adapter']
+    grads[mode] = jax.grad(fit.loss_fn)(
+      params, fixed, rows, {'adapter': inputs}, jnp.ones(rows.where.shape[0]), problem=problem, max_gold=4,
+      components=(adapter,),
+    )['adapter']  # fmt: skip
   for m in ('u', 'v'):
     assert np.abs(np.asarray(grads['implicit'][m])).sum() > 0
     np.testing.assert_allclose(grads['implicit'][m], grads['reverse'][m], rtol=2e-3, atol=1e-6)
@@ -63,25 +68,25 @@ def test_gradients_reach_the_adapter_and_modes_agree_when_converged():
 @pytest.mark.slow  # heavy compile: the fast tier keeps this module's lighter tests and test_registry_twins
 def test_fit_runs_forward_mode_is_refused_and_queries_stay_unit():
   problem, knobs, every, rows, inputs = _setup()
-  res = A.fit(
+  res = fit.fit(
     problem,
-    A.AdapterSpec(rank=2, lr_scale=0.5),
     knobs,
     every,
     rows,
-    inputs,
     np.arange(20),
+    components=[A.Adapter(rank=2, lr_scale=0.5)],
+    inputs={'adapter': inputs},
     optimizer=optax.adam(0.05),
     steps=3,
     batch_size=8,
     seed=0,
   )
-  assert np.abs(res.adapter['u']).sum() > 0 and len(res.losses) == 3
-  q = A.adapt_queries(res.adapter, np.asarray(inputs.query))
+  assert np.abs(res.learned['adapter']['u']).sum() > 0 and len(res.losses) == 3
+  q = A.adapt_queries(res.learned['adapter'], np.asarray(inputs.query))
   np.testing.assert_allclose(np.linalg.norm(q, axis=-1), 1.0, rtol=1e-5)
   problem_f, *_ = _setup('forward')
   with pytest.raises(ValueError, match='cfsr_grad=implicit or reverse'):
-    A.AdapterSpec(rank=2, lr_scale=1.0).check(problem_f)
+    A.Adapter(rank=2, lr_scale=1.0).check(problem_f)
 
 
 @pytest.mark.slow
@@ -133,9 +138,11 @@ def _cos_bm25_setup():
 
 
 def _adapter_grad(problem, knobs, fixed, rows, inputs, soft_legs):
-  params = {'raw': dict(knobs.raw), 'adapter': A.init_params(A.AdapterSpec(rank=2, lr_scale=1.0), 12, 0)}
-  loss = functools.partial(A.loss_fn, problem=problem, max_gold=4, soft_legs=soft_legs)
-  return np.asarray(jax.jit(jax.grad(loss))(params, fixed, rows, inputs, jnp.ones(rows.where.shape[0]))['adapter']['u'])
+  adapter = A.Adapter(rank=2, lr_scale=1.0, soft_query_legs=bool(soft_legs))
+  params = {'knobs': dict(knobs.raw), 'adapter': A.init_params(adapter, 12, 0)}
+  loss = functools.partial(fit.loss_fn, problem=problem, max_gold=4, components=(adapter,))
+  grads = jax.jit(jax.grad(loss))(params, fixed, rows, {'adapter': inputs}, jnp.ones(rows.where.shape[0]))
+  return np.asarray(grads['adapter']['u'])
 
 
 def test_soft_query_legs_give_the_cosine_leg_a_gradient_that_is_cold_hard():
@@ -143,8 +150,8 @@ def test_soft_query_legs_give_the_cosine_leg_a_gradient_that_is_cold_hard():
   a nonzero gradient when on; cold, the soft-ranked constant leg fuses as the hard-ranked one."""
   problem, knobs, fixed, rows, inputs = _cos_bm25_setup()
   with pytest.raises(ValueError, match='soft_query_legs=true'):
-    A.AdapterSpec(rank=2, lr_scale=1.0).check(problem)
-  A.AdapterSpec(rank=2, lr_scale=1.0, soft_query_legs=True).check(problem)
+    A.Adapter(rank=2, lr_scale=1.0).check(problem)
+  A.Adapter(rank=2, lr_scale=1.0, soft_query_legs=True).check(problem)
   assert A.query_legs(problem) == (0,)
   assert np.abs(_adapter_grad(problem, knobs, fixed, rows, inputs, (0,))).sum() > 0
   vals = {**fixed, **knobs.values()}
@@ -166,19 +173,23 @@ def test_soft_ndcg_of_an_identity_adapter_is_the_scalar_objective():
   """The training-gap diagnostic's soft side: batched (padded, weighted) approx-NDCG of an identity adapter equals
   1 - the scalar fit's loss on the same rows."""
   problem, knobs, every, rows, inputs = _setup()
-  spec = A.AdapterSpec(rank=3, lr_scale=1.0)
-  res = A.AdapterFit(
+  spec = A.Adapter(rank=3, lr_scale=1.0)
+  res = fit.FitResult(
     values={},
-    adapter={k: np.asarray(v) for k, v in A.init_params(spec, 12, 0).items()},
+    learned={'adapter': {k: np.asarray(v) for k, v in A.init_params(spec, 12, 0).items()}},
     losses=[],
     train_rows=0,
     wall_s=0.0,
     raw={k: np.asarray(v) for k, v in knobs.raw.items()},
   )
   idx = np.arange(rows.where.shape[0])
-  got = A.soft_ndcg(problem, spec, res, every, rows, inputs, idx, scale=1.0, max_gold=4, batch_size=12)
+  got = fit.soft_objective(
+    problem, res, every, rows, idx, scale=1.0, max_gold=4, batch_size=12, components=[spec], inputs={'adapter': inputs}
+  )
   fixed = {p: jnp.asarray(v, jnp.float32) for p, v in every.items()}
   want = 1.0 - float(
-    jax.jit(functools.partial(scalar_loss, problem=problem, max_gold=4))(knobs.raw, fixed, rows, jnp.ones(len(idx)))
+    jax.jit(functools.partial(scalar_loss, problem=problem, max_gold=4))(
+      {'knobs': knobs.raw}, fixed, rows, {}, jnp.ones(len(idx))
+    )
   )
   np.testing.assert_allclose(got, want, rtol=1e-5)

@@ -59,10 +59,10 @@ def test_constant_module_equals_scalar_path_soft_and_hard():
   s_cond = jax.jit(functools.partial(C.soft_scores, problem))(q_vals, rows)
   np.testing.assert_allclose(s_cond, s_scalar, rtol=1e-5, atol=1e-7)
   # hard: per-question fusion == the scalar pipeline through evaluation.evaluate, every question
-  res = C.CondFit(
+  res = fit.FitResult(
     values={p: float(v) for p, v in scalar_vals.items() if p in KNOBS},
     raw=knobs.raw,
-    net=net,
+    learned={'conditioned': net},
     losses=[],
     train_rows=0,
     wall_s=0.0,
@@ -108,21 +108,22 @@ def test_constant_module_equals_scalar_path_soft_and_hard():
 def test_gradients_reach_the_module_and_a_fit_moves_it():
   eps, embs, arrays, pipe, problem, knobs, every, rows, inputs = _setup()
   fixed = {p: jnp.asarray(v, jnp.float32) for p, v in every.items()}
-  params = {'raw': dict(knobs.raw), 'net': C.init_net(SPEC, inputs, 0)}
-  g = jax.grad(C.loss_fn)(
-    params, fixed, rows, inputs, jnp.ones(rows.where.shape[0]), problem=problem, spec=SPEC, max_gold=4
-  )
-  out = g['net']['params']['out']
+  params = {'knobs': dict(knobs.raw), 'conditioned': C.init_net(SPEC, inputs, 0)}
+  g = jax.grad(fit.loss_fn)(
+    params, fixed, rows, {'conditioned': inputs}, jnp.ones(rows.where.shape[0]), problem=problem, max_gold=4,
+    components=(SPEC,),
+  )  # fmt: skip
+  out = g['conditioned']['params']['out']
   assert np.abs(np.asarray(out['kernel'])).sum() > 0 and np.abs(np.asarray(out['bias'])).sum() > 0
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree_util.tree_leaves(g))
-  res = C.fit(
+  res = fit.fit(
     problem,
-    SPEC,
     knobs,
     every,
     rows,
-    inputs,
     np.arange(rows.where.shape[0]),
+    components=[SPEC],
+    inputs={'conditioned': inputs},
     optimizer=optax.adam(0.05),
     steps=5,
     batch_size=16,
@@ -163,7 +164,7 @@ def test_config_errors():
   )
   from omegaconf import OmegaConf
 
-  from experiments.lib import fit_conditioned
+  from experiments.lib import fit_setup
 
   cfg = OmegaConf.create(
     {
@@ -180,10 +181,10 @@ def test_config_errors():
     }
   )
   with pytest.raises(ValueError, match=r"fit.conditioned: unknown keys \['gate'\]"):
-    fit_conditioned.spec_of(cfg)
+    fit_setup.conditioned_of(cfg)
   cfg.fit.conditioned.pop('gate')
   cfg.fit.conditioned.form = 'gate'
-  assert fit_conditioned.spec_of(cfg).form == 'gate'
+  assert fit_setup.conditioned_of(cfg).form == 'gate'
 
 
 @pytest.mark.slow
@@ -324,27 +325,28 @@ def test_tcfsr_learned_gate_is_the_conditioned_recency_weight_of_tcfsr_prior():
   weight = jnp.ones(rows_b.where.shape[0])
   fixed_a = {p: jnp.asarray(v, jnp.float32) for p, v in e_a.items()}
   fixed_b = {p: jnp.asarray(v, jnp.float32) for p, v in e_b.items()}
-  loss_a, g_a = jax.value_and_grad(lambda r: train.loss_fn(r, fixed_a, rows_a, weight, problem=p_a, max_gold=1))(
-    dict(k_a.raw)
-  )
+  loss_a, g_a = jax.value_and_grad(
+    lambda r: train.loss_fn({'knobs': r}, fixed_a, rows_a, {}, weight, problem=p_a, max_gold=1)
+  )(dict(k_a.raw))
   loss_b, g_b = jax.value_and_grad(
-    lambda prm: C.loss_fn(prm, fixed_b, rows_b, inputs, weight, problem=p_b, spec=GATE, max_gold=1)
-  )({'raw': dict(k_b.raw), 'net': net})
+    lambda prm: fit.loss_fn(prm, fixed_b, rows_b, {'conditioned': inputs}, weight, problem=p_b, max_gold=1,
+                            components=(GATE,))
+  )({'knobs': dict(k_b.raw), 'conditioned': net})  # fmt: skip
   np.testing.assert_allclose(loss_b, loss_a, rtol=1e-6)
   for knob in ('lam', 'w', 'gamma'):
-    np.testing.assert_allclose(g_b['raw'][f'legs.prior.{knob}'], g_a[f'legs.tl.{knob}'], rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(g_b['knobs'][f'legs.prior.{knob}'], g_a[f'legs.tl.{knob}'], rtol=1e-4, atol=1e-7)
   np.testing.assert_allclose(
-    np.asarray(g_b['net']['params']['out']['kernel'])[:, 0],
+    np.asarray(g_b['conditioned']['params']['out']['kernel'])[:, 0],
     [g_a[f'legs.tl.{n}'] for n in TL.WEIGHTS],
     rtol=1e-4,
     atol=1e-7,
   )
   assert abs(float(g_a['legs.tl.u_revision'])) > 0
   # hard: the conditioned scorer ranks every question as tcfsr_learned does
-  res = C.CondFit(
+  res = fit.FitResult(
     values={'legs.prior.lam': 0.01, 'legs.prior.w': 0.8, 'legs.prior.gamma': 0.3},
     raw=k_b.raw,
-    net=net,
+    learned={'conditioned': net},
     losses=[],
     train_rows=0,
     wall_s=0.0,
@@ -357,8 +359,13 @@ def test_tcfsr_learned_gate_is_the_conditioned_recency_weight_of_tcfsr_prior():
   for m in metrics:
     np.testing.assert_array_equal(got[m], want.scores['tl'][m])
   # and the gate moved the rankings: the same module at u = 0 (gamma / 2 for everyone) ranks differently
-  flat = C.CondFit(
-    values=res.values, raw=k_b.raw, net=jax.tree_util.tree_map(jnp.zeros_like, net), losses=[], train_rows=0, wall_s=0.0
+  flat = fit.FitResult(
+    values=res.values,
+    raw=k_b.raw,
+    learned={'conditioned': jax.tree_util.tree_map(jnp.zeros_like, net)},
+    losses=[],
+    train_rows=0,
+    wall_s=0.0,
   )
   scores = lambda r: np.asarray(
     jax.jit(lambda a, f, q: C.hard_topk(prior, p_b, GATE, r, e_b, a, f, q, jax.random.key(0), k=10))(

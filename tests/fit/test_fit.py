@@ -160,16 +160,17 @@ def test_step_does_not_recompile(caplog):
   pipe = _rrf(COS, BM25, weights=[1.0, 1.0])
   problem, knobs, every = fit.make_problem(pipe, ['legs.cos.weight', 'legs.bm25.weight', 'k0'])
   rows = fit.build_rows(problem, pipe, eps, arrays, seed=DEFAULT_SEED)
-  opt = optax.adam(0.1)
+  opt = fit.group_optimizer(optax.adam(0.1))
   step = fit.make_step(problem, opt, max_gold=4)
   fixed = {p: jnp.asarray(v, jnp.float32) for p, v in every.items()}
-  state = fit.TrainState(raw=dict(knobs.raw), opt_state=opt.init(dict(knobs.raw)), step=jnp.zeros((), jnp.int32))
-  state, _ = step(state, fixed, rows, jnp.arange(4), jnp.ones(4), jnp.float32(1.0))
+  params = {'knobs': dict(knobs.raw)}
+  state = fit.TrainState(params=params, opt_state=opt.init(params), step=jnp.zeros((), jnp.int32))
+  state, _ = step(state, fixed, rows, {}, jnp.arange(4), jnp.ones(4), jnp.float32(1.0))
   fixed['legs.bm25.k1'] = jnp.asarray(0.9, jnp.float32)  # another value of a traced knob
   idx, weight = jnp.arange(4, 8), jnp.array([1.0, 1.0, 0.0, 1.0])  # another batch
   with jax.log_compiles(True), caplog.at_level(logging.WARNING):
     caplog.clear()
-    state, loss = step(state, fixed, rows, idx, weight, jnp.float32(0.3))  # another temperature factor
+    state, loss = step(state, fixed, rows, {}, idx, weight, jnp.float32(0.3))  # another temperature factor
   assert step._cache_size() == 1
   assert not [r for r in caplog.records if 'Compiling' in r.getMessage()], [r.getMessage() for r in caplog.records]
   assert int(state.step) == 2 and np.isfinite(float(loss))

@@ -1,0 +1,304 @@
+"""A fit's artifact: everything it learned, saved, loaded and applied to any dataset.
+
+A folder (``experiments.fit`` writes ``<run>/artifact/<variant>/``, variant ``fitted``, ``conditioned`` or
+``adapter``) holding ``manifest.json`` (the pipeline's config node and fitted knob paths, the components' specs,
+the embedder's spec, every fit's knob values, scored and training episodes, training question ids and their
+fingerprint, the protocol hash, the git commit and the package versions) and one safetensors file per fit
+(``fold_00.safetensors`` ... and ``final.safetensors``: the scalar knobs' unconstrained values under ``knobs/<path>``,
+each component's parameters under ``<component>/<key path>``, with their shapes and dtypes). The hard scorer
+(:func:`score`) is the one ``experiments.fit`` scores its out-of-fold questions with, so applying a loaded fold to
+that fold's episodes reproduces them exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flax import traverse_util
+from safetensors.numpy import load_file, save_file
+
+from engram_jax.core.batch import EpisodeArrays, episode_arrays
+from engram_jax.core.types import Episode
+from engram_jax.eval import evaluation
+from engram_jax.eval.pipeline import Pipeline, build_options, make_pipeline, with_values
+from engram_jax.fit import adapter as A
+from engram_jax.fit import conditioned as C
+from engram_jax.fit.problem import Problem, make_problem
+from engram_jax.fit.train import KNOBS, FitResult
+
+FORMAT = 'engram_jax.fitted/1'
+PACKAGES = ('engram_jax', 'jax', 'jaxlib', 'flax', 'optax', 'numpy', 'safetensors')
+COMPONENTS = {'adapter': A.Adapter, 'conditioned': C.Conditioning}
+
+
+def fingerprint(question_ids: Sequence[str]) -> str:
+  """sha256 of the sorted question ids, one a line.
+
+  >>> fingerprint(['b', 'a']) == fingerprint(['a', 'b'])
+  True
+  """
+  return hashlib.sha256('\n'.join(sorted(question_ids)).encode()).hexdigest()
+
+
+def package_versions(names: Sequence[str] = PACKAGES) -> dict[str, str | None]:
+  """Installed versions (None when absent).
+
+  >>> 'jax' in package_versions()
+  True
+  """
+  out = {}
+  for n in names:
+    try:
+      out[n] = importlib.metadata.version(n)
+    except importlib.metadata.PackageNotFoundError:
+      out[n] = None
+  return out
+
+
+def component_spec(c: Any) -> dict[str, Any]:
+  """A component's spec as JSON (its kind under ``name``)."""
+  spec = {'name': c.name, **dataclasses.asdict(c)}
+  return {k: list(v) if isinstance(v, tuple) else v for k, v in spec.items()}
+
+
+def component_of(spec: Mapping[str, Any]) -> Any:
+  """The component a :func:`component_spec` describes.
+
+  >>> component_of({'name': 'adapter', 'rank': 8, 'lr_scale': 0.1}).rank
+  8
+  """
+  spec = dict(spec)
+  cls = COMPONENTS[spec.pop('name')]
+  fields = {f.name for f in dataclasses.fields(cls)}
+  return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in spec.items() if k in fields})
+
+
+def tensors(res: FitResult) -> dict[str, np.ndarray]:
+  """A fit's parameters flat, ``knobs/<path>`` and ``<component>/<key>/<key>``."""
+  flat = {f'{KNOBS}/{p}': np.asarray(v) for p, v in res.raw.items()}
+  for name, params in res.learned.items():
+    for key, v in traverse_util.flatten_dict(params, sep='/').items():
+      flat[f'{name}/{key}'] = np.asarray(v)
+  return flat
+
+
+def from_tensors(flat: Mapping[str, np.ndarray], values: Mapping[str, float]) -> FitResult:
+  """The :class:`FitResult` (values, raw knobs, learned parameters) that :func:`tensors` flattened."""
+  raw = {k.split('/', 1)[1]: np.asarray(v) for k, v in flat.items() if k.startswith(f'{KNOBS}/')}
+  learned: dict[str, dict] = {}
+  for k, v in flat.items():
+    name, _, rest = k.partition('/')
+    if name != KNOBS:
+      learned.setdefault(name, {})[rest] = np.asarray(v)
+  learned = {n: traverse_util.unflatten_dict(p, sep='/') for n, p in learned.items()}
+  return FitResult(values=dict(values), losses=[], train_rows=0, wall_s=0.0, raw=raw, learned=learned)
+
+
+@dataclasses.dataclass
+class Artifact:
+  """A loaded artifact: the hand-set pipeline, the problem's knobs, the components and every fit (folds, final)."""
+
+  path: Path
+  manifest: dict[str, Any]
+  pipe: Pipeline
+  problem: Problem
+  every: dict[str, float]
+  components: tuple[Any, ...]
+  fits: dict[str, FitResult]  # label ('fold_00', ..., 'final') -> fit
+
+  def fit_for(self, episode_id: str) -> tuple[str, FitResult]:
+    """The fit to apply to episode ``episode_id``: the fold that scored it out of fold, else the final fit.
+
+    Raises:
+      ValueError: the episode is in no fold and the artifact has no final fit.
+    """
+    for entry in self.manifest['fits']:
+      if episode_id in entry['scored_episodes']:
+        return entry['label'], self.fits[entry['label']]
+    if 'final' not in self.fits:
+      raise ValueError(f'{self.path}: episode {episode_id!r} is in no fold and the artifact has no final fit')
+    return 'final', self.fits['final']
+
+  def scorer(self, label: str = 'final') -> Callable[..., dict[str, np.ndarray]]:
+    """A callable pipeline: ``(episodes, embeddings, *, k=10, metrics=('ndcg@10',), seed=0) -> {metric: [Q]}``,
+    fit ``label`` applied (every learned part: knobs, adapter, conditioned knobs)."""
+    res = self.fits[label]
+
+    def run(episodes, embeddings, *, k: int = 10, metrics: Sequence[str] = ('ndcg@10',), seed: int = 0, **kw):
+      return score(
+        self.pipe, self.problem, self.every, res, self.components, episodes, embeddings, None,
+        k=k, metrics=metrics, seed=seed, **kw,
+      )  # fmt: skip
+
+    return run
+
+
+def save(
+  path: Path | str,
+  *,
+  pipe_name: str,
+  pipe_node: Mapping[str, Any],
+  params: Sequence[str],
+  k: int,
+  components: Sequence[Any],
+  fits: Mapping[str, FitResult],
+  scored: Mapping[str, Sequence[str]],
+  train_questions: Mapping[str, Sequence[str]],
+  train_episodes: Mapping[str, Sequence[str]],
+  info: Mapping[str, Any] | None = None,
+) -> Path:
+  """Write an artifact folder (``fits``: label -> fit; ``scored`` / ``train_*``: label -> ids; ``info``: embedder,
+  dataset, protocol hash, git commit, ...). Returns ``path``.
+
+  >>> import tempfile; from engram_jax.fit.train import FitResult
+  >>> res = FitResult(values={'k0': 60.0}, losses=[], train_rows=1, wall_s=0.0, raw={'k0': np.float32(4.09)})
+  >>> node = {'fusion': 'rrf', 'legs': {'cos': {'op': 'cosine'}, 'bm25': {'op': 'bm25'}}}
+  >>> d = save(tempfile.mkdtemp(), pipe_name='p', pipe_node=node, params=['k0'], k=10, components=[],
+  ...          fits={'final': res}, scored={'final': []}, train_questions={'final': ['q1']},
+  ...          train_episodes={'final': ['e1']})
+  >>> load(d).fits['final'].values
+  {'k0': 60.0}
+  """
+  path = Path(path)
+  path.mkdir(parents=True, exist_ok=True)
+  entries = []
+  for label, res in fits.items():
+    flat = tensors(res)
+    save_file({k: np.ascontiguousarray(v) for k, v in flat.items()}, str(path / f'{label}.safetensors'))
+    entries.append(
+      {
+        'label': label,
+        'file': f'{label}.safetensors',
+        'values': res.values,
+        'scored_episodes': list(scored[label]),
+        'train_episodes': list(train_episodes[label]),
+        'n_train_questions': len(train_questions[label]),
+        'train_fingerprint': fingerprint(train_questions[label]),
+        'train_question_ids': list(train_questions[label]),
+        'tensors': {k: {'shape': list(np.shape(v)), 'dtype': str(np.asarray(v).dtype)} for k, v in flat.items()},
+      }
+    )
+  manifest = {
+    'format': FORMAT,
+    'pipeline': {'name': pipe_name, 'node': dict(pipe_node), 'params': list(params), 'k': int(k)},
+    'components': [component_spec(c) for c in components],
+    'fits': entries,
+    'packages': package_versions(),
+    **dict(info or {}),
+  }
+  (path / 'manifest.json').write_text(json.dumps(manifest, indent=1, default=str))
+  return path
+
+
+def load(path: Path | str) -> Artifact:
+  """Load an artifact folder (or the ``fitted`` / first variant of a run folder's ``artifact/``).
+
+  >>> load('/nonexistent')
+  Traceback (most recent call last):
+  ...
+  FileNotFoundError: no artifact manifest.json under /nonexistent
+  """
+  path = resolve(path)
+  manifest = json.loads((path / 'manifest.json').read_text())
+  if manifest.get('format') != FORMAT:
+    raise ValueError(f'{path}: not an {FORMAT} artifact (format {manifest.get("format")!r})')
+  node = manifest['pipeline']
+  pipe = pipeline_from_node(node['name'], node['node'])
+  problem, _, every = make_problem(pipe, node['params'], k=int(node['k']))
+  components = tuple(component_of(s) for s in manifest['components'])
+  fits = {e['label']: from_tensors(load_file(str(path / e['file'])), e['values']) for e in manifest['fits']}
+  return Artifact(
+    path=path, manifest=manifest, pipe=pipe, problem=problem, every=every, components=components, fits=fits
+  )
+
+
+def resolve(path: Path | str, variant: str | None = None) -> Path:
+  """The artifact folder at ``path``: itself, or ``path/artifact/<variant>`` (default: the last variant written,
+  the run's declared fit: ``adapter`` / ``conditioned`` when present, else ``fitted``)."""
+  path = Path(path)
+  if (path / 'manifest.json').is_file():
+    return path
+  root = path / 'artifact'
+  if root.is_dir():
+    order = json.loads((root / 'variants.json').read_text()) if (root / 'variants.json').is_file() else []
+    name = variant or (order[-1] if order else 'fitted')
+    if (root / name / 'manifest.json').is_file():
+      return root / name
+  raise FileNotFoundError(f'no artifact manifest.json under {path}')
+
+
+def pipeline_from_node(name: str, node: Mapping[str, Any]) -> Pipeline:
+  """A pipeline from its config node (``legs``, ``fusion``, ``k0``, ...; other keys ignored)."""
+  node = {k: v for k, v in dict(node).items() if k in ('legs', 'fusion', 'k0')}
+  return make_pipeline(name=name, **node)
+
+
+def score(
+  pipe: Pipeline,
+  problem: Problem,
+  every: Mapping[str, float],
+  res: FitResult,
+  components: Sequence[Any],
+  episodes: Sequence[Episode],
+  embeddings: Sequence[tuple[np.ndarray, np.ndarray]],
+  arrays: Sequence[EpisodeArrays] | None,
+  *,
+  k: int,
+  metrics: Sequence[str],
+  seed: int,
+  episode_metrics: Mapping[str, Callable] | None = None,
+  retrieved: list | None = None,
+) -> dict[str, np.ndarray]:
+  """Per-question hard scores ``{metric: [Q]}`` (``episodes``' order; ``retrieved``, a list, receives each
+  question's top-k item ids where the scorer gives them, else empty lists) of the fitted pipeline with every learned
+  part of ``res``: the knob values; the adapter (queries adapted, pools re-formed under them); the conditioned
+  knobs (per-question fusion, :func:`engram_jax.fit.conditioned.score_episodes`). ``arrays``: the episodes' padded
+  arrays when no adapter changes the queries (else rebuilt)."""
+  kinds = {c.name: c for c in components}
+  fitted = with_values(pipe, res.values)
+  if 'adapter' in kinds:
+    embeddings = [(d, A.adapt_queries(res.learned['adapter'], q)) for d, q in embeddings]
+    arrays = None
+  if 'conditioned' not in kinds:
+    r = evaluation.evaluate(
+      episodes,
+      embeddings,
+      {pipe.name: fitted},
+      k=k,
+      metrics=list(metrics),
+      seed=seed,
+      progress=False,
+      arrays=arrays,
+      episode_metrics=episode_metrics,
+    )
+    eps = np.asarray(r.episode_ids)
+    if retrieved is not None:
+      ids = r.retrieved[pipe.name]
+      retrieved.extend(ids[i] for e in episodes for i in np.flatnonzero(eps == e.id))
+    return {m: np.concatenate([np.asarray(r.scores[pipe.name][m])[eps == e.id] for e in episodes]) for m in metrics}
+  if arrays is None:
+    options = build_options([pipe])
+    arrays = [episode_arrays(e, d, q, **options) for e, (d, q) in zip(episodes, embeddings)]
+  if retrieved is not None:
+    retrieved.extend([] for e in episodes for _ in e.questions)
+  return C.score_episodes(
+    pipe,
+    problem,
+    kinds['conditioned'],
+    res,
+    every,
+    episodes,
+    arrays,
+    k=k,
+    metrics=list(metrics),
+    seed=seed,
+    indices=range(len(episodes)),
+    episode_metrics=episode_metrics,
+  )

@@ -1,0 +1,276 @@
+"""The one place that reads a fit from the config: the soft problem (knobs, temperatures, settings), the learned
+components (``fit.conditioned``, ``fit.adapter``), the optimizer and the loop (steps, minibatches, seed,
+annealing), the rows with the twin check. ``experiments.fit`` and every research script that fits
+(``search_compare``, ``search_budget``) build through :func:`build` and fit through :func:`crossfit` /
+:func:`fit_rows`, so that a setting means the same everywhere (``tests/experiments/test_fit_setup.py`` fails when one
+is read nowhere, or when a script builds a fit by hand).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import optax
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from engram_jax import fit
+from engram_jax.eval import pipeline
+from engram_jax.fit import adapter as A
+from engram_jax.fit import conditioned as C
+from engram_jax.fit import twins
+
+log = logging.getLogger(__name__)
+
+# fit.* keys this module reads (a test checks that every key of conf/fit/default.yaml is here or in
+# ELSEWHERE, and that changing one of these changes what build returns)
+READ = (
+  'params',
+  'params_by_pipeline',
+  'seed',
+  'steps',
+  'batch_size',
+  'optimizer',
+  'temperatures',
+  'anneal',
+  'check_twins',
+  'check_twins_questions',
+  'greedy_pool',
+  'candidates',
+  'solve_batch',
+  'cfsr_grad',
+  'conditioned',
+  'adapter',
+)
+# read by experiments.fit itself: which questions are scored and against what
+ELSEWHERE = ('split', 'train', 'folds', 'n_test', 'gap_checks', 'baselines', 'final')
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """A fit as the config declares it: the soft problem, the knobs at their hand-set values, every traced knob's
+  hand-set value, the learned components and the loop's settings."""
+
+  name: str
+  problem: fit.Problem
+  knobs: fit.Knobs
+  every: dict[str, float]
+  optimizer: optax.GradientTransformation
+  steps: int
+  batch_size: int
+  seed: int
+  anneal: tuple[float, float]
+  check_twins: bool = True
+  check_twins_questions: int = 512
+  conditioned: C.Conditioning | None = None
+  adapter: A.Adapter | None = None
+  adapter_cfsr_grad: str | None = None  # the adapter fit's CFS-R gradient (its problem's settings.cfsr_grad)
+
+  def loop(self) -> dict[str, Any]:
+    """The training loop's settings, as :func:`engram_jax.fit.fit` / :func:`engram_jax.fit.crossfit` take them."""
+    return {
+      'optimizer': self.optimizer,
+      'steps': self.steps,
+      'batch_size': self.batch_size,
+      'seed': self.seed,
+      'anneal': self.anneal,
+    }
+
+  def variants(self) -> dict[str, tuple[fit.Problem, tuple[fit.Component, ...]]]:
+    """Each fit a run makes, by label: ``fitted`` (the scalar knobs), and ``conditioned`` / ``adapter`` when
+    declared (the scalar knobs plus that component; the adapter on its own CFS-R gradient setting)."""
+    out = {'fitted': (self.problem, ())}
+    if self.conditioned is not None:
+      out['conditioned'] = (self.problem, (self.conditioned,))
+    if self.adapter is not None:
+      problem = dataclasses.replace(
+        self.problem, settings=dataclasses.replace(self.problem.settings, cfsr_grad=self.adapter_cfsr_grad)
+      )
+      self.adapter.check(problem)
+      out['adapter'] = (problem, (self.adapter,))
+    return out
+
+
+def params_of(cfg: DictConfig, name: str) -> list[str]:
+  """The knob paths to fit: ``fit.params``, else ``fit.params_by_pipeline[name]``."""
+  return list(cfg.fit.params or cfg.fit.params_by_pipeline[name])
+
+
+def settings_of(cfg: DictConfig) -> fit.Settings:
+  return fit.Settings(
+    greedy_pool=int(cfg.fit.greedy_pool),
+    candidates=int(cfg.fit.candidates),
+    solve_batch=None if cfg.fit.solve_batch is None else int(cfg.fit.solve_batch),
+    cfsr_grad=str(cfg.fit.cfsr_grad),
+  )
+
+
+def conditioned_of(cfg: DictConfig) -> C.Conditioning | None:
+  """``fit.conditioned`` as a component (None when off); unknown keys are refused."""
+  node = cfg.fit.get('conditioned')
+  if not node:
+    return None
+  node = OmegaConf.to_container(node)
+  known = {f.name for f in dataclasses.fields(C.Conditioning)}
+  unknown = sorted(set(node) - known)
+  if unknown:
+    raise ValueError(f'fit.conditioned: unknown keys {unknown}; allowed {sorted(known)}')
+  optional = {
+    f.name: node[f.name]
+    for f in dataclasses.fields(C.Conditioning)
+    if f.default is not dataclasses.MISSING and f.name in node
+  }
+  return C.Conditioning(
+    knobs=tuple(node['knobs']),
+    features=tuple(node['features']),
+    hidden=int(node['hidden']),
+    rank=int(node['rank']),
+    net_lr_scale=float(node['net_lr_scale']),
+    **optional,
+  )
+
+
+def adapter_of(cfg: DictConfig) -> tuple[A.Adapter, str] | None:
+  """``fit.adapter`` as a component and its CFS-R gradient setting (None when off)."""
+  node = cfg.fit.get('adapter')
+  if not node:
+    return None
+  node = OmegaConf.to_container(node)
+  grad = str(node['cfsr_grad'])
+  fit.Settings(cfsr_grad=grad)  # validates it
+  adapter = A.Adapter(
+    rank=int(node['rank']), lr_scale=float(node['lr_scale']), soft_query_legs=bool(node.get('soft_query_legs', False))
+  )
+  return adapter, grad
+
+
+def build(cfg: DictConfig, pipe: pipeline.Pipeline, name: str | None = None) -> Plan:
+  """The fit of ``pipe`` (config entry ``name``, default ``pipe.name``) that ``cfg.fit`` declares; config errors
+  are raised here, before any data is loaded."""
+  name = name or pipe.name
+  params = params_of(cfg, name)
+  problem, knobs, every = fit.make_problem(
+    pipe,
+    params,
+    k=int(cfg.eval.k),
+    temperatures=fit.Temperatures(**cfg.fit.temperatures),
+    settings=settings_of(cfg),
+  )
+  cond = conditioned_of(cfg)
+  if cond is not None:
+    cond.check(pipe, params)
+  adapter = adapter_of(cfg)
+  return Plan(
+    name=name,
+    problem=problem,
+    knobs=knobs,
+    every=every,
+    optimizer=instantiate(cfg.fit.optimizer),
+    steps=int(cfg.fit.steps),
+    batch_size=int(cfg.fit.batch_size),
+    seed=int(cfg.fit.seed),
+    anneal=tuple(float(a) for a in (cfg.fit.get('anneal') or (1.0, 1.0))),
+    check_twins=bool(cfg.fit.get('check_twins', True)),
+    check_twins_questions=int(cfg.fit.get('check_twins_questions') or 512),
+    conditioned=cond,
+    adapter=None if adapter is None else adapter[0],
+    adapter_cfsr_grad=None if adapter is None else adapter[1],
+  )
+
+
+def rows(plan: Plan, pipe: pipeline.Pipeline, episodes, arrays, *, seed: int, problem: fit.Problem | None = None):
+  """The soft rows of every question of ``episodes`` (``problem``: another variant's, default the plan's), after
+  the twin check (``fit.check_twins``)."""
+  problem = problem or plan.problem
+  out = fit.build_rows(problem, pipe, episodes, arrays, seed=seed)
+  if plan.check_twins and problem is plan.problem:
+    check_twins(problem, out, episodes, arrays, plan.every, seed=seed, max_questions=plan.check_twins_questions)
+  return out
+
+
+def check_twins(
+  problem: fit.Problem, rows: fit.Rows, episodes, arrays, every: dict[str, float], *, seed: int, max_questions: int
+) -> None:
+  """Before step 0: every fitted leg's soft twin, cold, against its hard leg (:mod:`engram_jax.fit.twins`) on the
+  training rows of the first episodes (up to ``max_questions`` questions), at the hand-set knob values and with
+  every fitted knob moved once. Raises a one-line ValueError naming the operator and the gap when they differ
+  (``fit.check_twins=false`` skips the check)."""
+  n_questions = [len(e.questions) for e in episodes]
+  sel, total = [], 0
+  for e, n in enumerate(n_questions):
+    if total >= max_questions:
+      break
+    sel.append(e)
+    total += n
+  moved = dict(every)
+  for l in range(len(problem.legs)):
+    moved = twins.moved_values(problem, l, moved)
+  for at, vals in (('hand-set', every), ('moved', moved)):
+    for gap in twins.cold_twin_gaps(problem, rows, arrays, n_questions, vals, seed=seed, at=at, episode_index=sel):
+      log.info(
+        'twin check: %s',
+        gap.message()
+        if not gap.ok
+        else f'operator {gap.op} (leg {gap.leg}, {at}): cold soft twin == hard leg on {gap.n_questions} questions '
+        f'(max |soft - hard| {gap.max_diff:.3g})',
+      )
+      if not gap.ok:
+        hint = (
+          f' (a relaxed greedy leg picks among the cosine top fit.greedy_pool={problem.settings.greedy_pool} '
+          'items, its hard leg among its own pool: a larger fit.greedy_pool may close the gap)'
+          if gap.selection
+          else ''
+        )
+        raise ValueError(
+          f'refusing to fit: {gap.message()}{hint}; fix the soft twin (engram_jax.testing.'
+          f'check_operator({gap.op!r}) runs the full check) or set fit.check_twins=false'
+        )
+
+
+def crossfit(
+  plan: Plan,
+  rows: fit.Rows,
+  episodes,
+  folds: Sequence[Sequence[str]],
+  *,
+  problem: fit.Problem | None = None,
+  components: Sequence[fit.Component] = (),
+  inputs: dict[str, Any] | None = None,
+  monitor: Callable | None = None,
+  monitor_steps: Sequence[int] = (),
+) -> list[fit.FitResult]:
+  """:func:`engram_jax.fit.crossfit` with the plan's knobs and loop (``problem``: a variant's, default the plan's)."""
+  return fit.crossfit(
+    problem or plan.problem,
+    plan.knobs,
+    plan.every,
+    rows,
+    row_episodes=[e.id for e in episodes for _ in e.questions],
+    question_ids=[q.id for e in episodes for q in e.questions],
+    folds=folds,
+    components=components,
+    inputs=inputs,
+    log=log.info,
+    monitor=monitor,
+    monitor_steps=monitor_steps,
+    **plan.loop(),
+  )
+
+
+def fit_rows(
+  plan: Plan,
+  rows: fit.Rows,
+  train: np.ndarray,
+  *,
+  problem: fit.Problem | None = None,
+  components: Sequence[fit.Component] = (),
+  inputs: dict[str, Any] | None = None,
+) -> fit.FitResult:
+  """One :func:`engram_jax.fit.fit` on rows ``train`` with the plan's knobs and loop."""
+  return fit.fit(
+    problem or plan.problem, plan.knobs, plan.every, rows, train, components=components, inputs=inputs, **plan.loop()
+  )

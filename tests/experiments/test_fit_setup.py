@@ -1,0 +1,110 @@
+"""One builder of fits from the config (experiments.lib.fit_setup): every fit.* setting is read by it or by
+experiments.fit, each one it reads changes what it builds, its defaults are the library's, and no entry point or
+research script builds a fit by hand (so none can drop a setting)."""
+
+import ast
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from engram_jax import fit
+from experiments.lib import common, fit_setup
+
+ROOT = Path(__file__).resolve().parents[2]
+CONF = str(ROOT / 'conf')
+PIPE = 'rrf_cos_bm25_cfsr'
+
+
+def _plan(*overrides):
+  with initialize_config_dir(config_dir=CONF, version_base='1.3'):
+    cfg = compose(config_name='fit', overrides=[f'pipeline=[{PIPE}]', *overrides])
+  return fit_setup.build(cfg, common.hand_set_pipeline(PIPE, cfg.pipeline[PIPE]), PIPE)
+
+
+def _fingerprint(plan):
+  """What a plan decides, comparable: the problem, the loop's settings, the components, one optimizer update."""
+  params = {'x': jnp.ones(3)}
+  updates, _ = plan.optimizer.update({'x': jnp.full(3, 0.5)}, plan.optimizer.init(params), params)
+  return (
+    plan.problem,
+    plan.steps,
+    plan.batch_size,
+    plan.seed,
+    plan.anneal,
+    plan.check_twins,
+    plan.check_twins_questions,
+    plan.conditioned,
+    plan.adapter,
+    plan.adapter_cfsr_grad,
+    tuple(np.asarray(updates['x']).tolist()),
+  )
+
+
+def test_every_fit_setting_is_read_somewhere():
+  keys = set(OmegaConf.load(ROOT / 'conf' / 'fit' / 'default.yaml'))
+  assert keys - set(fit_setup.READ) - set(fit_setup.ELSEWHERE) == set()
+  assert set(fit_setup.READ) & set(fit_setup.ELSEWHERE) == set()
+
+
+CHANGES = {
+  'params': 'fit.params=[legs.cos.weight,k0]',
+  'params_by_pipeline': f'fit.params_by_pipeline.{PIPE}=[k0]',
+  'seed': 'fit.seed=1',
+  'steps': 'fit.steps=7',
+  'batch_size': 'fit.batch_size=3',
+  'optimizer': 'fit.optimizer.learning_rate.init_value=0.3',
+  'temperatures': 'fit.temperatures.rank=0.3',
+  'anneal': 'fit.anneal=[1.0,0.5]',
+  'check_twins': 'fit.check_twins=false',
+  'check_twins_questions': 'fit.check_twins_questions=7',
+  'greedy_pool': 'fit.greedy_pool=50',
+  'candidates': 'fit.candidates=3',
+  'solve_batch': 'fit.solve_batch=2',
+  'cfsr_grad': 'fit.cfsr_grad=implicit',
+  'conditioned': 'fit.conditioned={knobs: [k0], features: [cues], hidden: 0, rank: 2, net_lr_scale: 0.1}',
+  'adapter': 'fit.adapter={rank: 2, lr_scale: 0.1, cfsr_grad: implicit}',
+}
+
+
+@pytest.mark.parametrize('key', fit_setup.READ)
+def test_each_setting_read_changes_the_plan(key):
+  extra = ['fit.params=null'] if key == 'params_by_pipeline' else []  # params_by_pipeline is read without params
+  base = _fingerprint(_plan(*extra))
+  changed = _fingerprint(_plan(*extra, CHANGES[key]))
+  assert changed != base, key
+
+
+def test_defaults_are_the_library_defaults():
+  with initialize_config_dir(config_dir=CONF, version_base='1.3'):
+    cfg = compose(config_name='fit')
+  assert fit.Temperatures(**cfg.fit.temperatures) == fit.Temperatures()
+  assert fit_setup.settings_of(cfg) == fit.Settings()
+
+
+def _calls(path: Path) -> set[str]:
+  names = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Call):
+      f = node.func
+      if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
+        names.add(f'{f.value.id}.{f.attr}')
+  return names
+
+
+def test_no_script_builds_a_fit_by_hand():
+  """Every fit goes through fit_setup.build (the problem) and fit_setup.crossfit / fit_rows (the loop)."""
+  by_hand = {'fit.make_problem', 'fit.fit', 'fit.crossfit', 'fit.Settings', 'fit.Temperatures'}
+  users = []
+  for path in sorted((ROOT / 'experiments').rglob('*.py')):
+    if path.name == 'fit_setup.py':
+      continue
+    calls = _calls(path)
+    assert not calls & by_hand, (path, calls & by_hand)
+    if calls & {'fit_setup.fit_rows', 'fit_setup.crossfit'}:
+      assert 'fit_setup.build' in calls or 'fit_setup.rows' in calls or path.name == 'fit.py', path
+      users.append(path.name)
+  assert {'search_compare.py', 'search_budget.py'} <= set(users)
