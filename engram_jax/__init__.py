@@ -49,6 +49,10 @@ _PUBLIC = {
   'eval.pipeline': ['Pipeline', 'make_pipeline', 'pipeline_scores', 'pipeline_topk'],
   'eval.evaluation': ['EvalResult', 'evaluate'],
   'eval.grid': ['GridResult', 'evaluate_grid'],
+  # fitting (the loop itself is engram_jax.fit.fit)
+  'fit.problem': ['make_problem', 'build_rows'],
+  'fit.train': ['crossfit'],
+  'fit.artifact': ['load_artifact'],
 }
 
 __getattr__, __dir__, __all__ = lazy_loader.attach(

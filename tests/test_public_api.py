@@ -18,6 +18,7 @@ PACKAGES = (
   'engram_jax.ops',
   'engram_jax.eval',
   'engram_jax.metrics',
+  'engram_jax.fit',
   'engram_jax.data',
   'engram_jax.answer',
   'engram_jax.testing',

@@ -1,11 +1,21 @@
 """Fit a pipeline's knobs by gradient: its soft twin (built from the operator registry), approx-NDCG@k, optax,
-seeded disjoint splits.
+seeded disjoint splits; every fit saved as an artifact that any run can apply.
+
+One engine: :func:`make_problem` (the soft problem of a pipeline), :func:`build_rows` (what no fitted knob moves,
+precomputed per question), :func:`fit` (the one training loop) and :func:`crossfit` (the one cross-fit), with
+learned :class:`Component` s beside the scalar knobs (:class:`Adapter`, :class:`Conditioning`); :func:`load_artifact`
+reads a fit's folder back as a callable pipeline.
 
 Modules: :mod:`~engram_jax.fit.knobs` (transforms), :mod:`~engram_jax.fit.problem` (the soft problem and its rows),
-:mod:`~engram_jax.fit.train` (loss, jitted step, fit, cross-fit), :mod:`~engram_jax.fit.folds` (folds). Every
-registered operator with a soft twin is fittable (:func:`~engram_jax.fit.problem.fittable_paths`).
+:mod:`~engram_jax.fit.train` (the loss, the jitted step, the loop, the cross-fit, components),
+:mod:`~engram_jax.fit.adapter`, :mod:`~engram_jax.fit.conditioned` (components), :mod:`~engram_jax.fit.twins` (the
+twin contract on a fit's rows), :mod:`~engram_jax.fit.folds` (folds), :mod:`~engram_jax.fit.artifact` (saved fits).
+The entry points also use the modules' other functions (``from engram_jax.fit import train``); they are not API.
 """
 
+from engram_jax.fit.adapter import Adapter
+from engram_jax.fit.artifact import Artifact, load_artifact
+from engram_jax.fit.conditioned import Conditioning
 from engram_jax.fit.folds import check_disjoint, episode_folds, holdout_split
 from engram_jax.fit.knobs import FORWARD, Knobs, inverse
 from engram_jax.fit.problem import (
@@ -47,45 +57,21 @@ from engram_jax.fit.train import (
   soft_problem,
 )
 
+# The public API. The other names above stay importable from here for the entry points and tests that use them
+# (``fit.loss_fn``, ``fit.Problem``, ...), but are internals: undocumented, free to change.
 __all__ = [
-  'FORWARD',
-  'KNOBS',
-  'Component',
-  'FitResult',
-  'Knobs',
-  'LegInfo',
-  'Monitor',
-  'Problem',
-  'Rows',
-  'Settings',
-  'SoftContext',
-  'TemperatureValues',
-  'Temperatures',
-  'TrainState',
-  'anneal_scale',
-  'build_rows',
-  'check_disjoint',
-  'crossfit',
-  'effective_values',
-  'episode_folds',
-  'fit',
-  'fitted_values',
-  'fold_label',
-  'fittable_paths',
-  'group_optimizer',
-  'holdout_split',
-  'inverse',
-  'leg_values',
-  'loss_fn',
   'make_problem',
-  'make_soft_eval',
-  'make_step',
-  'max_gold_of',
-  'soft_leg',
-  'soft_ndcg',
-  'soft_ndcg_rows',
-  'soft_objective',
-  'soft_problem',
-  'soft_scores',
-  'soft_scores_per_question',
+  'build_rows',
+  'fit',
+  'crossfit',
+  'fittable_paths',
+  'episode_folds',
+  'Settings',
+  'Temperatures',
+  'FitResult',
+  'Component',
+  'Adapter',
+  'Conditioning',
+  'Artifact',
+  'load_artifact',
 ]

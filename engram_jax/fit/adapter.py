@@ -49,7 +49,14 @@ from engram_jax.fit.problem import Problem, Rows
 class Adapter:
   """The query adapter as a component of a fit (:class:`engram_jax.fit.train.Component`): its rank and its learning
   rate as a fraction of the scalar knobs' (from config); parameters ``{'u', 'v'}`` ``[D, rank]``; it recomputes from
-  the adapted query what reads the query in the soft problem (:func:`adapted_rows`)."""
+  the adapted query what reads the query in the soft problem (:func:`adapted_rows`).
+
+  Example:
+    >>> from engram_jax.fit import Adapter
+    >>> a = Adapter(rank=4, lr_scale=1.0)  # q' = (q + U V^T q) / |q + U V^T q|, U, V [D, 4]
+    >>> a.name, a.rank
+    ('adapter', 4)
+  """
 
   rank: int
   lr_scale: float

@@ -103,7 +103,35 @@ def from_tensors(flat: Mapping[str, np.ndarray], values: Mapping[str, float]) ->
 
 @dataclasses.dataclass
 class Artifact:
-  """A loaded artifact: the hand-set pipeline, the problem's knobs, the components and every fit (folds, final)."""
+  """A loaded artifact: the hand-set pipeline, the problem's knobs, the components and every fit (folds, final).
+
+  Example:
+    >>> import numpy as np, optax
+    >>> from engram_jax import Episode, Item, Question, episode_arrays, make_pipeline
+    >>> rng = np.random.default_rng(0)
+    >>> words = [f'w{i}' for i in range(30)]
+    >>> def toy(e):
+    ...   items = tuple(Item(f'e{e}i{i}', ' '.join(rng.choice(words, 6)), 's', i) for i in range(30))
+    ...   qs = tuple(Question(f'e{e}q{j}', items[j].text, (items[j].id,), ('s',), 1) for j in range(12))
+    ...   docs = rng.normal(size=(30, 8)); docs /= np.linalg.norm(docs, axis=1, keepdims=True)
+    ...   return Episode(f'e{e}', items, qs), (docs, docs[:12])
+    >>> episodes, embeddings = zip(*[toy(e) for e in range(2)])  # each question repeats its gold item's text
+    >>> arrays = [episode_arrays(ep, *emb) for ep, emb in zip(episodes, embeddings)]
+    >>> pipe = make_pipeline(legs={'cos': {'op': 'cosine'}, 'bm25': {'op': 'bm25'}}, fusion='rrf', name='hybrid')
+    >>> import tempfile
+    >>> from engram_jax.fit import artifact, build_rows, fit, load_artifact, make_problem
+    >>> problem, knobs, fixed = make_problem(pipe, ['legs.bm25.weight'])
+    >>> rows = build_rows(problem, pipe, episodes, arrays, seed=0)
+    >>> res = fit(problem, knobs, fixed, rows, np.arange(24), optimizer=optax.adam(0.1), steps=5, batch_size=8)
+    >>> node = {'legs': {'cos': {'op': 'cosine'}, 'bm25': {'op': 'bm25'}}, 'fusion': 'rrf'}
+    >>> ids = {'final': [q.id for ep in episodes for q in ep.questions]}
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...   path = artifact.save(d, pipe_name='hybrid', pipe_node=node, params=['legs.bm25.weight'], k=10, components=(), fits={'final': res}, scored={'final': []}, train_questions=ids, train_episodes={'final': ['e0', 'e1']})
+    ...   art = load_artifact(path)
+    ...   scores = art.scorer('final')(list(episodes), list(embeddings), k=10, metrics=('ndcg@10',))
+    >>> sorted(art.fits), scores['ndcg@10'].shape, art.fit_for('e0')[0]  # no fold scored e0: the final fit applies
+    (['final'], (24,), 'final')
+  """
 
   path: Path
   manifest: dict[str, Any]
@@ -200,7 +228,8 @@ def save(
 def load(path: Path | str) -> Artifact:
   """Load an artifact folder (or the ``fitted`` / first variant of a run folder's ``artifact/``).
 
-  >>> load('/nonexistent')
+  >>> from engram_jax.fit import load_artifact
+  >>> load_artifact('/nonexistent')
   Traceback (most recent call last):
   ...
   FileNotFoundError: no artifact manifest.json under /nonexistent
@@ -302,3 +331,6 @@ def score(
     indices=range(len(episodes)),
     episode_metrics=episode_metrics,
   )
+
+
+load_artifact = load  # the name the package exports (``engram_jax.fit.load_artifact``)

@@ -73,7 +73,13 @@ POOL_STATS = ('top_cos', 'mean_top10_cos', 'gap_top1_top10')
 
 @dataclasses.dataclass(frozen=True)
 class Conditioning:
-  """Which knobs are conditioned on the question, on what, and the module's size (all from config)."""
+  """Which knobs are conditioned on the question, on what, and the module's size (all from config).
+
+  Example:
+    >>> from engram_jax.fit import Conditioning
+    >>> Conditioning.__name__  # question features -> per-question knob values (see fit.conditioned in conf/fit)
+    'Conditioning'
+  """
 
   knobs: tuple[str, ...]
   features: tuple[str, ...]

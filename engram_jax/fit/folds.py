@@ -21,6 +21,12 @@ def episode_folds(episode_ids: Sequence[str], *, n_folds: int, seed: int = DEFAU
   """Split episodes into ``n_folds`` folds: sorted ids shuffled by ``random.Random(seed)``, dealt round-robin.
 
   With as many folds as episodes (LoCoMo: 10 conversations, 10 folds) every fold is one episode.
+
+  Example:
+    >>> from engram_jax.fit import episode_folds
+    >>> folds = episode_folds([f'conv-{i}' for i in range(5)], n_folds=2, seed=0)
+    >>> sorted(len(f) for f in folds), sorted(sum(folds, [])) == sorted(f'conv-{i}' for i in range(5))
+    ([2, 3], True)
   """
   ids = sorted(set(episode_ids))
   if not 2 <= n_folds <= len(ids):

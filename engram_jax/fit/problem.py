@@ -41,7 +41,13 @@ from engram_jax.ops.rrf import soft_rrf_fuse
 
 @dataclasses.dataclass(frozen=True)
 class Temperatures:
-  """Unit-free temperatures (factors of :func:`engram_jax.core.relax.gap_scale`) and cutoffs in rank units."""
+  """Unit-free temperatures (factors of :func:`engram_jax.core.relax.gap_scale`) and cutoffs in rank units.
+
+  Example:
+    >>> from engram_jax.fit import Temperatures
+    >>> Temperatures().rank > 0
+    True
+  """
 
   rank: float = 0.5  # soft ranks inside a fitted leg
   depth: float = 0.5  # soft depth cutoff of a fitted leg (rank units)
@@ -71,7 +77,14 @@ class TemperatureValues(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-  """Fit settings the soft twins read (static)."""
+  """Fit settings the soft twins read (static).
+
+  Example:
+    >>> from engram_jax.fit import Settings
+    >>> s = Settings()
+    >>> s.greedy_pool, s.solve_batch  # defaults written once (conf/fit/default.yaml is pinned to them by a test)
+    (100, 8)
+  """
 
   greedy_pool: int = 100  # cosine pool of a relaxed CFS / MMR leg (the hard leg may use all items)
   candidates: int = 10  # extra soft-rank candidates beyond a fitted leg's depth
@@ -125,7 +138,15 @@ class SoftContext(NamedTuple):
 
 
 def fittable_paths(pipe: Pipeline) -> list[str]:
-  """Every knob path of ``pipe`` that a gradient fit can move."""
+  """Every knob path of ``pipe`` that a gradient fit can move.
+
+  Example:
+    >>> from engram_jax import make_pipeline
+    >>> from engram_jax.fit import fittable_paths
+    >>> pipe = make_pipeline(legs={'cos': {'op': 'cosine'}, 'bm25': {'op': 'bm25'}}, fusion='rrf')
+    >>> fittable_paths(pipe)
+    ['k0', 'legs.cos.weight', 'legs.bm25.weight', 'legs.bm25.k1', 'legs.bm25.b']
+  """
   out = ['k0'] + [f'legs.{l.name}.weight' for l in pipe.legs] if pipe.fusion == 'rrf' else []
   for leg in pipe.legs:
     out += [f'legs.{leg.name}.{k}' for k in leg.operator.fittable]
@@ -148,6 +169,16 @@ def make_problem(
   Raises:
     ValueError: unknown or unfittable knob (listing the fittable ones), fusion weights / k0 of a pipeline without
       RRF, a relaxed greedy leg outside an RRF fusion.
+
+  Example:
+    >>> from engram_jax import make_pipeline
+    >>> from engram_jax.fit import make_problem
+    >>> pipe = make_pipeline(legs={'cos': {'op': 'cosine'}, 'bm25': {'op': 'bm25'}}, fusion='rrf')
+    >>> problem, knobs, fixed = make_problem(pipe, ['legs.bm25.weight', 'legs.bm25.k1'])
+    >>> problem.fitted  # (path, transform) of each fitted knob; the rest stays at its hand-set value
+    (('legs.bm25.weight', 'softplus'), ('legs.bm25.k1', 'log'))
+    >>> {p: round(float(v), 3) for p, v in knobs.values().items()}  # the starting values
+    {'legs.bm25.weight': 1.0, 'legs.bm25.k1': 1.5}
   """
   if not params:
     raise ValueError(f'nothing to fit in pipeline {pipe.name!r}; fittable: {fittable_paths(pipe)}')
@@ -237,6 +268,25 @@ def build_rows(
 
   Constant legs are computed by the hard leg functions of ``pipe`` (keys as in
   :func:`engram_jax.eval.evaluation.evaluate` over this episode list).
+
+  Example:
+    >>> import numpy as np, optax
+    >>> from engram_jax import Episode, Item, Question, episode_arrays, make_pipeline
+    >>> rng = np.random.default_rng(0)
+    >>> words = [f'w{i}' for i in range(30)]
+    >>> def toy(e):
+    ...   items = tuple(Item(f'e{e}i{i}', ' '.join(rng.choice(words, 6)), 's', i) for i in range(30))
+    ...   qs = tuple(Question(f'e{e}q{j}', items[j].text, (items[j].id,), ('s',), 1) for j in range(12))
+    ...   docs = rng.normal(size=(30, 8)); docs /= np.linalg.norm(docs, axis=1, keepdims=True)
+    ...   return Episode(f'e{e}', items, qs), (docs, docs[:12])
+    >>> episodes, embeddings = zip(*[toy(e) for e in range(2)])  # each question repeats its gold item's text
+    >>> arrays = [episode_arrays(ep, *emb) for ep, emb in zip(episodes, embeddings)]
+    >>> pipe = make_pipeline(legs={'cos': {'op': 'cosine'}, 'bm25': {'op': 'bm25'}}, fusion='rrf', name='hybrid')
+    >>> from engram_jax.fit import build_rows, make_problem
+    >>> problem, knobs, fixed = make_problem(pipe, ['legs.bm25.weight'])
+    >>> rows = build_rows(problem, pipe, episodes, arrays, seed=0)
+    >>> rows.where.shape  # one row per question: [B = 24 questions, N items]
+    (24, 32)
   """
   n_pad = max(a.docs.shape[0] for a in arrays)
   base_key = jax.random.key(seed)

@@ -44,7 +44,13 @@ KNOBS = 'knobs'  # the scalar knobs' group in a fit's parameters and optimizer
 
 
 class Component(Protocol):
-  """A learned part of a fit beside the scalar knobs (see the module docstring)."""
+  """A learned part of a fit beside the scalar knobs (see the module docstring).
+
+  Example:
+    >>> from engram_jax.fit import Adapter, Component, Conditioning
+    >>> [c.__name__ for c in (Adapter, Conditioning)]  # the learned components; each adds parameters to one fit
+    ['Adapter', 'Conditioning']
+  """
 
   name: str
   lr_scale: float
@@ -194,7 +200,28 @@ def make_step(
 @dataclasses.dataclass
 class FitResult:
   """One fit: the fitted knobs (constrained, by path, the values the hard pipeline uses), the scalar knobs'
-  unconstrained values, each component's learned parameters (NumPy), the loss curve."""
+  unconstrained values, each component's learned parameters (NumPy), the loss curve.
+
+  Example:
+    >>> import numpy as np, optax
+    >>> from engram_jax import Episode, Item, Question, episode_arrays, make_pipeline
+    >>> rng = np.random.default_rng(0)
+    >>> words = [f'w{i}' for i in range(30)]
+    >>> def toy(e):
+    ...   items = tuple(Item(f'e{e}i{i}', ' '.join(rng.choice(words, 6)), 's', i) for i in range(30))
+    ...   qs = tuple(Question(f'e{e}q{j}', items[j].text, (items[j].id,), ('s',), 1) for j in range(12))
+    ...   docs = rng.normal(size=(30, 8)); docs /= np.linalg.norm(docs, axis=1, keepdims=True)
+    ...   return Episode(f'e{e}', items, qs), (docs, docs[:12])
+    >>> episodes, embeddings = zip(*[toy(e) for e in range(2)])  # each question repeats its gold item's text
+    >>> arrays = [episode_arrays(ep, *emb) for ep, emb in zip(episodes, embeddings)]
+    >>> pipe = make_pipeline(legs={'cos': {'op': 'cosine'}, 'bm25': {'op': 'bm25'}}, fusion='rrf', name='hybrid')
+    >>> from engram_jax.fit import build_rows, fit, make_problem
+    >>> problem, knobs, fixed = make_problem(pipe, ['k0'])
+    >>> rows = build_rows(problem, pipe, episodes, arrays, seed=0)
+    >>> res = fit(problem, knobs, fixed, rows, np.arange(24), optimizer=optax.adam(0.05), steps=3, batch_size=8)
+    >>> sorted(res.values)[:2], len(res.losses), res.train_rows
+    (['k0'], 3, 24)
+  """
 
   values: dict[str, float]
   losses: list[float]
@@ -264,6 +291,26 @@ def fit(
   path)`` is called before each step in ``monitor_steps`` (``steps`` = after the last one); what it returns is
   kept, by step, in :attr:`FitResult.monitor` (e.g. the soft-vs-hard gap on the training questions). It never
   changes the fit.
+
+  Example:
+    >>> import numpy as np, optax
+    >>> from engram_jax import Episode, Item, Question, episode_arrays, make_pipeline
+    >>> rng = np.random.default_rng(0)
+    >>> words = [f'w{i}' for i in range(30)]
+    >>> def toy(e):
+    ...   items = tuple(Item(f'e{e}i{i}', ' '.join(rng.choice(words, 6)), 's', i) for i in range(30))
+    ...   qs = tuple(Question(f'e{e}q{j}', items[j].text, (items[j].id,), ('s',), 1) for j in range(12))
+    ...   docs = rng.normal(size=(30, 8)); docs /= np.linalg.norm(docs, axis=1, keepdims=True)
+    ...   return Episode(f'e{e}', items, qs), (docs, docs[:12])
+    >>> episodes, embeddings = zip(*[toy(e) for e in range(2)])  # each question repeats its gold item's text
+    >>> arrays = [episode_arrays(ep, *emb) for ep, emb in zip(episodes, embeddings)]
+    >>> pipe = make_pipeline(legs={'cos': {'op': 'cosine'}, 'bm25': {'op': 'bm25'}}, fusion='rrf', name='hybrid')
+    >>> from engram_jax.fit import build_rows, fit, make_problem
+    >>> problem, knobs, fixed = make_problem(pipe, ['legs.bm25.weight'])
+    >>> rows = build_rows(problem, pipe, episodes, arrays, seed=0)
+    >>> res = fit(problem, knobs, fixed, rows, np.arange(24), optimizer=optax.adam(0.1), steps=20, batch_size=8)
+    >>> res.values['legs.bm25.weight'] > 1.5  # BM25 finds each question's repeated text: its weight grows from 1
+    True
   """
   t0 = time.perf_counter()
   components = tuple(components)
@@ -332,7 +379,32 @@ def crossfit(
 ) -> list[FitResult]:
   """One fit (:func:`fit`) per fold on the rows of every other fold, asserted disjoint (by question id) from the
   fold's rows (the one cross-fit). Folds share one compiled step; fold f draws minibatches and initialises its
-  components with seed ``seed + f``. ``monitor(f, train rows)`` gives fold f's monitor (see :func:`fit`)."""
+  components with seed ``seed + f``. ``monitor(f, train rows)`` gives fold f's monitor (see :func:`fit`).
+
+  Example:
+    >>> import numpy as np, optax
+    >>> from engram_jax import Episode, Item, Question, episode_arrays, make_pipeline
+    >>> rng = np.random.default_rng(0)
+    >>> words = [f'w{i}' for i in range(30)]
+    >>> def toy(e):
+    ...   items = tuple(Item(f'e{e}i{i}', ' '.join(rng.choice(words, 6)), 's', i) for i in range(30))
+    ...   qs = tuple(Question(f'e{e}q{j}', items[j].text, (items[j].id,), ('s',), 1) for j in range(12))
+    ...   docs = rng.normal(size=(30, 8)); docs /= np.linalg.norm(docs, axis=1, keepdims=True)
+    ...   return Episode(f'e{e}', items, qs), (docs, docs[:12])
+    >>> episodes, embeddings = zip(*[toy(e) for e in range(2)])  # each question repeats its gold item's text
+    >>> arrays = [episode_arrays(ep, *emb) for ep, emb in zip(episodes, embeddings)]
+    >>> pipe = make_pipeline(legs={'cos': {'op': 'cosine'}, 'bm25': {'op': 'bm25'}}, fusion='rrf', name='hybrid')
+    >>> from engram_jax.fit import build_rows, crossfit, episode_folds, make_problem
+    >>> problem, knobs, fixed = make_problem(pipe, ['legs.bm25.weight'])
+    >>> rows = build_rows(problem, pipe, episodes, arrays, seed=0)
+    >>> row_episodes = [ep.id for ep in episodes for _ in ep.questions]
+    >>> question_ids = [q.id for ep in episodes for q in ep.questions]
+    >>> folds = episode_folds([ep.id for ep in episodes], n_folds=2)
+    >>> fits = crossfit(problem, knobs, fixed, rows, row_episodes=row_episodes, question_ids=question_ids, folds=folds,
+    ...                 optimizer=optax.adam(0.1), steps=5, batch_size=8)
+    >>> len(fits), fits[0].train_rows  # one fit per fold, each trained on the other fold's 12 questions
+    (2, 12)
+  """
   components = tuple(components)
   row_episodes = np.asarray(row_episodes)
   max_gold = max_gold_of(rows)
