@@ -103,16 +103,18 @@ def run_parts(
     problem, knobs, every = fit.make_problem(pipes[FIT_PIPELINE], list(FIT_PARAMS))
     rows = fit.build_rows(problem, pipes[FIT_PIPELINE], [b.episode for b in episodes], arrays, seed=seed)
     optimizer = optax.adam(0.05)
-    step = train.make_step(problem, optimizer, max_gold=train.max_gold_of(rows))
-    state = train.TrainState(raw=knobs.raw, opt_state=optimizer.init(knobs.raw), step=jnp.asarray(0))
+    grouped = train.group_optimizer(optimizer)  # the fit's own optimizer layout (no components)
+    step = train.make_step(problem, grouped, max_gold=train.max_gold_of(rows))
+    params = {train.KNOBS: dict(knobs.raw)}
+    state = train.TrainState(params=params, opt_state=grouped.init(params), step=jnp.zeros((), jnp.int32))
     fixed = {p: jnp.asarray(v, jnp.float32) for p, v in every.items()}
     idx, weight = train.minibatch(np.random.default_rng(seed), np.arange(rows.where.shape[0]), FIT_BATCH)
-    call = lambda: step(state, fixed, rows, jnp.asarray(idx), jnp.asarray(weight), jnp.float32(1.0))
+    call = lambda: step(state, fixed, rows, {}, jnp.asarray(idx), jnp.asarray(weight), jnp.float32(1.0))
     jax.block_until_ready(call())
     t, (new_state, loss) = time_jax(call, repeats)
     seconds['fit step'] = t
     results['fit/loss'] = np.asarray(loss)
-    for p, v in new_state.raw.items():
+    for p, v in new_state.params[train.KNOBS].items():
       results[f'fit/{p}'] = np.asarray(v)
   return results, seconds
 

@@ -49,6 +49,7 @@ TOP_LEVEL_KEYS = (
   'protocol_force',
   'protocol_ledger',
   'grid',  # +grid='{knob path: [values]}' (experiments/lib/grid.py)
+  'fitted_variant',  # +fitted_variant=adapter: which variant of a fit's artifact fitted=RUN applies
 )
 # the keys of the ``eval`` node that the code reads (conf/eval/default.yaml)
 EVAL_KEYS = (
@@ -284,7 +285,7 @@ def check_loaded(cfg: DictConfig, name: str, episodes) -> None:
     n = cfg.reader.get('questions')
     if n is not None and n > n_q:
       raise EngramError(f'reader.questions must be in 1..{n_q} (the questions of {where}), got {n}')
-  if cfg.get('fitted'):
+  if cfg.get('fitted') and not Path(str(cfg.fitted)).is_dir():  # an artifact folder applies its final fit elsewhere
     try:
       fitted = json.loads(Path(cfg.fitted).read_text())
     except (OSError, json.JSONDecodeError) as e:
@@ -301,8 +302,17 @@ def check_loaded(cfg: DictConfig, name: str, episodes) -> None:
 
 
 def check_fitted_file(cfg: DictConfig) -> None:
-  """``fitted=PATH`` names a readable fitted.json of ``experiments.fit`` (``{"pipeline", "folds"}``)."""
+  """``fitted=PATH`` names a readable fitted.json of ``experiments.fit`` (``{"pipeline", "folds"}``), or a fit's run
+  folder or artifact folder holding an artifact ``manifest.json`` (:func:`engram_jax.fit.artifact.resolve`)."""
   if not cfg.get('fitted'):
+    return
+  if Path(str(cfg.fitted)).is_dir():
+    from engram_jax.fit import artifact  # here: flax and safetensors only when an artifact is asked for
+
+    try:
+      artifact.resolve(str(cfg.fitted), cfg.get('fitted_variant'))
+    except (OSError, ValueError) as e:
+      raise EngramError(f'fitted={cfg.fitted}: {e}') from None
     return
   try:
     fitted = json.loads(Path(cfg.fitted).read_text())

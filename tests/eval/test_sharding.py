@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = textwrap.dedent("""
   import json, sys
   import jax, numpy as np
-  sys.path.insert(0, 'tests')
+  sys.path.insert(0, 'tests/eval')
   from test_evaluation import _emb, _episode
   from engram_jax.eval import evaluation, pipeline, sharding
 
