@@ -271,17 +271,8 @@ def build_rows(
 
   Example:
     >>> import numpy as np, optax
-    >>> from engram_jax import Episode, Item, Question, episode_arrays, make_pipeline
-    >>> rng = np.random.default_rng(0)
-    >>> words = [f'w{i}' for i in range(30)]
-    >>> def toy(e):
-    ...   items = tuple(Item(f'e{e}i{i}', ' '.join(rng.choice(words, 6)), 's', i) for i in range(30))
-    ...   qs = tuple(Question(f'e{e}q{j}', items[j].text, (items[j].id,), ('s',), 1) for j in range(12))
-    ...   docs = rng.normal(size=(30, 8)); docs /= np.linalg.norm(docs, axis=1, keepdims=True)
-    ...   return Episode(f'e{e}', items, qs), (docs, docs[:12])
-    >>> episodes, embeddings = zip(*[toy(e) for e in range(2)])  # each question repeats its gold item's text
-    >>> arrays = [episode_arrays(ep, *emb) for ep, emb in zip(episodes, embeddings)]
-    >>> pipe = make_pipeline(legs={'cos': {'op': 'cosine'}, 'bm25': {'op': 'bm25'}}, fusion='rrf', name='hybrid')
+    >>> from engram_jax.testing.synthetic import toy_fit_data
+    >>> episodes, embeddings, arrays, pipe = toy_fit_data()  # 2 x 12 questions that repeat their gold item's text
     >>> from engram_jax.fit import build_rows, make_problem
     >>> problem, knobs, fixed = make_problem(pipe, ['legs.bm25.weight'])
     >>> rows = build_rows(problem, pipe, episodes, arrays, seed=0)

@@ -116,3 +116,36 @@ def scale_episode(
     for j, (s, t) in enumerate(zip(src.tolist(), query_texts))
   )
   return EmbeddedEpisode(Episode(id=f'scale-{n_items}', items=items, questions=questions), docs, queries)
+
+
+def toy_fit_data(n_episodes: int = 2, *, seed: int = 0):
+  """Tiny episodes for the fitting examples: 30 items of 6 random words each, 12 questions that repeat their gold
+  item's text (so BM25 finds them and cosine, on random 8-d vectors, mostly does not), and an RRF pipeline of a
+  cosine and a BM25 leg.
+
+  Returns:
+    ``(episodes, embeddings, arrays, pipe)``: the episodes, their ``(items [30, 8], questions [12, 8])`` unit-norm
+    embeddings, their padded arrays and the pipeline (named ``hybrid``).
+
+  Example:
+    >>> from engram_jax.testing.synthetic import toy_fit_data
+    >>> episodes, embeddings, arrays, pipe = toy_fit_data()
+    >>> len(episodes), len(episodes[0].questions), [leg.op for leg in pipe.legs]
+    (2, 12, ['cosine', 'bm25'])
+  """
+  from engram_jax.core.batch import episode_arrays  # here: JAX only when the toy data is asked for
+  from engram_jax.eval.pipeline import make_pipeline
+
+  rng = np.random.default_rng(seed)
+  words = [f'w{i}' for i in range(30)]
+  episodes, embeddings = [], []
+  for e in range(n_episodes):
+    items = tuple(Item(f'e{e}i{i}', ' '.join(rng.choice(words, 6)), 's', i) for i in range(30))
+    questions = tuple(Question(f'e{e}q{j}', items[j].text, (items[j].id,), ('s',), 1) for j in range(12))
+    docs = rng.normal(size=(30, 8))
+    docs /= np.linalg.norm(docs, axis=1, keepdims=True)
+    episodes.append(Episode(f'e{e}', items, questions))
+    embeddings.append((docs, docs[:12]))
+  arrays = [episode_arrays(ep, *emb) for ep, emb in zip(episodes, embeddings)]
+  pipe = make_pipeline(legs={'cos': {'op': 'cosine'}, 'bm25': {'op': 'bm25'}}, fusion='rrf', name='hybrid')
+  return episodes, embeddings, arrays, pipe
