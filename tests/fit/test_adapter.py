@@ -91,29 +91,15 @@ def test_fit_runs_forward_mode_is_refused_and_queries_stay_unit():
 
 @pytest.mark.slow
 def test_experiment_fits_an_adapter_beside_the_scalar_fit(tmp_path):
-  from hydra import compose, initialize_config_dir
-  from test_fit import CONF
+  from test_fit import small_fit_cfg
 
   from experiments import fit as fit_exp
 
-  with initialize_config_dir(config_dir=CONF, version_base='1.3'):
-    cfg = compose(
-      config_name='fit',
-      overrides=[
-        'embedder=hashing',
-        'dataset.loader.conversations=[conv-30,conv-26]',
-        'pipeline=rrf_cos_bm25',
-        'fit.folds=2',
-        'fit.steps=2',
-        'fit.batch_size=16',
-        'eval.n_resamples=100',
-        'eval.progress=false',
-        'fit.baselines=[cosine]',
-        f'paths.cache_dir={tmp_path}/cache',
-        'fit.gap_checks=0',
-        'fit.adapter={rank: 2, lr_scale: 0.1, cfsr_grad: implicit, soft_query_legs: true, train_gap: true}',
-      ],
-    )
+  cfg = small_fit_cfg(
+    tmp_path,
+    'fit.gap_checks=0',
+    'fit.adapter={rank: 2, lr_scale: 0.1, cfsr_grad: implicit, soft_query_legs: true, train_gap: true}',
+  )
   res = fit_exp.run(cfg, tmp_path / 'out')
   a = res['adapter']
   assert len(a['per_question']['ndcg@10']) == res['n_questions']

@@ -191,30 +191,16 @@ def test_config_errors():
 def test_experiment_fits_conditioned_knobs_beside_the_scalar_fit(tmp_path):
   import json
 
-  from hydra import compose, initialize_config_dir
-  from test_fit import CONF
+  from test_fit import small_fit_cfg
 
   from experiments import fit as fit_exp
 
-  with initialize_config_dir(config_dir=CONF, version_base='1.3'):
-    cfg = compose(
-      config_name='fit',
-      overrides=[
-        'embedder=hashing',
-        'dataset.loader.conversations=[conv-30,conv-26]',
-        'pipeline=rrf_cos_bm25',
-        'fit.folds=2',
-        'fit.steps=2',
-        'fit.batch_size=16',
-        'eval.n_resamples=100',
-        'eval.progress=false',
-        'fit.baselines=[cosine]',
-        f'paths.cache_dir={tmp_path}/cache',
-        'fit.gap_checks=0',
-        'fit.conditioned={knobs: [legs.cos.weight, legs.bm25.weight, k0], features: [cues, pool, query], hidden: 4, '
-        'rank: 2, net_lr_scale: 0.1}',
-      ],
-    )
+  cfg = small_fit_cfg(
+    tmp_path,
+    'fit.gap_checks=0',
+    'fit.conditioned={knobs: [legs.cos.weight, legs.bm25.weight, k0], features: [cues, pool, query], hidden: 4, '
+    'rank: 2, net_lr_scale: 0.1}',
+  )
   res = fit_exp.run(cfg, tmp_path / 'out')
   c = res['conditioned']
   assert len(c['per_question']['ndcg@10']) == res['n_questions'] == 105 + 197
@@ -227,16 +213,9 @@ def test_experiment_fits_conditioned_knobs_beside_the_scalar_fit(tmp_path):
   want = np.mean(c['per_question']['ndcg@10']) - np.mean(res['per_question']['fitted']['ndcg@10'])
   assert abs(d - want) < 1e-12
   assert len(json.loads((tmp_path / 'out' / 'loss_curve_conditioned.json').read_text())['conv-30']) == 2
-  with initialize_config_dir(config_dir=CONF, version_base='1.3'):
-    bad = compose(
-      config_name='fit',
-      overrides=[
-        'embedder=hashing',
-        'pipeline=rrf_cos_bm25',
-        f'paths.cache_dir={tmp_path}/cache',
-        'fit.conditioned={knobs: [legs.bm25.k1], features: [cues], hidden: 0, rank: 2, net_lr_scale: 0.1}',
-      ],
-    )
+  bad = small_fit_cfg(
+    tmp_path, 'fit.conditioned={knobs: [legs.bm25.k1], features: [cues], hidden: 0, rank: 2, net_lr_scale: 0.1}'
+  )
   with pytest.raises(ValueError, match='only fusion knobs'):
     fit_exp.run(bad, tmp_path / 'bad')
 

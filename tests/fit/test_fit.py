@@ -30,6 +30,28 @@ except FileNotFoundError:
   HAVE = False
 
 
+def small_fit_cfg(tmp_path, *extra: str):
+  """The ``fit`` config of a two-step, two-fold fit of ``rrf_cos_bm25`` on two LoCoMo conversations with the hashing
+  embedder (the end-to-end fit tests here and in test_adapter / test_conditioned), plus ``extra`` overrides."""
+  with initialize_config_dir(config_dir=CONF, version_base='1.3'):
+    return compose(
+      config_name='fit',
+      overrides=[
+        'embedder=hashing',
+        'dataset.loader.conversations=[conv-30,conv-26]',
+        'pipeline=rrf_cos_bm25',
+        'fit.folds=2',
+        'fit.steps=2',
+        'fit.batch_size=16',
+        'eval.n_resamples=100',
+        'eval.progress=false',
+        'fit.baselines=[cosine]',
+        f'paths.cache_dir={tmp_path}/cache',
+        *extra,
+      ],
+    )
+
+
 def _episodes(n_eps=2, n=60, q=48, d=16, seed=0, gold=None):
   """Synthetic episodes (random unit embeddings, random word texts); ``gold(e) -> [q] item indices``."""
   rng = np.random.default_rng(seed)
@@ -270,22 +292,7 @@ def test_unknown_knobs_are_clear_errors():
 def test_experiment_writes_fitted_json(tmp_path):
   from experiments import fit as fit_exp
 
-  with initialize_config_dir(config_dir=CONF, version_base='1.3'):
-    cfg = compose(
-      config_name='fit',
-      overrides=[
-        'embedder=hashing',
-        'dataset.loader.conversations=[conv-30,conv-26]',
-        'pipeline=rrf_cos_bm25',
-        'fit.folds=2',
-        'fit.steps=2',
-        'fit.batch_size=16',
-        'eval.n_resamples=100',
-        'eval.progress=false',
-        'fit.baselines=[cosine]',
-        f'paths.cache_dir={tmp_path}/cache',
-      ],
-    )
+  cfg = small_fit_cfg(tmp_path)
   res = fit_exp.run(cfg, tmp_path / 'out')
   fitted = json.loads((tmp_path / 'out' / 'fitted.json').read_text())
   assert fitted['pipeline'] == 'rrf_cos_bm25' and sorted(fitted['folds']) == ['conv-26', 'conv-30']
