@@ -278,6 +278,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
 @hydra.main(version_base='1.3', config_path='../conf', config_name='config')
 @common.plain_errors  # the project's errors (EngramError) as one line; ENGRAM_FULL_ERROR=1 for the traceback
 def main(cfg: DictConfig) -> float:
+  common.use_cpu_cores(cfg)  # eval.cpu_devices, before JAX's first computation
   if cfg.get('grid') is not None:  # a grid of one pipeline's knob values in one call (experiments/lib/grid.py)
     checks.check_evaluate(cfg)
     summary = grid_run.run(cfg, Path(HydraConfig.get().runtime.output_dir))

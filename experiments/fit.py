@@ -63,33 +63,46 @@ def gap_monitor(
   arrays,
   fold: int,
   train: np.ndarray,
+  *,
+  shared: dict | None = None,
 ) -> fit.Monitor:
   """Fold ``fold``'s soft-vs-hard gap on its training questions (rows ``train``): at a step, the soft twin's
   approx-NDCG@k (temperatures as annealed at that step) and the hard pipeline's NDCG@k (same labels) with the
-  knob values of that step, both averaged over the same training questions."""
+  knob values of that step, both averaged over the same training questions.
+
+  The hard pipeline is scored on every episode (the fold's scored one too, then left out of the mean), so that each
+  check of every fold runs one compiled program of the same shapes; ``shared`` (one dict for all folds) keeps the
+  per-question hard scores by knob values: the first check (the hand-set values, the same in every fold) is scored
+  once for all folds."""
   k = int(cfg.eval.k)
   soft_eval = fit.make_soft_eval(problem, max_gold=fit.max_gold_of(rows))
-  train_eps = set(np.asarray([e.id for e in episodes for _ in e.questions])[train])
-  sel = [i for i, e in enumerate(episodes) if e.id in train_eps]
+  shared = {} if shared is None else shared
+  row_ids = [q.id for e in episodes for q in e.questions]
+
+  def hard_scores(values: dict[str, float]) -> np.ndarray:
+    key = tuple(sorted(values.items()))
+    if key not in shared:
+      r = evaluation.evaluate(
+        list(episodes),
+        None,
+        {name: pipeline.with_values(pipe, values)},
+        k=k,
+        metrics=[f'ndcg@{k}'],
+        seed=int(cfg.seed),
+        progress=False,
+        arrays=list(arrays),
+        leg_cache=common.leg_cache(cfg),
+      )
+      at = {q: i for i, q in enumerate(r.question_ids)}
+      if len(at) != len(row_ids):
+        raise AssertionError(f'gap monitor: {len(at)} hard-scored vs {len(row_ids)} questions')
+      shared[key] = np.asarray(r.scores[name][f'ndcg@{k}'])[[at[q] for q in row_ids]]
+    return shared[key]
 
   def watch(step: int, scale: float, vals: dict) -> dict[str, float]:
     del step
     soft = fit.soft_ndcg_rows(soft_eval, vals, rows, train, scale=scale, batch_size=int(cfg.fit.batch_size))
-    values = fit.fitted_values(problem, vals)
-    r = evaluation.evaluate(
-      [episodes[i] for i in sel],
-      None,
-      {name: pipeline.with_values(pipe, values)},
-      k=k,
-      metrics=[f'ndcg@{k}'],
-      seed=int(cfg.seed),
-      progress=False,
-      arrays=[arrays[i] for i in sel],
-      leg_cache=common.leg_cache(cfg),
-    )
-    hard = float(np.mean(r.scores[name][f'ndcg@{k}']))
-    if len(r.question_ids) != len(train):
-      raise AssertionError(f'gap monitor: {len(r.question_ids)} hard-scored vs {len(train)} training questions')
+    hard = float(np.mean(hard_scores(fit.fitted_values(problem, vals))[train]))
     return {'soft_ndcg': float(np.mean(soft)), 'hard_ndcg': hard, 'gap': float(np.mean(soft)) - hard}
 
   return watch
@@ -108,7 +121,12 @@ def fit_variant(
   checks_n = int(cfg.fit.get('gap_checks') or 0) if label == 'fitted' else 0
   steps = plan.steps
   monitor_steps = sorted({round(i * steps / checks_n) for i in range(checks_n + 1)}) if checks_n else []
-  monitor = functools.partial(gap_monitor, cfg, plan.name, pipe, problem, rows, episodes, arrays) if checks_n else None
+  shared: dict = {}  # the folds' hard scores by knob values (gap_monitor)
+  monitor = (
+    functools.partial(gap_monitor, cfg, plan.name, pipe, problem, rows, episodes, arrays, shared=shared)
+    if checks_n
+    else None
+  )
   fits = fit_setup.crossfit(
     plan,
     rows,
@@ -119,6 +137,7 @@ def fit_variant(
     inputs=inputs,
     monitor=monitor,
     monitor_steps=monitor_steps,
+    devices=common.fold_devices(cfg),
   )
   final = None
   if cfg.fit.get('final'):  # one fit on every training question of the run (for use after cross-fitting)
@@ -277,6 +296,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   if len(names) != 1:
     raise ValueError(f'experiments.fit fits one pipeline per run, got {names} (use -m pipeline=a,b)')
   checks.check_fit(cfg)
+  common.enable_compile_cache(cfg)  # a warm rerun loads its programs (rows, twin checks, steps, monitors, scoring)
   name = names[0]
   metrics = list(cfg.dataset.get('metrics') or cfg.eval.metrics)
   common.import_ops_modules(cfg)
@@ -513,6 +533,7 @@ def record_ledger(protocol_info: dict[str, Any], out_dir: Path, results: dict[st
 @hydra.main(version_base='1.3', config_path='../conf', config_name='fit')
 @common.plain_errors  # the project's errors (EngramError) as one line; ENGRAM_FULL_ERROR=1 for the traceback
 def main(cfg: DictConfig) -> float:
+  common.use_cpu_cores(cfg)  # eval.cpu_devices, before JAX's first computation
   results = run(cfg, Path(HydraConfig.get().runtime.output_dir))
   key = next(k for k in results['summary'] if k.endswith('(fitted, out of fold)'))
   return float(results['summary'][key][results['metrics'][0]]['mean'])

@@ -25,3 +25,6 @@ def pytest_configure(config):
 
 
 jax.config.update('jax_enable_x64', True)
+# One CPU device per test process, whatever runs first: the entry points' eval.cpu_devices takes effect only before
+# JAX's first computation, which this is (tests that need several devices fake them in a subprocess).
+jax.devices()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -50,24 +51,29 @@ class LegCache:
     self._by_object: dict[tuple[str, int], tuple[Any, Any, tuple]] = {}
     self.bytes = 0
     self.counts: collections.Counter = collections.Counter()
+    self._lock = threading.RLock()
 
   def get(self, kind: str, key: Hashable, make: Callable[[], Any]) -> Any:
-    """The cached value of ``(kind, key)``, or ``make()`` stored (when it fits) and returned."""
+    """The cached value of ``(kind, key)``, or ``make()`` stored (when it fits) and returned. Thread-safe (the folds
+    of a parallel cross-fit share a cache); ``make`` runs outside the lock, so two threads may both make a value
+    that neither had (the same value: the cache's keys determine it)."""
     full = (kind, key)
-    if full in self._data:
-      self._data.move_to_end(full)
-      self.counts[f'{kind}_hits'] += 1
-      return self._data[full][0]
-    self.counts[f'{kind}_misses'] += 1
+    with self._lock:
+      if full in self._data:
+        self._data.move_to_end(full)
+        self.counts[f'{kind}_hits'] += 1
+        return self._data[full][0]
+      self.counts[f'{kind}_misses'] += 1
     value = make()
     size = _nbytes(value)
-    if size <= self.max_bytes:
-      self._data[full] = (value, size)
-      self.bytes += size
-      while self.bytes > self.max_bytes:
-        _, (_, s) = self._data.popitem(last=False)
-        self.bytes -= s
-        self.counts['evictions'] += 1
+    with self._lock:
+      if size <= self.max_bytes and full not in self._data:
+        self._data[full] = (value, size)
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+          _, (_, s) = self._data.popitem(last=False)
+          self.bytes -= s
+          self.counts['evictions'] += 1
     return value
 
   def of_object(self, kind: str, obj: Any, make: Callable[[], Any]) -> Any:
@@ -77,21 +83,24 @@ class LegCache:
     mutated in place otherwise (as with the arrays JAX is given). A few entries per process (one per dataset and
     embedder), not counted in ``max_bytes`` (their values are hashes)."""
     key = (kind, id(obj))
-    held = self._by_object.get(key)
     members = tuple(map(id, obj)) if isinstance(obj, (list, tuple)) else ()  # a list refilled in place is another
-    if held is not None and held[0] is obj and held[2] == members:
-      self.counts[f'{kind}_hits'] += 1
-      return held[1]
-    self.counts[f'{kind}_misses'] += 1
+    with self._lock:
+      held = self._by_object.get(key)
+      if held is not None and held[0] is obj and held[2] == members:
+        self.counts[f'{kind}_hits'] += 1
+        return held[1]
+      self.counts[f'{kind}_misses'] += 1
     value = make()
-    self._by_object[key] = (obj, value, members)
+    with self._lock:
+      self._by_object[key] = (obj, value, members)
     return value
 
   def program(self, key: Hashable, make: Callable[[], Callable]) -> Callable:
     """A jitted program by its structure key (kept for the process: a later job does not retrace)."""
-    if key not in self._programs:
-      self._programs[key] = make()
-    return self._programs[key]
+    with self._lock:
+      if key not in self._programs:
+        self._programs[key] = make()
+      return self._programs[key]
 
   def report(self) -> dict[str, Any]:
     return {

@@ -70,7 +70,7 @@ KNOBS = cfsr_knobs() + (
   *(
     Knob(name, 0.0, transform='identity', doc=f'gate weight of input {inp}') for name, inp in zip(WEIGHTS, GATE_INPUTS)
   ),
-  Knob('batch_size', 16, static=True, doc='queries solved at a time (None = all)'),
+  Knob('batch_size', 8, static=True, doc='queries solved at a time (None = all)'),
 )
 _L = knob_defaults(KNOBS)
 

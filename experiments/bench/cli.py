@@ -145,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]] | dict[str, 
     result = floor.cfsr_floor(
       locomo_episodes(args.root, cache_dir=args.cache_dir)[: args.episodes],
       repeats=args.repeats,
-      batch_size=args.cfsr_batch or 16,
+      batch_size=args.cfsr_batch or OPERATORS['cfsr'].defaults['batch_size'],
     )
     print(floor.format_cfsr_floor(result))
     return [result]

@@ -21,7 +21,7 @@ def cfsr_floor(
   episodes: Sequence[EmbeddedEpisode],
   *,
   repeats: int = 5,
-  batch_size: int = 16,
+  batch_size: int = 8,
   pool: int = 150,
   iterations: int = 80,
   power_iterations: int = 20,

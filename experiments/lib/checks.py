@@ -61,6 +61,7 @@ EVAL_KEYS = (
   'stacked',
   'max_waste',
   'devices',
+  'cpu_devices',
   'leg_cache_mb',
   'pileup',
   'grid_chunk',

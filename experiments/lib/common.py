@@ -140,6 +140,45 @@ def eval_devices(cfg: DictConfig) -> int | None:
   return value
 
 
+MAX_CPU_DEVICES = 8
+
+
+def cpu_devices_wanted(value: Any, cores: int | None) -> int:
+  """``eval.cpu_devices`` as a count: ``'cores'`` is this machine's cores (``os.cpu_count()``, at most
+  :data:`MAX_CPU_DEVICES`), an int >= 1 itself."""
+  if value == 'cores':
+    return max(1, min(int(cores or 1), MAX_CPU_DEVICES))
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    raise EngramError(f"eval.cpu_devices must be 'cores' or an integer >= 1, got {value!r}")
+  return value
+
+
+def use_cpu_cores(cfg: DictConfig) -> int | None:
+  """Give this process ``eval.cpu_devices`` CPU devices (``jax_num_cpu_devices``), so that evaluation shards each
+  stacked group's episodes over the machine's cores (``eval.devices: null`` = every device; per-question results do
+  not depend on the device count, tests/eval/test_sharding.py). JAX takes the setting only before its first
+  computation: a later call (the next job of an in-process multirun, a test) keeps the process's devices and
+  returns None; else the count set. A GPU or TPU backend is unaffected (the setting is the CPU platform's)."""
+  import jax
+
+  n = cpu_devices_wanted(cfg.eval.get('cpu_devices', 1), os.cpu_count())
+  try:
+    jax.config.update('jax_num_cpu_devices', n)
+  except RuntimeError:  # JAX's backends are already initialised in this process
+    log.debug('eval.cpu_devices=%s: kept the devices of this process (JAX already initialised)', n)
+    return None
+  return n
+
+
+def fold_devices(cfg: DictConfig) -> list[Any]:
+  """The devices a cross-fit runs its folds on concurrently (:func:`engram_jax.fit.crossfit` ``devices``): those
+  evaluation shards over (``eval.devices``: null = every device; on CPU, ``eval.cpu_devices`` of them)."""
+  import jax
+
+  n = eval_devices(cfg)
+  return list(jax.devices()[: n or jax.device_count()])
+
+
 def import_ops_modules(cfg: DictConfig) -> list[str]:
   """Import the modules named in ``cfg.ops_modules`` (each registers its operators); returns their names."""
   names = list(cfg.get('ops_modules') or [])

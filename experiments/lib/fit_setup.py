@@ -242,8 +242,10 @@ def crossfit(
   inputs: dict[str, Any] | None = None,
   monitor: Callable | None = None,
   monitor_steps: Sequence[int] = (),
+  devices: Sequence[Any] | None = None,
 ) -> list[fit.FitResult]:
-  """:func:`engram_jax.fit.crossfit` with the plan's knobs and loop (``problem``: a variant's, default the plan's)."""
+  """:func:`engram_jax.fit.crossfit` with the plan's knobs and loop (``problem``: a variant's, default the plan's);
+  ``devices``: the folds run concurrently, one per device (:func:`engram_jax.fit.crossfit`)."""
   return fit.crossfit(
     problem or plan.problem,
     plan.knobs,
@@ -257,6 +259,7 @@ def crossfit(
     log=log.info,
     monitor=monitor,
     monitor_steps=monitor_steps,
+    devices=devices,
     **plan.loop(),
   )
 

@@ -43,7 +43,7 @@ DATA_PINS = PROTOCOL_DIR / 'data.json'
 PACKAGES = ('jax', 'jaxlib', 'numpy', 'optax', 'flax', 'sentence-transformers', 'torch', 'transformers', 'hydra-core')
 # settings that do not change what is scored (where files go, progress bars, the devices a map is sharded over:
 # results do not depend on them, tested) or that are the protocol switches themselves
-UNFIXED = ('paths', 'protocol_force', 'protocol_ledger', 'eval.progress', 'eval.devices')
+UNFIXED = ('paths', 'protocol_force', 'protocol_ledger', 'eval.progress', 'eval.devices', 'eval.cpu_devices')
 
 
 def protocol_path(name: str, protocol_dir: Path = PROTOCOL_DIR) -> Path:

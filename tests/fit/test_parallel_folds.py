@@ -1,0 +1,73 @@
+"""A cross-fit's folds run concurrently on several devices (one thread per device) with the sequential results, and
+the entry points' ``eval.cpu_devices`` (how many CPU devices a process gets).
+
+JAX fixes its device count before its first computation, so the two-device case runs in a fresh process with
+``jax_num_cpu_devices = 2``.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from engram_jax.core.errors import EngramError
+from experiments.lib import common
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = textwrap.dedent("""
+  import json
+  import jax
+  jax.config.update('jax_num_cpu_devices', 2)
+  import numpy as np, optax
+  from engram_jax.fit import build_rows, crossfit, episode_folds, make_problem
+  from engram_jax.testing.synthetic import toy_fit_data
+
+  assert jax.device_count() == 2, jax.devices()
+  episodes, embeddings, arrays, pipe = toy_fit_data()
+  problem, knobs, fixed = make_problem(pipe, ['legs.bm25.weight', 'legs.cos.weight', 'k0'])
+  rows = build_rows(problem, pipe, episodes, arrays, seed=0)
+  kw = dict(row_episodes=[ep.id for ep in episodes for _ in ep.questions],
+            question_ids=[q.id for ep in episodes for q in ep.questions],
+            folds=episode_folds([ep.id for ep in episodes], n_folds=2), optimizer=optax.adam(0.1), steps=6,
+            batch_size=8, monitor=lambda f, train: (lambda t, s, v: {'fold': f, 'w': float(v['legs.bm25.weight'])}),
+            monitor_steps=[0, 3, 6])
+  seen = []
+  one = crossfit(problem, knobs, fixed, rows, **kw)
+  two = crossfit(problem, knobs, fixed, rows, devices=jax.devices(), log=seen.append, **kw)
+  plain = lambda r: {'values': r.values, 'losses': r.losses, 'monitor': r.monitor,
+                     'raw': {k: np.asarray(v).tolist() for k, v in r.raw.items()}}
+  print('RESULT ' + json.dumps({'one': [plain(r) for r in one], 'two': [plain(r) for r in two], 'log': seen}))
+""")
+
+
+@pytest.mark.slow
+def test_folds_on_two_devices_equal_the_sequential_cross_fit():
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
+  env.pop('XLA_FLAGS', None)
+  proc = subprocess.run(
+    [sys.executable, '-c', SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
+  )
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  out = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith('RESULT '))[len('RESULT ') :])
+  assert len(out['one']) == len(out['two']) == 2
+  assert out['two'] == out['one']  # knob values, every loss, raw parameters and monitors, bit for bit
+  assert out['one'][0]['values'] != out['one'][1]['values']  # the folds differ: the comparison can fail
+  assert sorted(l.split(' (')[0] for l in out['log']) == ['knobs fold 0', 'knobs fold 1']
+
+
+def test_cpu_devices_setting():
+  assert common.cpu_devices_wanted('cores', 2) == 2
+  assert common.cpu_devices_wanted('cores', 64) == common.MAX_CPU_DEVICES
+  assert common.cpu_devices_wanted('cores', None) == 1
+  assert common.cpu_devices_wanted(3, 2) == 3
+  for bad in (0, -1, True, 'all', 1.5):
+    with pytest.raises(EngramError, match='eval.cpu_devices'):
+      common.cpu_devices_wanted(bad, 2)
+  # JAX is initialised in a test process (tests/conftest.py): the setting is kept, not changed, and says so
+  assert common.use_cpu_cores(OmegaConf.create({'eval': {'cpu_devices': 2}})) is None
