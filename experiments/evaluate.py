@@ -18,7 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from engram_jax.data import splits
-from engram_jax.eval import evaluation, timing
+from engram_jax.eval import evaluation, grid, timing
 from engram_jax.metrics import report
 from experiments.lib import answer, checks, common
 from experiments.lib import grid as grid_run
@@ -29,8 +29,10 @@ log = logging.getLogger(__name__)
 
 def fit_on_train(cfg: DictConfig, pipes: dict, expanded: dict, embed_fn, scored: dict[str, list]) -> dict:
   """Resolve ``tune`` specs that name training sets (``tune.train``): choose the grid value with the best pooled
-  metric on those training questions, asserted disjoint from every scored dataset's questions. Mutates
-  ``pipes``/``expanded`` (the variants collapse to the chosen pipeline) and returns what was fitted."""
+  metric on those training questions, asserted disjoint from every scored dataset's questions (ties: the first
+  value). Each training set's grid is one :func:`engram_jax.eval.grid.evaluate_grid` call, its metric (e.g. the
+  dataset's ``answer@1``) read from every value's top-k. Mutates ``pipes``/``expanded`` (the variants collapse to the
+  chosen pipeline) and returns what was fitted."""
   fits = {}
   train_cache: dict[str, tuple[list, list]] = {}
   for name, (kind, variants, _) in list(expanded.items()):
@@ -38,6 +40,7 @@ def fit_on_train(cfg: DictConfig, pipes: dict, expanded: dict, embed_fn, scored:
     if kind != 'tune' or not node.tune.get('train'):
       continue
     per_value = [[] for _ in variants]
+    values = list(OmegaConf.to_container(node.tune.grid, resolve=True))
     for tname in node.tune.train:
       tcfg = cfg.train_sets[tname]
       if tname not in train_cache:
@@ -48,19 +51,20 @@ def fit_on_train(cfg: DictConfig, pipes: dict, expanded: dict, embed_fn, scored:
       for ds_name, ds_eps in scored.items():
         if ds_name not in node.get('skip_datasets', []):
           splits.assert_disjoint_content(eps, ds_eps)
-      res = evaluation.evaluate(
+      # the tune grid in one call (engram_jax.eval.grid): the dataset's metric read from every value's top-k
+      res = grid.evaluate_grid(
         eps,
         embs,
-        {v: pipes[v] for v in variants},
+        pipes[variants[0]],
+        {node.tune.param: values},
         k=cfg.eval.k,
         metrics=[tcfg.metric],
         seed=cfg.seed,
-        progress=False,
         episode_metrics=common.dataset_metrics(tcfg),
         devices=common.eval_devices(cfg),
       )
-      for g, v in enumerate(variants):
-        per_value[g].append(res.scores[v][tcfg.metric])
+      for g in range(len(variants)):
+        per_value[g].append(res.scores[tcfg.metric][g])
     means = [float(np.concatenate(v).mean()) for v in per_value]
     best = int(np.argmax(means))
     fits[name] = {

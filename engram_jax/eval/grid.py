@@ -17,9 +17,11 @@ cartesian product on every question:
   point axis can be sharded over devices (``devices``);
 * a one-leg pipeline (``fusion='none'``) runs whole once per point (its knobs are all the leg's own).
 
-Label metrics are computed on the host in float64 for a chunk of points at once (from the gains at the top-k), so
-every point's per-question scores and top-k equal a separate :func:`engram_jax.eval.evaluation.evaluate` run at
-those values (tested).
+Label metrics are computed on the host in float64 for a chunk of points at once (from the gains at the top-k); a
+dataset's own metrics (``episode_metrics``, e.g. FactConsolidation's ``answer@k``: ``fn(episode, question, ranked
+indices, k)``) are read from each chunk's top-k too, called once per question and distinct top-k list over the whole
+grid (:func:`episode_metric_scores`), never through one ``evaluate`` per point. So every point's per-question scores
+and top-k equal a separate :func:`engram_jax.eval.evaluation.evaluate` run at those values (tested).
 :func:`rank_points` ranks the points with 95% intervals and the paired plateau against the best.
 """
 
@@ -40,7 +42,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from engram_jax.core.batch import EpisodeArrays, episode_arrays, stack_arrays, stack_groups
 from engram_jax.core.types import Episode
 from engram_jax.eval import legcache, sharding
-from engram_jax.eval.evaluation import leg_top_d, stacked_topk
+from engram_jax.eval.evaluation import EpisodeMetric, leg_top_d, stacked_topk
 from engram_jax.eval.legcache import LegCache
 from engram_jax.eval.pipeline import Pipeline, build_options, knob_value, split_path, traced_values, with_values
 from engram_jax.eval.timing import RunTimer
@@ -211,6 +213,41 @@ def as_gains(tops: np.ndarray, labels_flat: np.ndarray, n_gold: np.ndarray) -> t
   return positions, np.concatenate([gains, extra], axis=-1)
 
 
+def episode_metric_scores(
+  fn: EpisodeMetric, episode: Episode, tops: np.ndarray, cut: int, memo: dict[tuple[int, bytes], float] | None = None
+) -> np.ndarray:
+  """A dataset's own metric (``fn(episode, question, ranked indices, k)``, as :func:`engram_jax.eval.evaluation.
+  evaluate` calls it) of ``B`` points at once: ``tops [B, Q, k]`` (the episode's questions, each point's top-k item
+  indices) -> ``[B, Q]`` float64. ``fn`` is called once per question and distinct top-k list (points that rank the
+  same items for a question share the call; ``memo``, ``(question index, top-k bytes) -> value``, shares them across
+  calls: chunks and structures of one grid), with the list as ``evaluate`` passes it, so the values are ``evaluate``'s.
+
+  Example:
+    >>> import numpy as np
+    >>> from engram_jax import Episode, Item, Question
+    >>> ep = Episode('e', tuple(Item(f'i{j}', t, 'S1', j) for j, t in enumerate(['a', 'b'])), (Question('q', '?', ('i1',), ('S1',), 1),))
+    >>> calls = []
+    >>> def first_is_gold(ep, q, ranked, k):
+    ...   calls.append(ranked)
+    ...   return float(ep.items[ranked[0]].id in q.gold)
+    >>> episode_metric_scores(first_is_gold, ep, np.array([[[1, 0]], [[0, 1]], [[1, 0]]]), 1).tolist(), len(calls)
+    ([[1.0], [0.0], [1.0]], 2)
+  """
+  memo = {} if memo is None else memo
+  tops = np.ascontiguousarray(tops, np.int32)
+  out = np.empty(tops.shape[:2], np.float64)
+  for qi, question in enumerate(episode.questions[: tops.shape[1]]):
+    rows, inverse = np.unique(tops[:, qi], axis=0, return_inverse=True)
+    vals = np.empty(len(rows), np.float64)
+    for r, row in enumerate(rows):
+      key = (qi, row.tobytes())
+      if key not in memo:
+        memo[key] = float(np.asarray(fn(episode, question, row.tolist(), cut), np.float64))
+      vals[r] = memo[key]
+    out[:, qi] = vals[np.asarray(inverse).reshape(-1)]
+  return out
+
+
 def _placer(n_dev: int):
   """``(candidates, ranks, weights [B, L], k0 [B]) -> the same placed for the fusion``: as they are on one device;
   with ``n_dev > 1`` the points split over a 1-D ``'points'`` mesh and the candidates replicated."""
@@ -239,6 +276,7 @@ def evaluate_grid(
   k: int,
   metrics: Sequence[str],
   seed: int,
+  episode_metrics: Mapping[str, EpisodeMetric] | None = None,
   chunk: int = 64,
   keep_topk: Sequence[int] = (),
   arrays: Sequence[EpisodeArrays] | None = None,
@@ -253,7 +291,10 @@ def evaluate_grid(
     episodes, embeddings: as :func:`engram_jax.eval.evaluation.evaluate` takes them.
     pipe: the base pipeline; knobs not in ``grid`` keep its values.
     grid: knob path -> values (:func:`grid_points`).
-    k, metrics, seed: as ``evaluate``; ``metrics`` are label metrics (:data:`engram_jax.metrics.labels.METRICS`).
+    k, metrics, seed: as ``evaluate``; ``metrics`` are label metrics (:data:`engram_jax.metrics.labels.METRICS`) or
+      the dataset-owned metrics of ``episode_metrics``.
+    episode_metrics: as ``evaluate`` takes them (name -> ``fn(episode, question, ranked indices, k)``, a dataset
+      module's ``METRICS``): scored from every point's top-k by :func:`episode_metric_scores`.
     chunk: grid points fused at once (memory: about ``chunk`` x ``[E, Q, M]`` float32 and a few temporaries, ``M``
       = the legs' depths + ``k``; :attr:`GridResult.info` ``fusion_bytes_per_chunk``).
     keep_topk: points whose per-question top-k item ids are kept in ``retrieved``.
@@ -267,7 +308,8 @@ def evaluate_grid(
     A :class:`GridResult`; point ``p`` equals ``evaluate`` of ``with_values(pipe, result.point(p))``.
 
   Raises:
-    ValueError: on a bad path or value, a metric that is not a label metric or whose cutoff exceeds ``k``, ``k``
+    ValueError: on a bad path or value, a metric that is neither a label metric nor one of ``episode_metrics``, or
+      whose cutoff exceeds ``k``, ``k``
       larger than an episode, or ``chunk < 1``.
 
   Example:
@@ -285,9 +327,10 @@ def evaluate_grid(
   t_start = time.perf_counter()
   if chunk < 1:
     raise ValueError(f'chunk must be >= 1, got {chunk}')
+  episode_metrics = dict(episode_metrics or {})
   parsed = []
   for m in metrics:
-    base, cut = metrics_lib.parse_metric(m)
+    base, cut = metrics_lib.parse_metric(m, tuple(episode_metrics))
     if cut > k:
       raise ValueError(f'Metric {m} needs {cut} results but pipelines return k={k}')
     parsed.append((m, base, cut))
@@ -319,6 +362,7 @@ def evaluate_grid(
     if not 0 <= p < n_points:
       raise ValueError(f'keep_topk: point {p} is not in the grid (0..{n_points - 1})')
   kept_topk: dict[int, dict[int, np.ndarray]] = {p: {} for p in keep}
+  memos: dict[tuple[str, int], dict] = {}  # (metric, episode) -> episode_metric_scores' memo, over the whole grid
   cache = leg_cache if leg_cache is not None else LegCache(max_bytes=8 << 30)
   base_key = jax.random.key(seed)
   n_dev = sharding.n_devices(devices)
@@ -358,8 +402,16 @@ def evaluate_grid(
         real = tops.reshape(len(chosen), -1, k)[:, src]
         if np.any(real < 0):
           raise AssertionError(f'Pipeline {pipe.name} returned fewer than k={k} items at a grid point')
-        top_pos, gold = as_gains(tops, labels_flat, n_gold)
+        if any(b not in episode_metrics for _, b, _ in parsed):
+          top_pos, gold = as_gains(tops, labels_flat, n_gold)
         for m, b, cut in parsed:
+          if b in episode_metrics:  # the dataset's own metric, from each point's top-k ids
+            for i, e in enumerate(group):
+              vals = episode_metric_scores(
+                episode_metrics[b], episodes[e], tops[:, i, : n_q[e]], cut, memos.setdefault((m, e), {})
+              )
+              scores[m][chosen[:, None], offsets[e] + np.arange(n_q[e])[None]] = vals
+            continue
           vals = metrics_lib.METRICS[b](top_pos, gold, k=cut)  # [B, E, Q_pad] float64
           scores[m][chosen[:, None], dst[None]] = vals.reshape(len(chosen), -1)[:, src]
         for j, p in enumerate(chosen.tolist()):
@@ -561,4 +613,13 @@ def load_npz(path) -> GridResult:
     )
 
 
-__all__ = ['GridResult', 'evaluate_grid', 'flatten_grid', 'grid_points', 'load_npz', 'rank_points', 'save_npz']
+__all__ = [
+  'GridResult',
+  'episode_metric_scores',
+  'evaluate_grid',
+  'flatten_grid',
+  'grid_points',
+  'load_npz',
+  'rank_points',
+  'save_npz',
+]

@@ -139,6 +139,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     k=cfg.eval.k,
     metrics=metrics,
     seed=cfg.seed,
+    episode_metrics=common.dataset_metrics(ds),
     chunk=int(cfg.eval.get('grid_chunk', 64)),
     max_waste=float(cfg.eval.get('max_waste', 2.0)),
     timer=timer,
