@@ -17,8 +17,9 @@ import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from engram_jax.core.batch import episode_arrays
 from engram_jax.data import splits
-from engram_jax.eval import evaluation, grid, timing
+from engram_jax.eval import evaluation, grid, pipeline, timing
 from engram_jax.metrics import report
 from experiments.lib import answer, checks, common
 from experiments.lib import grid as grid_run
@@ -114,14 +115,23 @@ def run_dataset(
     if kind == 'fitted'
     for v in variants
   }
+  # a cross-fitted tune's grid is one evaluate_grid call (every value's scores and top-k), the rest one evaluate
+  tuned = {n: variants for n, (kind, variants, _) in expanded.items() if kind == 'tune' and n not in skip}
+  in_grids = {v for variants in tuned.values() for v in variants}
+  arrays = None
+  if tuned:  # padded once for both calls
+    with timer.phase('arrays'):
+      options = pipeline.build_options(pipes.values())
+      arrays = [episode_arrays(ep, d, q, **options) for ep, (d, q) in zip(episodes, embeddings)]
   result = evaluation.evaluate(
     episodes,
     embeddings,
-    pipes,
+    {n: p for n, p in pipes.items() if n not in in_grids},
     k=cfg.eval.k,
     metrics=metrics,
     seed=cfg.seed,
     progress=cfg.eval.progress,
+    arrays=arrays,
     only=only,
     episode_metrics=common.dataset_metrics(ds),
     timer=timer,
@@ -130,6 +140,27 @@ def run_dataset(
     devices=common.eval_devices(cfg),
     leg_cache=common.leg_cache(cfg),
   )
+  for name, variants in tuned.items():
+    node = cfg.pipeline[name]
+    res = grid.evaluate_grid(
+      episodes,
+      embeddings,
+      pipes[variants[0]],
+      {node.tune.param: list(OmegaConf.to_container(node.tune.grid, resolve=True))},
+      k=cfg.eval.k,
+      metrics=metrics,
+      seed=cfg.seed,
+      episode_metrics=common.dataset_metrics(ds),
+      keep_topk=range(len(variants)),
+      arrays=arrays,
+      max_waste=float(cfg.eval.get('max_waste', 2.0)),
+      leg_cache=common.leg_cache(cfg),
+      timer=timer,
+      devices=common.eval_devices(cfg),
+    )
+    for g, v in enumerate(variants):
+      result.scores[v] = {m: res.scores[m][g] for m in metrics}
+      result.retrieved[v] = res.retrieved[g]
   merged = {}
   for name, (kind, variants, extra) in expanded.items():
     if name in skip:
