@@ -116,8 +116,8 @@ def run_dataset(
     for v in variants
   }
   # a cross-fitted tune's grid is one evaluate_grid call (every value's scores and top-k), the rest one evaluate
-  tuned = {n: variants for n, (kind, variants, _) in expanded.items() if kind == 'tune' and n not in skip}
-  in_grids = {v for variants in tuned.values() for v in variants}
+  tuned = {n: (variants, by) for n, (kind, variants, by) in expanded.items() if kind == 'tune' and n not in skip}
+  in_grids = {v for variants, _ in tuned.values() for v in variants}
   arrays = None
   if tuned:  # padded once for both calls
     with timer.phase('arrays'):
@@ -140,7 +140,7 @@ def run_dataset(
     devices=common.eval_devices(cfg),
     leg_cache=common.leg_cache(cfg),
   )
-  for name, variants in tuned.items():
+  for name, (variants, by) in tuned.items():
     node = cfg.pipeline[name]
     res = grid.evaluate_grid(
       episodes,
@@ -148,7 +148,7 @@ def run_dataset(
       pipes[variants[0]],
       {node.tune.param: list(OmegaConf.to_container(node.tune.grid, resolve=True))},
       k=cfg.eval.k,
-      metrics=metrics,
+      metrics=list(dict.fromkeys([*metrics, by])),  # the tuning metric too, when the dataset's list lacks it
       seed=cfg.seed,
       episode_metrics=common.dataset_metrics(ds),
       keep_topk=range(len(variants)),
@@ -159,7 +159,7 @@ def run_dataset(
       devices=common.eval_devices(cfg),
     )
     for g, v in enumerate(variants):
-      result.scores[v] = {m: res.scores[m][g] for m in metrics}
+      result.scores[v] = {m: res.scores[m][g] for m in res.scores}
       result.retrieved[v] = res.retrieved[g]
   merged = {}
   for name, (kind, variants, extra) in expanded.items():
@@ -167,6 +167,7 @@ def run_dataset(
       continue
     if kind == 'tune':
       merged[name] = evaluation.merge_tuned(result, name, variants, metric=extra)
+      result.scores[name] = {m: result.scores[name][m] for m in metrics}  # the tuning metric chose; not reported
     elif kind == 'replicate':
       merged[name] = evaluation.merge_replicates(result, name, variants)
     else:
