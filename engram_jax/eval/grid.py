@@ -308,9 +308,8 @@ def evaluate_grid(
     A :class:`GridResult`; point ``p`` equals ``evaluate`` of ``with_values(pipe, result.point(p))``.
 
   Raises:
-    ValueError: on a bad path or value, a metric that is neither a label metric nor one of ``episode_metrics``, or
-      whose cutoff exceeds ``k``, ``k``
-      larger than an episode, or ``chunk < 1``.
+    ValueError: on a bad path or value, a metric that is neither a label metric nor one of ``episode_metrics`` or
+      whose cutoff exceeds ``k``, ``k`` larger than an episode, or ``chunk < 1``.
 
   Example:
     >>> import numpy as np
