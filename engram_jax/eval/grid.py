@@ -15,6 +15,8 @@ cartesian product on every question:
   that none ranks: ``M = sum(depths) + k`` instead of ``N``; the same floats and tie rule), so memory stays at
   about ``chunk`` x ``[E, Q, M]`` float32 whatever the grid's size (:attr:`GridResult.info` reports it), and the
   point axis can be sharded over devices (``devices``);
+* a combination of leg values that at most :data:`FUSE_ALONE` points take (a tune over one leg's knob: every point)
+  is fused point by point as ``evaluate`` fuses it, without the candidates;
 * a one-leg pipeline (``fusion='none'``) runs whole once per point (its knobs are all the leg's own).
 
 Label metrics are computed on the host in float64 for a chunk of points at once (from the gains at the top-k); a
@@ -42,7 +44,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from engram_jax.core.batch import EpisodeArrays, episode_arrays, stack_arrays, stack_groups
 from engram_jax.core.types import Episode
 from engram_jax.eval import legcache, sharding
-from engram_jax.eval.evaluation import EpisodeMetric, leg_top_d, stacked_topk
+from engram_jax.eval.evaluation import EpisodeMetric, leg_top_d, stacked_fusion, stacked_topk
 from engram_jax.eval.legcache import LegCache
 from engram_jax.eval.pipeline import Pipeline, build_options, knob_value, split_path, traced_values, with_values
 from engram_jax.eval.timing import RunTimer
@@ -136,6 +138,12 @@ def grid_points(pipe: Pipeline, grid: Mapping[str, Sequence[Any]]) -> dict[str, 
 def _is_static(pipe: Pipeline, path: str) -> bool:
   """True when ``path`` sets the structure (a depth, a static or non-numeric knob), so points group by it."""
   return split_path(pipe, path)[1] == 'depth' or path not in traced_values(pipe)
+
+
+# a combination of leg values taken by at most this many points is fused point by point as evaluate fuses it
+# (stacked_fusion over every item): cheaper than gathering its candidates first (a tune grid over one leg's knob has
+# one point per combination); the results are the same (test_candidate_fusion_equals_rrf_fusion)
+FUSE_ALONE = 2
 
 
 def _value_array(v: Any) -> np.ndarray:
@@ -377,6 +385,7 @@ def evaluate_grid(
     'devices': n_dev,
     'episode_groups': len(groups),
     'fusion_bytes_per_chunk': 0,
+    'fused_alone': 0,
   }
   t_retrieve = t_score = t_legs = 0.0
   for group in groups:
@@ -477,11 +486,20 @@ def evaluate_grid(
       candidates = cache.program(('grid_candidates', widths, k), functools.partial(grid_candidates, k))
       fuse = cache.program(('grid_fusion', widths, n_legs, k, b), functools.partial(grid_fusion, k))
       t_retrieve += time.perf_counter() - t1
+      alone = cache.program(('rrf_topk', widths, n_legs, k), functools.partial(stacked_fusion, k))  # evaluate's
       for row, js in by_legs.items():
         t1 = time.perf_counter()
-        cand, ranks = candidates(
-          [x[c] for x, c in zip(idx_stacks, row)], [x[c] for x, c in zip(ranked_stacks, row)], stack.where
-        )
+        leg_idx, leg_ranked = [x[c] for x, c in zip(idx_stacks, row)], [x[c] for x, c in zip(ranked_stacks, row)]
+        if len(js) <= FUSE_ALONE:  # few points on these legs' values: fused as evaluate fuses, no candidates
+          for j in js:
+            w = [np.asarray(x, np.float32) for x in weights[j]]
+            out = np.asarray(alone(leg_idx, leg_ranked, stack.where, w, np.asarray(k0[j], np.float32)))
+            t_retrieve += time.perf_counter() - t1
+            finish(out[None], pts_arr[[j]])
+            t1 = time.perf_counter()
+          info['fused_alone'] += len(js)
+          continue
+        cand, ranks = candidates(leg_idx, leg_ranked, stack.where)
         info['fusion_bytes_per_chunk'] = max(info['fusion_bytes_per_chunk'], b * int(np.prod(cand.shape)) * 4)
         js = np.asarray(js)
         t_retrieve += time.perf_counter() - t1

@@ -136,14 +136,19 @@ FC_METRICS = ['answer@1', 'answer@5', 'parent_recall@5', 'ndcg@10']  # the datas
   [
     # the shape of a tune: one leg, one traced knob (conf/pipeline/bm25_recency.yaml's tune grid)
     ({'tide': {'op': 'tide', 'base': 'bm25', 'pool': 20}}, {'legs.tide.recency': [0.0, 0.5, 2.0, 16.0]}),
-    # a fused grid: leg knobs, weights and k0, the tide leg's recency its own knob
+    # a tune of one leg's knob in an RRF pipeline: one point per value of the leg, each fused as evaluate fuses it
+    (
+      {'cos': {'op': 'cosine'}, 'tide': {'op': 'tide', 'base': 'bm25', 'pool': 20, 'depth': 20}},
+      {'legs.tide.recency': [0.0, 0.5, 4.0]},
+    ),
+    # a fused grid: leg knobs, weights and k0, the tide leg's recency its own knob (candidates, vmapped fusion)
     pytest.param(
       {'cos': {'op': 'cosine'}, 'tide': {'op': 'tide', 'base': 'bm25', 'pool': 20, 'depth': 20}},
       {'legs.cos.weight': [0.5, 2.0], 'legs.tide.recency': [0.0, 4.0], 'k0': [1, 60]},
       marks=pytest.mark.slow,
     ),
   ],
-  ids=['tune', 'fused'],
+  ids=['tune', 'tune_rrf', 'fused'],
 )
 def test_dataset_metric_grid_equals_separate_runs(legs, g):
   """A grid point's dataset-owned metrics (FactConsolidation's answer@k, parent_recall@k), per question, equal a
@@ -170,6 +175,7 @@ def test_dataset_metric_grid_equals_separate_runs(legs, g):
     eps, embs, pipe, g, k=10, metrics=FC_METRICS, seed=2, chunk=3, keep_topk=sample, episode_metrics=episode_metrics
   )
   assert len(calls) == len(set(calls))  # one call per question and distinct top-k list, over every chunk
+  assert res.info['fused_alone'] == (n if len(legs) > 1 and n <= 3 else 0)
   assert not any(np.isnan(v).any() for v in res.scores.values())
   assert 0 < res.scores['answer@1'].mean() < res.scores['answer@5'].mean() < 1  # not a constant
   pipes = {f'p{p}': pipeline.with_values(pipe, res.point(p), name=f'p{p}') for p in sample}
