@@ -245,14 +245,13 @@ def episode_metric_scores(
   tops = np.ascontiguousarray(tops, np.int32)
   out = np.empty(tops.shape[:2], np.float64)
   for qi, question in enumerate(episode.questions[: tops.shape[1]]):
-    rows, inverse = np.unique(tops[:, qi], axis=0, return_inverse=True)
-    vals = np.empty(len(rows), np.float64)
-    for r, row in enumerate(rows):
+    for b in range(tops.shape[0]):
+      row = tops[b, qi]
       key = (qi, row.tobytes())
-      if key not in memo:
-        memo[key] = float(np.asarray(fn(episode, question, row.tolist(), cut), np.float64))
-      vals[r] = memo[key]
-    out[:, qi] = vals[np.asarray(inverse).reshape(-1)]
+      value = memo.get(key)
+      if value is None:
+        value = memo[key] = float(np.asarray(fn(episode, question, row.tolist(), cut), np.float64))
+      out[b, qi] = value
   return out
 
 
