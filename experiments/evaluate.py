@@ -17,8 +17,9 @@ import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from engram_jax.core.batch import episode_arrays
 from engram_jax.data import splits
-from engram_jax.eval import evaluation, timing
+from engram_jax.eval import evaluation, grid, pipeline, timing
 from engram_jax.metrics import report
 from experiments.lib import answer, checks, common
 from experiments.lib import grid as grid_run
@@ -29,8 +30,10 @@ log = logging.getLogger(__name__)
 
 def fit_on_train(cfg: DictConfig, pipes: dict, expanded: dict, embed_fn, scored: dict[str, list]) -> dict:
   """Resolve ``tune`` specs that name training sets (``tune.train``): choose the grid value with the best pooled
-  metric on those training questions, asserted disjoint from every scored dataset's questions. Mutates
-  ``pipes``/``expanded`` (the variants collapse to the chosen pipeline) and returns what was fitted."""
+  metric on those training questions, asserted disjoint from every scored dataset's questions (ties: the first
+  value). Each training set's grid is one :func:`engram_jax.eval.grid.evaluate_grid` call, its metric (e.g. the
+  dataset's ``answer@1``) read from every value's top-k. Mutates ``pipes``/``expanded`` (the variants collapse to the
+  chosen pipeline) and returns what was fitted."""
   fits = {}
   train_cache: dict[str, tuple[list, list]] = {}
   for name, (kind, variants, _) in list(expanded.items()):
@@ -38,6 +41,7 @@ def fit_on_train(cfg: DictConfig, pipes: dict, expanded: dict, embed_fn, scored:
     if kind != 'tune' or not node.tune.get('train'):
       continue
     per_value = [[] for _ in variants]
+    values = list(OmegaConf.to_container(node.tune.grid, resolve=True))
     for tname in node.tune.train:
       tcfg = cfg.train_sets[tname]
       if tname not in train_cache:
@@ -48,19 +52,20 @@ def fit_on_train(cfg: DictConfig, pipes: dict, expanded: dict, embed_fn, scored:
       for ds_name, ds_eps in scored.items():
         if ds_name not in node.get('skip_datasets', []):
           splits.assert_disjoint_content(eps, ds_eps)
-      res = evaluation.evaluate(
+      # the tune grid in one call (engram_jax.eval.grid): the dataset's metric read from every value's top-k
+      res = grid.evaluate_grid(
         eps,
         embs,
-        {v: pipes[v] for v in variants},
+        pipes[variants[0]],
+        {node.tune.param: values},
         k=cfg.eval.k,
         metrics=[tcfg.metric],
         seed=cfg.seed,
-        progress=False,
         episode_metrics=common.dataset_metrics(tcfg),
         devices=common.eval_devices(cfg),
       )
-      for g, v in enumerate(variants):
-        per_value[g].append(res.scores[v][tcfg.metric])
+      for g in range(len(variants)):
+        per_value[g].append(res.scores[tcfg.metric][g])
     means = [float(np.concatenate(v).mean()) for v in per_value]
     best = int(np.argmax(means))
     fits[name] = {
@@ -110,14 +115,23 @@ def run_dataset(
     if kind == 'fitted'
     for v in variants
   }
+  # a cross-fitted tune's grid is one evaluate_grid call (every value's scores and top-k), the rest one evaluate
+  tuned = {n: (variants, by) for n, (kind, variants, by) in expanded.items() if kind == 'tune' and n not in skip}
+  in_grids = {v for variants, _ in tuned.values() for v in variants}
+  arrays = None
+  if tuned:  # padded once for both calls
+    with timer.phase('arrays'):
+      options = pipeline.build_options(pipes.values())
+      arrays = [episode_arrays(ep, d, q, **options) for ep, (d, q) in zip(episodes, embeddings)]
   result = evaluation.evaluate(
     episodes,
     embeddings,
-    pipes,
+    {n: p for n, p in pipes.items() if n not in in_grids},
     k=cfg.eval.k,
     metrics=metrics,
     seed=cfg.seed,
     progress=cfg.eval.progress,
+    arrays=arrays,
     only=only,
     episode_metrics=common.dataset_metrics(ds),
     timer=timer,
@@ -126,12 +140,34 @@ def run_dataset(
     devices=common.eval_devices(cfg),
     leg_cache=common.leg_cache(cfg),
   )
+  for name, (variants, by) in tuned.items():
+    node = cfg.pipeline[name]
+    res = grid.evaluate_grid(
+      episodes,
+      embeddings,
+      pipes[variants[0]],
+      {node.tune.param: list(OmegaConf.to_container(node.tune.grid, resolve=True))},
+      k=cfg.eval.k,
+      metrics=list(dict.fromkeys([*metrics, by])),  # the tuning metric too, when the dataset's list lacks it
+      seed=cfg.seed,
+      episode_metrics=common.dataset_metrics(ds),
+      keep_topk=range(len(variants)),
+      arrays=arrays,
+      max_waste=float(cfg.eval.get('max_waste', 2.0)),
+      leg_cache=common.leg_cache(cfg),
+      timer=timer,
+      devices=common.eval_devices(cfg),
+    )
+    for g, v in enumerate(variants):
+      result.scores[v] = {m: res.scores[m][g] for m in res.scores}
+      result.retrieved[v] = res.retrieved[g]
   merged = {}
   for name, (kind, variants, extra) in expanded.items():
     if name in skip:
       continue
     if kind == 'tune':
       merged[name] = evaluation.merge_tuned(result, name, variants, metric=extra)
+      result.scores[name] = {m: result.scores[name][m] for m in metrics}  # the tuning metric chose; not reported
     elif kind == 'replicate':
       merged[name] = evaluation.merge_replicates(result, name, variants)
     else:

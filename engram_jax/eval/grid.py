@@ -15,11 +15,15 @@ cartesian product on every question:
   that none ranks: ``M = sum(depths) + k`` instead of ``N``; the same floats and tie rule), so memory stays at
   about ``chunk`` x ``[E, Q, M]`` float32 whatever the grid's size (:attr:`GridResult.info` reports it), and the
   point axis can be sharded over devices (``devices``);
+* a combination of leg values that at most :data:`FUSE_ALONE` points take (a tune over one leg's knob: every point)
+  is fused point by point as ``evaluate`` fuses it, without the candidates;
 * a one-leg pipeline (``fusion='none'``) runs whole once per point (its knobs are all the leg's own).
 
-Label metrics are computed on the host in float64 for a chunk of points at once (from the gains at the top-k), so
-every point's per-question scores and top-k equal a separate :func:`engram_jax.eval.evaluation.evaluate` run at
-those values (tested).
+Label metrics are computed on the host in float64 for a chunk of points at once (from the gains at the top-k); a
+dataset's own metrics (``episode_metrics``, e.g. FactConsolidation's ``answer@k``: ``fn(episode, question, ranked
+indices, k)``) are read from each chunk's top-k too, called once per question and distinct top-k list over the whole
+grid (:func:`episode_metric_scores`), never through one ``evaluate`` per point. So every point's per-question scores
+and top-k equal a separate :func:`engram_jax.eval.evaluation.evaluate` run at those values (tested).
 :func:`rank_points` ranks the points with 95% intervals and the paired plateau against the best.
 """
 
@@ -40,7 +44,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from engram_jax.core.batch import EpisodeArrays, episode_arrays, stack_arrays, stack_groups
 from engram_jax.core.types import Episode
 from engram_jax.eval import legcache, sharding
-from engram_jax.eval.evaluation import leg_top_d, stacked_topk
+from engram_jax.eval.evaluation import EpisodeMetric, leg_top_d, stacked_fusion, stacked_topk
 from engram_jax.eval.legcache import LegCache
 from engram_jax.eval.pipeline import Pipeline, build_options, knob_value, split_path, traced_values, with_values
 from engram_jax.eval.timing import RunTimer
@@ -136,6 +140,12 @@ def _is_static(pipe: Pipeline, path: str) -> bool:
   return split_path(pipe, path)[1] == 'depth' or path not in traced_values(pipe)
 
 
+# a combination of leg values taken by at most this many points is fused point by point as evaluate fuses it
+# (stacked_fusion over every item): cheaper than gathering its candidates first (a tune grid over one leg's knob has
+# one point per combination); the results are the same (test_candidate_fusion_equals_rrf_fusion)
+FUSE_ALONE = 2
+
+
 def _value_array(v: Any) -> np.ndarray:
   return np.asarray(v, np.int32 if isinstance(v, (int, np.integer)) else np.float32)
 
@@ -211,6 +221,40 @@ def as_gains(tops: np.ndarray, labels_flat: np.ndarray, n_gold: np.ndarray) -> t
   return positions, np.concatenate([gains, extra], axis=-1)
 
 
+def episode_metric_scores(
+  fn: EpisodeMetric, episode: Episode, tops: np.ndarray, cut: int, memo: dict[tuple[int, bytes], float] | None = None
+) -> np.ndarray:
+  """A dataset's own metric (``fn(episode, question, ranked indices, k)``, as :func:`engram_jax.eval.evaluation.
+  evaluate` calls it) of ``B`` points at once: ``tops [B, Q, k]`` (the episode's questions, each point's top-k item
+  indices) -> ``[B, Q]`` float64. ``fn`` is called once per question and distinct top-k list (points that rank the
+  same items for a question share the call; ``memo``, ``(question index, top-k bytes) -> value``, shares them across
+  calls: chunks and structures of one grid), with the list as ``evaluate`` passes it, so the values are ``evaluate``'s.
+
+  Example:
+    >>> import numpy as np
+    >>> from engram_jax import Episode, Item, Question
+    >>> ep = Episode('e', tuple(Item(f'i{j}', t, 'S1', j) for j, t in enumerate(['a', 'b'])), (Question('q', '?', ('i1',), ('S1',), 1),))
+    >>> calls = []
+    >>> def first_is_gold(ep, q, ranked, k):
+    ...   calls.append(ranked)
+    ...   return float(ep.items[ranked[0]].id in q.gold)
+    >>> episode_metric_scores(first_is_gold, ep, np.array([[[1, 0]], [[0, 1]], [[1, 0]]]), 1).tolist(), len(calls)
+    ([[1.0], [0.0], [1.0]], 2)
+  """
+  memo = {} if memo is None else memo
+  tops = np.ascontiguousarray(tops, np.int32)
+  out = np.empty(tops.shape[:2], np.float64)
+  for qi, question in enumerate(episode.questions[: tops.shape[1]]):
+    for b in range(tops.shape[0]):
+      row = tops[b, qi]
+      key = (qi, row.tobytes())
+      value = memo.get(key)
+      if value is None:
+        value = memo[key] = float(np.asarray(fn(episode, question, row.tolist(), cut), np.float64))
+      out[b, qi] = value
+  return out
+
+
 def _placer(n_dev: int):
   """``(candidates, ranks, weights [B, L], k0 [B]) -> the same placed for the fusion``: as they are on one device;
   with ``n_dev > 1`` the points split over a 1-D ``'points'`` mesh and the candidates replicated."""
@@ -239,6 +283,7 @@ def evaluate_grid(
   k: int,
   metrics: Sequence[str],
   seed: int,
+  episode_metrics: Mapping[str, EpisodeMetric] | None = None,
   chunk: int = 64,
   keep_topk: Sequence[int] = (),
   arrays: Sequence[EpisodeArrays] | None = None,
@@ -253,7 +298,10 @@ def evaluate_grid(
     episodes, embeddings: as :func:`engram_jax.eval.evaluation.evaluate` takes them.
     pipe: the base pipeline; knobs not in ``grid`` keep its values.
     grid: knob path -> values (:func:`grid_points`).
-    k, metrics, seed: as ``evaluate``; ``metrics`` are label metrics (:data:`engram_jax.metrics.labels.METRICS`).
+    k, metrics, seed: as ``evaluate``; ``metrics`` are label metrics (:data:`engram_jax.metrics.labels.METRICS`) or
+      the dataset-owned metrics of ``episode_metrics``.
+    episode_metrics: as ``evaluate`` takes them (name -> ``fn(episode, question, ranked indices, k)``, a dataset
+      module's ``METRICS``): scored from every point's top-k by :func:`episode_metric_scores`.
     chunk: grid points fused at once (memory: about ``chunk`` x ``[E, Q, M]`` float32 and a few temporaries, ``M``
       = the legs' depths + ``k``; :attr:`GridResult.info` ``fusion_bytes_per_chunk``).
     keep_topk: points whose per-question top-k item ids are kept in ``retrieved``.
@@ -267,8 +315,8 @@ def evaluate_grid(
     A :class:`GridResult`; point ``p`` equals ``evaluate`` of ``with_values(pipe, result.point(p))``.
 
   Raises:
-    ValueError: on a bad path or value, a metric that is not a label metric or whose cutoff exceeds ``k``, ``k``
-      larger than an episode, or ``chunk < 1``.
+    ValueError: on a bad path or value, a metric that is neither a label metric nor one of ``episode_metrics`` or
+      whose cutoff exceeds ``k``, ``k`` larger than an episode, or ``chunk < 1``.
 
   Example:
     >>> import numpy as np
@@ -285,9 +333,10 @@ def evaluate_grid(
   t_start = time.perf_counter()
   if chunk < 1:
     raise ValueError(f'chunk must be >= 1, got {chunk}')
+  episode_metrics = dict(episode_metrics or {})
   parsed = []
   for m in metrics:
-    base, cut = metrics_lib.parse_metric(m)
+    base, cut = metrics_lib.parse_metric(m, tuple(episode_metrics))
     if cut > k:
       raise ValueError(f'Metric {m} needs {cut} results but pipelines return k={k}')
     parsed.append((m, base, cut))
@@ -319,6 +368,7 @@ def evaluate_grid(
     if not 0 <= p < n_points:
       raise ValueError(f'keep_topk: point {p} is not in the grid (0..{n_points - 1})')
   kept_topk: dict[int, dict[int, np.ndarray]] = {p: {} for p in keep}
+  memos: dict[tuple[str, int], dict] = {}  # (metric, episode) -> episode_metric_scores' memo, over the whole grid
   cache = leg_cache if leg_cache is not None else LegCache(max_bytes=8 << 30)
   base_key = jax.random.key(seed)
   n_dev = sharding.n_devices(devices)
@@ -334,6 +384,7 @@ def evaluate_grid(
     'devices': n_dev,
     'episode_groups': len(groups),
     'fusion_bytes_per_chunk': 0,
+    'fused_alone': 0,
   }
   t_retrieve = t_score = t_legs = 0.0
   for group in groups:
@@ -358,8 +409,16 @@ def evaluate_grid(
         real = tops.reshape(len(chosen), -1, k)[:, src]
         if np.any(real < 0):
           raise AssertionError(f'Pipeline {pipe.name} returned fewer than k={k} items at a grid point')
-        top_pos, gold = as_gains(tops, labels_flat, n_gold)
+        if any(b not in episode_metrics for _, b, _ in parsed):
+          top_pos, gold = as_gains(tops, labels_flat, n_gold)
         for m, b, cut in parsed:
+          if b in episode_metrics:  # the dataset's own metric, from each point's top-k ids
+            for i, e in enumerate(group):
+              vals = episode_metric_scores(
+                episode_metrics[b], episodes[e], tops[:, i, : n_q[e]], cut, memos.setdefault((m, e), {})
+              )
+              scores[m][chosen[:, None], offsets[e] + np.arange(n_q[e])[None]] = vals
+            continue
           vals = metrics_lib.METRICS[b](top_pos, gold, k=cut)  # [B, E, Q_pad] float64
           scores[m][chosen[:, None], dst[None]] = vals.reshape(len(chosen), -1)[:, src]
         for j, p in enumerate(chosen.tolist()):
@@ -426,11 +485,20 @@ def evaluate_grid(
       candidates = cache.program(('grid_candidates', widths, k), functools.partial(grid_candidates, k))
       fuse = cache.program(('grid_fusion', widths, n_legs, k, b), functools.partial(grid_fusion, k))
       t_retrieve += time.perf_counter() - t1
+      alone = cache.program(('rrf_topk', widths, n_legs, k), functools.partial(stacked_fusion, k))  # evaluate's
       for row, js in by_legs.items():
         t1 = time.perf_counter()
-        cand, ranks = candidates(
-          [x[c] for x, c in zip(idx_stacks, row)], [x[c] for x, c in zip(ranked_stacks, row)], stack.where
-        )
+        leg_idx, leg_ranked = [x[c] for x, c in zip(idx_stacks, row)], [x[c] for x, c in zip(ranked_stacks, row)]
+        if len(js) <= FUSE_ALONE:  # few points on these legs' values: fused as evaluate fuses, no candidates
+          for j in js:
+            w = [np.asarray(x, np.float32) for x in weights[j]]
+            out = np.asarray(alone(leg_idx, leg_ranked, stack.where, w, np.asarray(k0[j], np.float32)))
+            t_retrieve += time.perf_counter() - t1
+            finish(out[None], pts_arr[[j]])
+            t1 = time.perf_counter()
+          info['fused_alone'] += len(js)
+          continue
+        cand, ranks = candidates(leg_idx, leg_ranked, stack.where)
         info['fusion_bytes_per_chunk'] = max(info['fusion_bytes_per_chunk'], b * int(np.prod(cand.shape)) * 4)
         js = np.asarray(js)
         t_retrieve += time.perf_counter() - t1
@@ -561,4 +629,13 @@ def load_npz(path) -> GridResult:
     )
 
 
-__all__ = ['GridResult', 'evaluate_grid', 'flatten_grid', 'grid_points', 'load_npz', 'rank_points', 'save_npz']
+__all__ = [
+  'GridResult',
+  'episode_metric_scores',
+  'evaluate_grid',
+  'flatten_grid',
+  'grid_points',
+  'load_npz',
+  'rank_points',
+  'save_npz',
+]

@@ -7,7 +7,8 @@ knob values of one pipeline in one process (:func:`engram_jax.eval.grid.evaluate
 * ``grid.png``: the plateau (paired difference from the best by rank) and 2-D slices through the best point as
   heatmaps, one per pair of swept knobs (with many knobs: disjoint pairs, each knob on one axis).
 
-The grid may also be written nested, as Hydra builds it from ``+grid.legs.cos.weight=[0.5,1,2] +grid.k0=[20,60]``.
+The metrics are the run's (``eval.metrics``), a dataset's own included (FactConsolidation's ``answer@k``, scored from
+every point's top-k in the same call). The grid may also be written nested, as Hydra builds it from ``+grid.legs.cos.weight=[0.5,1,2] +grid.k0=[20,60]``.
 ``eval.grid_chunk`` sets the points fused at once (memory), ``eval.grid_ranked`` how many leading points are tested
 against the best (null: 25 at a time until a batch holds no point on the plateau).
 """
@@ -139,6 +140,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     k=cfg.eval.k,
     metrics=metrics,
     seed=cfg.seed,
+    episode_metrics=common.dataset_metrics(ds),
     chunk=int(cfg.eval.get('grid_chunk', 64)),
     max_waste=float(cfg.eval.get('max_waste', 2.0)),
     timer=timer,

@@ -97,6 +97,103 @@ def test_one_leg_pipeline_grid_equals_separate_runs():
     assert res.retrieved[p] == want.retrieved[f'p{p}']
 
 
+CITIES = ['Paris', 'Rome', 'Oslo', 'Lima', 'Kyiv', 'Quito', 'Doha', 'Baku']
+
+
+def _fc_episodes(n_eps=2, seed=0, dim=8):
+  """FactConsolidation-like episodes: numbered facts ``<subject> lives in <city>.``, later facts overwrite earlier
+  ones; a question asks for a subject's city, its gold the newest fact, its answer that city as a JSON list (as
+  the loader stores it), so ``answer@k`` also counts a superseded fact naming the same city."""
+  import json
+
+  rng = np.random.default_rng(seed)
+  eps, embs = [], []
+  for e in range(n_eps):
+    n = int(rng.integers(40, 60))
+    subjects = rng.choice(WORDS, n)
+    cities = rng.choice(CITIES, n)
+    items = tuple(
+      Item(f'e{e}f{j}', f'{j}. {s} lives in {c}.', f'p{j // 6}', j) for j, (s, c) in enumerate(zip(subjects, cities))
+    )
+    qs = []
+    for j, s in enumerate(dict.fromkeys(subjects.tolist())):
+      newest = max(i for i in range(n) if subjects[i] == s)
+      qs.append(
+        Question(f'e{e}q{j}', f'where does {s} live', (items[newest].id,), (), 'c', json.dumps([cities[newest]]))
+      )
+    eps.append(Episode(id=f'e{e}', items=items, questions=tuple(qs)))
+    d = rng.normal(size=(n, dim)).astype(np.float32)
+    q = rng.normal(size=(len(qs), dim)).astype(np.float32)
+    embs.append((d / np.linalg.norm(d, axis=1, keepdims=True), q / np.linalg.norm(q, axis=1, keepdims=True)))
+  return eps, embs
+
+
+FC_METRICS = ['answer@1', 'answer@5', 'parent_recall@5', 'ndcg@10']  # the dataset's own metrics and a label one
+
+
+@pytest.mark.parametrize(
+  'legs,g',
+  [
+    # the shape of a tune: one leg, one traced knob (conf/pipeline/bm25_recency.yaml's tune grid)
+    ({'tide': {'op': 'tide', 'base': 'bm25', 'pool': 20}}, {'legs.tide.recency': [0.0, 0.5, 2.0, 16.0]}),
+    # a tune of one leg's knob in an RRF pipeline: one point per value of the leg, each fused as evaluate fuses it
+    (
+      {'cos': {'op': 'cosine'}, 'tide': {'op': 'tide', 'base': 'bm25', 'pool': 20, 'depth': 20}},
+      {'legs.tide.recency': [0.0, 0.5, 4.0]},
+    ),
+    # a fused grid: leg knobs, weights and k0, the tide leg's recency its own knob (candidates, vmapped fusion)
+    pytest.param(
+      {'cos': {'op': 'cosine'}, 'tide': {'op': 'tide', 'base': 'bm25', 'pool': 20, 'depth': 20}},
+      {'legs.cos.weight': [0.5, 2.0], 'legs.tide.recency': [0.0, 4.0], 'k0': [1, 60]},
+      marks=pytest.mark.slow,
+    ),
+  ],
+  ids=['tune', 'tune_rrf', 'fused'],
+)
+def test_dataset_metric_grid_equals_separate_runs(legs, g):
+  """A grid point's dataset-owned metrics (FactConsolidation's answer@k, parent_recall@k), per question, equal a
+  separate evaluate run at its values; each metric is called once per question and distinct top-k list."""
+  from engram_jax.data import factconsolidation
+
+  eps, embs = _fc_episodes()
+  fns = dict(factconsolidation.METRICS)
+  calls = []
+
+  def counted(name):
+    def fn(ep, q, ranked, k):
+      calls.append((name, k, q.id, tuple(ranked)))
+      return fns[name](ep, q, ranked, k)
+
+    return fn
+
+  pipe = pipeline.make_pipeline(legs=legs, fusion='rrf' if len(legs) > 1 else 'none', name='fc')
+  shape = tuple(len(v) for v in g.values())
+  n = int(np.prod(shape))
+  sample = _sample(n, np.random.default_rng(1), shape) if n > 4 else list(range(n))
+  episode_metrics = {m: counted(m) for m in fns}
+  res = grid.evaluate_grid(
+    eps, embs, pipe, g, k=10, metrics=FC_METRICS, seed=2, chunk=3, keep_topk=sample, episode_metrics=episode_metrics
+  )
+  assert len(calls) == len(set(calls))  # one call per question and distinct top-k list, over every chunk
+  assert res.info['fused_alone'] == (n if len(legs) > 1 and n <= 3 else 0)
+  assert not any(np.isnan(v).any() for v in res.scores.values())
+  assert 0 < res.scores['answer@1'].mean() < res.scores['answer@5'].mean() < 1  # not a constant
+  pipes = {f'p{p}': pipeline.with_values(pipe, res.point(p), name=f'p{p}') for p in sample}
+  want = evaluation.evaluate(eps, embs, pipes, k=10, metrics=FC_METRICS, seed=2, progress=False, episode_metrics=fns)
+  assert want.question_ids == res.question_ids
+  for p in sample:
+    for m in FC_METRICS:
+      np.testing.assert_array_equal(res.scores[m][p], want.scores[f'p{p}'][m])
+    assert res.retrieved[p] == want.retrieved[f'p{p}']
+
+
+def test_dataset_metric_needs_its_function():
+  eps, embs = _fc_episodes(n_eps=1)
+  pipe = pipeline.make_pipeline(legs={'bm25': {'op': 'bm25'}}, name='b')
+  with pytest.raises(ValueError, match='Unknown metric'):
+    grid.evaluate_grid(eps, embs, pipe, {'legs.bm25.k1': [1.2]}, k=10, metrics=['answer@1'], seed=0)
+
+
 def test_points_order_and_canonical_values():
   pipe = _stack()
   pts = grid.grid_points(pipe, {'legs.cos.weight': [1, 2], 'k0': [20, 60, 80]})
