@@ -109,9 +109,11 @@ def plot(result: grid.GridResult, ranked: list[dict[str, Any]], *, metric: str, 
     fig.colorbar(im, ax=ax, fraction=0.046)
   if pairs:
     axes[1].set_title('slices through the best point (*)', fontsize=9)
-  fig.tight_layout()
+  # fixed margins, not tight_layout: the layout pass measured a third of the report's time on the 100-point grid
+  w = fig.get_figwidth()
+  fig.subplots_adjust(left=0.9 / w, right=1 - 0.55 / w, bottom=0.16, top=0.9, wspace=0.55)
   if path is not None:
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
   return fig
 
 
