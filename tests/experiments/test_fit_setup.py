@@ -40,6 +40,7 @@ def _fingerprint(plan):
     plan.conditioned,
     plan.adapter,
     plan.adapter_cfsr_grad,
+    plan.combined,
     tuple(np.asarray(updates['x']).tolist()),
   )
 
@@ -67,12 +68,16 @@ CHANGES = {
   'cfsr_grad': 'fit.cfsr_grad=implicit',
   'conditioned': 'fit.conditioned={knobs: [k0], features: [cues], hidden: 0, rank: 2, net_lr_scale: 0.1}',
   'adapter': 'fit.adapter={rank: 2, lr_scale: 0.1, cfsr_grad: implicit}',
+  'combined': 'fit.combined=true',
 }
+# settings that act only beside others: the base they are changed from
+BASE = {'combined': [CHANGES['adapter'], CHANGES['conditioned']]}
 
 
 @pytest.mark.parametrize('key', fit_setup.READ)
 def test_each_setting_read_changes_the_plan(key):
   extra = ['fit.params=null'] if key == 'params_by_pipeline' else []  # params_by_pipeline is read without params
+  extra += BASE.get(key, [])
   base = _fingerprint(_plan(*extra))
   changed = _fingerprint(_plan(*extra, CHANGES[key]))
   assert changed != base, key
