@@ -48,6 +48,8 @@ READ = (
   'adapter',
   'combined',
 )
+# the keys of a fit.adapter node (train_gap: read by experiments/lib/fit_adapter.py)
+ADAPTER_KEYS = ('rank', 'lr_scale', 'cfsr_grad', 'soft_query_legs', 'train_gap')
 # read by experiments.fit itself: which questions are scored and against what
 ELSEWHERE = ('split', 'train', 'folds', 'n_test', 'gap_checks', 'baselines', 'final')
 
@@ -157,6 +159,9 @@ def adapter_of(cfg: DictConfig) -> tuple[A.Adapter, str] | None:
   if not node:
     return None
   node = OmegaConf.to_container(node)
+  unknown = sorted(set(node) - set(ADAPTER_KEYS))
+  if unknown:
+    raise EngramError(f'fit.adapter: unknown keys {unknown}; allowed {list(ADAPTER_KEYS)}')
   grad = str(node['cfsr_grad'])
   fit.Settings(cfsr_grad=grad)  # validates it
   adapter = A.Adapter(

@@ -113,3 +113,14 @@ def test_no_script_builds_a_fit_by_hand():
       assert 'fit_setup.build' in calls or 'fit_setup.rows' in calls or path.name == 'fit.py', path
       users.append(path.name)
   assert {'search_compare.py', 'search_budget.py'} <= set(users)
+
+
+def test_unknown_fit_and_adapter_keys_are_refused():
+  from experiments.lib import checks
+
+  with initialize_config_dir(config_dir=CONF, version_base='1.3'):
+    cfg = compose(config_name='fit', overrides=['+fit.combind=true'])
+  with pytest.raises(ValueError, match=r'unknown option fit.combind \(did you mean fit.combined\?\)'):
+    checks.check_fit(cfg)
+  with pytest.raises(ValueError, match=r"fit.adapter: unknown keys \['soft_querylegs'\]"):
+    _plan('fit.adapter={rank: 2, lr_scale: 0.1, cfsr_grad: implicit, soft_querylegs: true}')
