@@ -2,7 +2,8 @@
 
 Nothing in these pages is typed by hand: the API reference lists every name of ``__all__`` of ``engram_jax`` and its
 subpackages (``tests/test_readme_and_docs.py`` fails when one is missing), and ``docs/results.md`` is rendered from the
-protocol ledger (``conf/protocol/scored.jsonl``) and the committed run summaries (``docs/runs/<table>.json``, each
+protocol ledger (``conf/protocol/scored.jsonl``, with the notes of ``conf/protocol/notes.jsonl`` shown under the rows
+they annotate) and the committed run summaries (``docs/runs/<table>.json``, each
 extracted from a run's ``results.json`` by ``summarize``). ``check`` compares a fresh run with its committed summary.
 
   python -m experiments.docs_site api                                   # docs/api/*.md
@@ -25,6 +26,12 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / 'docs'
 RUNS = DOCS / 'runs'
 LEDGER = ROOT / 'conf' / 'protocol' / 'scored.jsonl'
+NOTES = ROOT / 'conf' / 'protocol' / 'notes.jsonl'
+NOTE_TITLES = {
+  'not_reproduced': 'Not reproduced',
+  'not_exact': 'Not reproduced to the digit',
+  'run_dir_gone': 'Run folder gone',
+}
 PACKAGES = (
   'engram_jax',
   'engram_jax.core',
@@ -192,6 +199,8 @@ def ledger_table(entry: dict) -> list[str]:
     f'{entry["n_questions"]} scored questions, {entry["date"][:10]}, protocol sha256 `{entry["sha256"][:12]}`',
     '',
   ]
+  for n in entry.get('notes', []):
+    out += [f'> **{NOTE_TITLES[n["kind"]]}** (note of {n["date"]}): {n["note"]}', '']
   metrics = list(next(iter(entry['summary'].values())))
   out += ['| row | ' + ' | '.join(metrics) + ' |', '|' + '---|' * (len(metrics) + 1)]
   for row, vals in entry['summary'].items():
@@ -320,6 +329,10 @@ def reproduce_page(summaries: dict[str, dict], ledger: list[dict]) -> str:
     rows = [(r, v[m]) for r, v in e['summary'].items() if m in v]
     fitted = [f'{r.split(" (")[0]} ({r.split(" (")[1].split(",")[0]}) {_fmt(x)}' for r, x in rows if 'out of fold' in r]
     hand = [f'{r.replace(" (hand-set)", "")} {_fmt(x)}' for r, x in rows if '(hand-set)' in r]
+    kinds = {n['kind'] for n in e.get('notes', [])} & {'not_reproduced', 'not_exact'}
+    if kinds:
+      kind = 'not_reproduced' if 'not_reproduced' in kinds else 'not_exact'
+      fitted.append(f'**{NOTE_TITLES[kind].lower()}: see the note in [results](results.md)**')
     out.append(
       f'| `{e["protocol"]}` | {e["n_questions"]} | {m} | ' + ', '.join(fitted) + ' | ' + ', '.join(hand) + ' |'
     )
@@ -424,7 +437,10 @@ def load_summaries() -> dict[str, dict]:
 
 
 def load_ledger() -> list[dict]:
-  return [json.loads(line) for line in LEDGER.read_text().splitlines() if line.strip()]
+  """The ledger's rows, each with its notes (``conf/protocol/notes.jsonl``) under ``'notes'``."""
+  from experiments.lib import protocol
+
+  return protocol.annotated(protocol.read_jsonl(LEDGER), protocol.read_jsonl(NOTES))
 
 
 # ------------------------------------------------------------------------------------------------- command line

@@ -34,6 +34,9 @@ from experiments.lib import checks, common, fit_adapter, fit_artifact, fit_condi
 log = logging.getLogger(__name__)
 
 
+COMPONENT_VARIANTS = ('conditioned', 'adapter', 'combined')  # the fits beside the scalar one (fit_setup.Plan.variants)
+
+
 def _interval(values: np.ndarray, seed: int, n_resamples: int) -> dict[str, float]:
   return stats.bootstrap_ci(values, seed=seed, n_resamples=n_resamples).to_dict()
 
@@ -304,6 +307,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   baselines = {b: common.hand_set_pipeline(b) for b in cfg.fit.baselines if b != name}
   plan = fit_setup.build(cfg, pipe, name)  # config errors before any data is loaded
   protocol_info = protocol.check(cfg)  # refuses an already-scored confirmation (unless forced)
+  if protocol_info:
+    protocol.warn_run_dir(out_dir)  # before the work: a row whose run folder is outside the repository says so
   data = load(cfg, pipeline.build_options([pipe, *baselines.values()]), metrics)
   protocol.check_data(protocol_info, cfg, data.episodes)  # the data read against its pinned fingerprint (unless forced)
   t_load = time.perf_counter() - t0
@@ -352,20 +357,27 @@ def make_results(cfg, plan, data: Data, parts, before, baselines: list[str], pro
   }
   by_category = category_tests(before, after, hand_rows, metrics, seed=seed, n_resamples=nres)
   extra: dict[str, Any] = {}
-  for label in ('conditioned', 'adapter'):
+  for label in COMPONENT_VARIANTS:
     if label not in parts:
       continue
     part = parts[label]
     summary[f'{name} ({label}, out of fold)'] = {m: _interval(part['scores'][m], seed, nres) for m in metrics}
+    # the combined fit is paired with each of its parts' own fits too
+    alone = {f'{p} (out of fold)': parts[p]['scores'] for p in ('adapter', 'conditioned') if label == 'combined'}
     paired.update(
       fit_conditioned.compare(
-        part['scores'], after, before, hand_rows, metrics, seed=seed, n_resamples=nres, label=label
+        part['scores'], after, before, hand_rows, metrics, seed=seed, n_resamples=nres, label=label, others=alone
       )
     )
+    spec = (
+      {'adapter': OmegaConf.to_container(cfg.fit.adapter), 'conditioned': OmegaConf.to_container(cfg.fit.conditioned)}
+      if label == 'combined'
+      else OmegaConf.to_container(cfg.fit[label])
+    )
     extra[label] = {
-      'spec': OmegaConf.to_container(cfg.fit[label]),
-      **(fit_conditioned.extras(cfg, plan, data, part) if label == 'conditioned' else {}),
-      **(fit_adapter.extras(cfg, plan, data, part) if label == 'adapter' else {}),
+      'spec': spec,
+      **(fit_conditioned.extras(cfg, plan, data, part) if label in ('conditioned', 'combined') else {}),
+      **(fit_adapter.extras(cfg, plan, data, part, gap=label == 'adapter') if label in ('adapter', 'combined') else {}),
       'scalars': {fit.fold_label(f): r.values for f, r in zip(folds, part['fits'])},
       'fit_per_fold_s': [r.wall_s for r in part['fits']],
       'per_question': {m: part['scores'][m].tolist() for m in metrics},
@@ -416,7 +428,7 @@ def _diff(label: str, v: dict, metrics: list[str]) -> str:
 def markdown(cfg: DictConfig, plan, data: Data, parts, results: dict[str, Any]) -> str:
   """results.md: the rows, the paired differences, per category, the fitted knobs, the gap, the components."""
   name, metrics, summary, folds = plan.name, data.metrics, results['summary'], data.folds
-  scalar_rows = [r for r in summary if not r.endswith(('(conditioned, out of fold)', '(adapter, out of fold)'))]
+  scalar_rows = [r for r in summary if not r.endswith(tuple(f'({v}, out of fold)' for v in COMPONENT_VARIANTS))]
   lines = [
     f'### {cfg.dataset.name}: {name} fitted by gradient ({cfg.fit.split}, {len(folds)} folds, '
     f'{results["n_questions"]} questions scored out of fold), k={cfg.eval.k}',
@@ -468,6 +480,8 @@ def markdown(cfg: DictConfig, plan, data: Data, parts, results: dict[str, Any]) 
     lines += fit_conditioned.section(name, plan.conditioned, results, metrics)
   if 'adapter' in parts:
     lines += fit_adapter.section(name, plan.adapter, plan.adapter_cfsr_grad, results, metrics)
+  if 'combined' in parts:
+    lines += fit_adapter.combined_section(name, results, metrics)
   t = results['timing']
   lines += [
     '',
@@ -507,7 +521,7 @@ def write_outputs(cfg: DictConfig, out_dir: Path, plan, data: Data, parts, resul
     'results.md': text,
     'config_resolved.yaml': OmegaConf.to_yaml(cfg, resolve=True),
   }
-  for label in ('conditioned', 'adapter'):
+  for label in COMPONENT_VARIANTS:
     if label in parts:
       files[f'loss_curve_{label}.json'] = json.dumps(
         {','.join(f): r.losses for f, r in zip(folds, parts[label]['fits'])}

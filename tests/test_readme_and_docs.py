@@ -354,6 +354,24 @@ def test_generated_pages_are_current():
   )
 
 
+def test_ledger_notes_are_shown_beside_their_rows():
+  """A note of conf/protocol/notes.jsonl is printed under its row in results.md and marked in reproduce.md; the
+  row's numbers are printed as the ledger holds them."""
+  ledger = docs_site.load_ledger()
+  noted = [e for e in ledger if e['notes']]
+  assert noted, 'conf/protocol/notes.jsonl annotates no row'
+  results = docs_site.results_page(docs_site.load_summaries(), ledger)
+  for e in noted:
+    table = '\n'.join(docs_site.ledger_table(e))
+    for n in e['notes']:
+      assert f'(note of {n["date"]}): {n["note"]}' in table and table in results
+  reproduce = docs_site.reproduce_page(docs_site.load_summaries(), ledger)
+  flagged = [e['protocol'] for e in noted if {n['kind'] for n in e['notes']} & {'not_reproduced', 'not_exact'}]
+  for name in flagged:
+    line = next(l for l in reproduce.splitlines() if l.startswith(f'| `{name}` |'))
+    assert 'not reproduced' in line
+
+
 def test_api_reference_covers_every_public_name():
   """optax's coverage check: a public name of any package's ``__all__`` missing from docs/api fails."""
   pages = {p.name: p.read_text() for p in (ROOT / 'docs' / 'api').glob('*.md')}

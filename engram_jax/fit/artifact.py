@@ -279,11 +279,16 @@ def score(
   """Per-question hard scores ``{metric: [Q]}`` (``episodes``' order; ``retrieved``, a list, receives each
   question's top-k item ids where the scorer gives them, else empty lists) of the fitted pipeline with every learned
   part of ``res``: the knob values; the adapter (queries adapted, pools re-formed under them); the conditioned
-  knobs (per-question fusion, :func:`engram_jax.fit.conditioned.score_episodes`). ``arrays``: the episodes' padded
+  knobs (per-question fusion, :func:`engram_jax.fit.conditioned.score_episodes`; with an adapter too, the module
+  reads the base queries' features, as in the fit). ``arrays``: the episodes' padded
   arrays when no adapter changes the queries (else rebuilt)."""
   kinds = {c.name: c for c in components}
   fitted = with_values(pipe, res.values)
+  feature_arrays = None  # with an adapter, the conditioned module still reads the base queries (as in its fit)
   if 'adapter' in kinds:
+    if 'conditioned' in kinds:
+      options = build_options([pipe])
+      feature_arrays = arrays or [episode_arrays(e, d, q, **options) for e, (d, q) in zip(episodes, embeddings)]
     embeddings = [(d, A.adapt_queries(res.learned['adapter'], q)) for d, q in embeddings]
     arrays = None
   if 'conditioned' not in kinds:
@@ -321,6 +326,7 @@ def score(
     seed=seed,
     indices=range(len(episodes)),
     episode_metrics=episode_metrics,
+    feature_arrays=feature_arrays,
   )
 
 

@@ -369,22 +369,27 @@ def score_episodes(
   seed: int,
   indices: Sequence[int],
   episode_metrics: Mapping[str, Callable] | None = None,
+  feature_arrays: Sequence[EpisodeArrays] | None = None,
 ) -> dict[str, np.ndarray]:
   """Per-question metrics (NumPy float64) of the conditioned hard pipeline on ``episodes`` (episode ``i`` of the
   run gets key ``fold_in(key(seed), indices[i])``, as :func:`engram_jax.eval.evaluation.evaluate`): label metrics
   (:mod:`engram_jax.metrics.labels`) and the dataset's own ``episode_metrics`` (name -> ``fn(episode, question, ranked
-  indices, k)``, as ``evaluate`` takes them, e.g. FactConsolidation's ``answer@k``)."""
+  indices, k)``, as ``evaluate`` takes them, e.g. FactConsolidation's ``answer@k``). ``feature_arrays``: the arrays
+  the module's features and query are read from when they are not ``arrays`` (a fit with a query adapter: the legs
+  see the adapted queries, the module the base ones, as in its soft fit)."""
   episode_metrics = dict(episode_metrics or {})
   parsed = {m: metrics_lib.parse_metric(m, tuple(episode_metrics)) for m in metrics}  # unknown names: before work
   run = jax.jit(lambda ep, feats, query, key: hard_topk(pipe, problem, spec, res, fixed, ep, feats, query, key, k=k))
   out: dict[str, list] = {m: [] for m in metrics}
   base = jax.random.key(seed)
-  for i, e, a in zip(indices, episodes, arrays):
+  for i, e, a, fa in zip(indices, episodes, arrays, feature_arrays or arrays):
     nq = len(e.questions)
-    f, q = episode_inputs(spec, a, nq)
+    f, q = episode_inputs(spec, fa, nq)
     qb = a.queries.shape[0]
+    if fa.queries.shape[0] != qb:
+      raise ValueError(f'episode {e.id}: feature arrays pad {fa.queries.shape[0]} questions, arrays {qb}')
     f = np.concatenate([f, np.zeros((qb - nq, f.shape[1]), np.float32)])
-    q = np.asarray(a.queries, np.float32)
+    q = np.asarray(fa.queries, np.float32)
     topk = np.asarray(run(a, jnp.asarray(f), jnp.asarray(q), jax.random.fold_in(base, i)))[:nq]
     labels = np.asarray(a.labels)[:nq]
     for m in metrics:

@@ -372,8 +372,11 @@ def check_evaluate(cfg: DictConfig) -> None:
 
 def check_fit(cfg: DictConfig) -> None:
   """Everything ``experiments.fit`` can check before loading data."""
+  from experiments.lib import fit_setup  # the fit.* keys read (imported here: evaluate never needs it)
+
   check_keys(cfg)
   f = cfg.fit
+  _unknown(list(f.keys()), fit_setup.READ + fit_setup.ELSEWHERE, 'fit.')  # e.g. +fit.combind=true
   check_run_settings(cfg)
   if f.split not in SPLITS:
     raise EngramError(f'fit.split must be one of {list(SPLITS)}, got {f.split!r}')

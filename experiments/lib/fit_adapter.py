@@ -20,9 +20,9 @@ from experiments.lib import common
 log = logging.getLogger(__name__)
 
 
-def extras(cfg: DictConfig, plan, data, part: dict[str, Any]) -> dict[str, Any]:
-  """Per fold, the mean cosine of the adapted to the base query on its scored questions; with
-  ``fit.adapter.train_gap``, the soft-vs-hard gap on its training questions (:func:`train_gap`)."""
+def extras(cfg: DictConfig, plan, data, part: dict[str, Any], gap: bool = True) -> dict[str, Any]:
+  """Per fold, the mean cosine of the adapted to the base query on its scored questions; with ``gap`` and
+  ``fit.adapter.train_gap``, the soft-vs-hard gap on its training questions (:func:`train_gap`; the adapter fit's)."""
   episodes, embeddings = data.episodes, data.embeddings
   moved = {}
   for fold, res in zip(data.folds, part['fits']):
@@ -30,7 +30,7 @@ def extras(cfg: DictConfig, plan, data, part: dict[str, Any]) -> dict[str, Any]:
     adapted = A.adapt_queries(res.learned['adapter'], base)
     moved[fit.fold_label(fold)] = float(np.mean(np.sum(adapted * base, -1)))
   out = {'mean_cos_to_base': moved}
-  if cfg.fit.adapter.get('train_gap'):
+  if gap and cfg.fit.adapter.get('train_gap'):
     out['train_gap'] = train_gap(cfg, plan, data, part)
   return out
 
@@ -130,4 +130,36 @@ def section(name: str, spec: A.Adapter, grad: str, results: dict, metrics: list[
       f'{g["hard_ndcg_base_query"]:.4f} |'
       for f, g in part['train_gap'].items()
     ]
+  return lines
+
+
+def combined_section(name: str, results: dict, metrics: list[str]) -> list[str]:
+  """Markdown lines of the combined fit (``fit.combined``: adapter and conditioned knobs in one fit)."""
+  summary = results['summary'][f'{name} (combined, out of fold)']
+  part = results['combined']
+  lines = [
+    '',
+    'Adapter and conditioned knobs in one fit (fit.combined; the specs of fit.adapter and fit.conditioned):',
+    '',
+    '| row | ' + ' | '.join(f'{m} [95% CI]' for m in metrics) + ' |',
+    '|---|' + '---|' * len(metrics),
+    f'| {name} (combined, out of fold) | '
+    + ' | '.join(f'{summary[m]["mean"]:.4f} [{summary[m]["lo"]:.4f}, {summary[m]["hi"]:.4f}]' for m in metrics)
+    + ' |',
+    '',
+    '| paired difference | ' + ' | '.join(f'{m} delta [95% CI], p' for m in metrics) + ' |',
+    '|---|' + '---|' * len(metrics),
+  ]
+  for r, t in results['paired'].items():
+    if r.startswith('combined - '):
+      lines.append(
+        f'| {r} | '
+        + ' | '.join(f'{t[m]["delta"]:+.4f} [{t[m]["lo"]:+.4f}, {t[m]["hi"]:+.4f}], {t[m]["p"]:.3g}' for m in metrics)
+        + ' |'
+      )
+  lines += [
+    '',
+    'Mean cosine of adapted to base query, per fold: '
+    + ', '.join(f'{f} {v:.4f}' for f, v in part['mean_cos_to_base'].items()),
+  ]
   return lines

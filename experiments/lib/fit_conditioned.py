@@ -46,10 +46,15 @@ def compare(
   seed: int,
   n_resamples: int,
   label: str = 'conditioned',
+  others: dict[str, dict[str, np.ndarray]] | None = None,
 ) -> dict[str, Any]:
-  """``label`` (the conditioned or adapted fit) minus the scalar fit and minus each hand-set row, paired (bootstrap
-  CI, sign-flip p)."""
-  others = {'scalar fit (out of fold)': scalar, **{f'{r} (hand-set)': before.scores[r] for r in hand_rows}}
+  """``label`` (the conditioned, adapted or combined fit) minus the scalar fit, minus each of ``others`` (more rows
+  by name, e.g. the adapter fit of the same run) and minus each hand-set row, paired (bootstrap CI, sign-flip p)."""
+  others = {
+    'scalar fit (out of fold)': scalar,
+    **(others or {}),
+    **{f'{r} (hand-set)': before.scores[r] for r in hand_rows},
+  }
   pairs = [(r, m) for r in others for m in metrics]
   res = stats.paired_tests(
     np.stack([cond[m] for _, m in pairs]),

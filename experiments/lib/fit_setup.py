@@ -19,6 +19,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from engram_jax import fit
+from engram_jax.core.errors import EngramError
 from engram_jax.eval import pipeline
 from engram_jax.fit import adapter as A
 from engram_jax.fit import conditioned as C
@@ -45,7 +46,10 @@ READ = (
   'cfsr_grad',
   'conditioned',
   'adapter',
+  'combined',
 )
+# the keys of a fit.adapter node (train_gap: read by experiments/lib/fit_adapter.py)
+ADAPTER_KEYS = ('rank', 'lr_scale', 'cfsr_grad', 'soft_query_legs', 'train_gap')
 # read by experiments.fit itself: which questions are scored and against what
 ELSEWHERE = ('split', 'train', 'folds', 'n_test', 'gap_checks', 'baselines', 'final')
 
@@ -69,6 +73,7 @@ class Plan:
   conditioned: C.Conditioning | None = None
   adapter: A.Adapter | None = None
   adapter_cfsr_grad: str | None = None  # the adapter fit's CFS-R gradient (its problem's settings.cfsr_grad)
+  combined: bool = False  # one more fit with the adapter and the conditioned knobs together (fit.combined)
 
   def loop(self) -> dict[str, Any]:
     """The training loop's settings, as :func:`engram_jax.fit.fit` / :func:`engram_jax.fit.crossfit` take them."""
@@ -82,7 +87,19 @@ class Plan:
 
   def variants(self) -> dict[str, tuple[fit.Problem, tuple[fit.Component, ...]]]:
     """Each fit a run makes, by label: ``fitted`` (the scalar knobs), and ``conditioned`` / ``adapter`` when
-    declared (the scalar knobs plus that component; the adapter on its own CFS-R gradient setting)."""
+    declared (the scalar knobs plus that component; the adapter on its own CFS-R gradient setting); with
+    ``combined``, ``combined`` (the scalar knobs, the adapter and the conditioned knobs in one fit, on the adapter's
+    CFS-R gradient setting).
+
+    Example:
+      >>> from engram_jax.testing.synthetic import toy_fit_data
+      >>> from engram_jax import fit
+      >>> pipe = toy_fit_data()[3]
+      >>> problem, knobs, every = fit.make_problem(pipe, ['legs.bm25.weight'])
+      >>> plan = Plan('toy', problem, knobs, every, optimizer=None, steps=1, batch_size=1, seed=0, anneal=(1.0, 1.0))
+      >>> list(plan.variants())
+      ['fitted']
+    """
     out = {'fitted': (self.problem, ())}
     if self.conditioned is not None:
       out['conditioned'] = (self.problem, (self.conditioned,))
@@ -92,6 +109,8 @@ class Plan:
       )
       self.adapter.check(problem)
       out['adapter'] = (problem, (self.adapter,))
+      if self.combined and self.conditioned is not None:
+        out['combined'] = (problem, (self.adapter, self.conditioned))
     return out
 
 
@@ -140,6 +159,9 @@ def adapter_of(cfg: DictConfig) -> tuple[A.Adapter, str] | None:
   if not node:
     return None
   node = OmegaConf.to_container(node)
+  unknown = sorted(set(node) - set(ADAPTER_KEYS))
+  if unknown:
+    raise EngramError(f'fit.adapter: unknown keys {unknown}; allowed {list(ADAPTER_KEYS)}')
   grad = str(node['cfsr_grad'])
   fit.Settings(cfsr_grad=grad)  # validates it
   adapter = A.Adapter(
@@ -164,6 +186,12 @@ def build(cfg: DictConfig, pipe: pipeline.Pipeline, name: str | None = None) -> 
   if cond is not None:
     cond.check(pipe, params)
   adapter = adapter_of(cfg)
+  combined = bool(cfg.fit.get('combined') or False)
+  if combined and (cond is None or adapter is None):
+    raise EngramError(
+      'fit.combined=true fits fit.adapter and fit.conditioned together in one more fit: set both '
+      f'(fit.adapter is {"set" if adapter else "null"}, fit.conditioned is {"set" if cond else "null"})'
+    )
   return Plan(
     name=name,
     problem=problem,
@@ -179,6 +207,7 @@ def build(cfg: DictConfig, pipe: pipeline.Pipeline, name: str | None = None) -> 
     conditioned=cond,
     adapter=None if adapter is None else adapter[0],
     adapter_cfsr_grad=None if adapter is None else adapter[1],
+    combined=combined,
   )
 
 

@@ -25,6 +25,7 @@ import datetime
 import hashlib
 import importlib.metadata
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -34,11 +35,17 @@ from omegaconf import DictConfig, OmegaConf
 
 from engram_jax.core.errors import EngramError
 
+log = logging.getLogger(__name__)
+
 ROOT = Path(__file__).resolve().parents[2]
 PROTOCOL_DIR = ROOT / 'conf' / 'protocol'
 LEDGER = PROTOCOL_DIR / 'scored.jsonl'
 CONF = ROOT / 'conf'
 DATA_PINS = PROTOCOL_DIR / 'data.json'
+# annotations of ledger rows written after their scoring (the ledger itself is append-only: a row's numbers are never
+# edited); one JSON line each: {"protocol", "row_date" (the annotated row's "date"), "kind" (NOTE_KINDS), "date", "note"}
+NOTES = PROTOCOL_DIR / 'notes.jsonl'
+NOTE_KINDS = ('not_reproduced', 'not_exact', 'run_dir_gone')
 # the packages whose versions a ledger row records (absent ones are recorded as None)
 PACKAGES = ('jax', 'jaxlib', 'numpy', 'optax', 'flax', 'sentence-transformers', 'torch', 'transformers', 'hydra-core')
 # settings that do not change what is scored (where files go, progress bars, the devices a map is sharded over:
@@ -56,6 +63,44 @@ def protocol_path(name: str, protocol_dir: Path = PROTOCOL_DIR) -> Path:
 
 def _rel(path: Path) -> str:
   return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def run_dir_record(out_dir: Path | str, root: Path = ROOT) -> dict[str, Any]:
+  """Where a ledger row says its run's files are: ``{'run_dir': path relative to the repository}`` when the run
+  folder is inside it, else ``{'run_dir': absolute path, 'run_dir_outside_repo': True}`` (a folder such as /tmp/...
+  is gone on another machine or after a reboot: the row's numbers stand, its files may not).
+
+  Example:
+    >>> from pathlib import Path
+    >>> run_dir_record(Path('/repo/outputs/protocols/x'), root=Path('/repo'))
+    {'run_dir': 'outputs/protocols/x'}
+    >>> run_dir_record(Path('/tmp/x'), root=Path('/repo'))
+    {'run_dir': '/tmp/x', 'run_dir_outside_repo': True}
+  """
+  path, root = Path(out_dir).resolve(), Path(root).resolve()
+  if path.is_relative_to(root):
+    return {'run_dir': str(path.relative_to(root))}
+  return {'run_dir': str(path), 'run_dir_outside_repo': True}
+
+
+def warn_run_dir(out_dir: Path | str, root: Path = ROOT) -> str | None:
+  """A warning (logged, and returned) when a protocol run's folder is outside the repository, else None.
+
+  Example:
+    >>> from pathlib import Path
+    >>> warn_run_dir(Path('/repo/outputs/x'), root=Path('/repo')) is None
+    True
+  """
+  rec = run_dir_record(out_dir, root)
+  if not rec.get('run_dir_outside_repo'):
+    return None
+  msg = (
+    f'protocol run folder {rec["run_dir"]} is outside the repository ({Path(root).resolve()}): the ledger row will '
+    'record it as run_dir_outside_repo (its files may not outlive this machine); '
+    'hydra.run.dir=outputs/protocols/NAME keeps them with the checkout'
+  )
+  log.warning(msg)
+  return msg
 
 
 def sha256(path: Path) -> str:
@@ -91,6 +136,45 @@ def scorings(name: str, ledger: Path = LEDGER, committed: Path | None = LEDGER) 
           except json.JSONDecodeError as e:
             raise EngramError(f'ledger {path} line {i + 1} is not JSON ({e}); repair it') from None
   return [r for r in rows if r.get('protocol') == name]
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+  """The JSON lines of ``path`` ([] when it does not exist); a bad line is an EngramError naming it."""
+  path = Path(path)
+  if not path.is_file():
+    return []
+  rows = []
+  for i, line in enumerate(path.read_text(encoding='utf-8').splitlines()):
+    if line.strip():
+      try:
+        rows.append(json.loads(line))
+      except json.JSONDecodeError as e:
+        raise EngramError(f'{path} line {i + 1} is not JSON ({e}); repair it') from None
+  return rows
+
+
+def annotated(rows: list[dict[str, Any]], notes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+  """Ledger ``rows`` (copies) with each row's notes under ``'notes'`` (a note names its row by protocol and date).
+  A note that names no row, or of an unknown kind, is an EngramError (a typo would hide it).
+
+  Example:
+    >>> rows = [{'protocol': 'p', 'date': '2026-12-01T10:00:00+00:00', 'summary': {}}]
+    >>> note = {'protocol': 'p', 'row_date': '2026-12-01T10:00:00+00:00', 'kind': 'not_reproduced',
+    ...         'date': '2026-12-02', 'note': 'a rerun gives 0.49'}
+    >>> annotated(rows, [note])[0]['notes'][0]['kind']
+    'not_reproduced'
+  """
+  out = [dict(r, notes=[]) for r in rows]
+  for n in notes:
+    missing = [k for k in ('protocol', 'row_date', 'kind', 'date', 'note') if k not in n]
+    if missing or n['kind'] not in NOTE_KINDS:
+      raise EngramError(f'ledger note {n}: needs protocol, row_date, kind (one of {list(NOTE_KINDS)}), date, note')
+    hit = [r for r in out if r.get('protocol') == n['protocol'] and r.get('date') == n['row_date']]
+    if not hit:
+      raise EngramError(f'ledger note for {n["protocol"]} at {n["row_date"]}: no such ledger row')
+    for r in hit:
+      r['notes'].append(n)
+  return out
 
 
 def git_commit() -> str | None:
@@ -325,7 +409,7 @@ def record(
     'git_commit': info.get('git_commit'),
     'packages': info.get('packages'),
     'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-    'run_dir': _rel(Path(out_dir).resolve()),
+    **run_dir_record(out_dir),
     'n_questions': n_questions,
     'summary': summary,
     'paired': paired,

@@ -40,6 +40,7 @@ def _fingerprint(plan):
     plan.conditioned,
     plan.adapter,
     plan.adapter_cfsr_grad,
+    plan.combined,
     tuple(np.asarray(updates['x']).tolist()),
   )
 
@@ -67,12 +68,16 @@ CHANGES = {
   'cfsr_grad': 'fit.cfsr_grad=implicit',
   'conditioned': 'fit.conditioned={knobs: [k0], features: [cues], hidden: 0, rank: 2, net_lr_scale: 0.1}',
   'adapter': 'fit.adapter={rank: 2, lr_scale: 0.1, cfsr_grad: implicit}',
+  'combined': 'fit.combined=true',
 }
+# settings that act only beside others: the base they are changed from
+BASE = {'combined': [CHANGES['adapter'], CHANGES['conditioned']]}
 
 
 @pytest.mark.parametrize('key', fit_setup.READ)
 def test_each_setting_read_changes_the_plan(key):
   extra = ['fit.params=null'] if key == 'params_by_pipeline' else []  # params_by_pipeline is read without params
+  extra += BASE.get(key, [])
   base = _fingerprint(_plan(*extra))
   changed = _fingerprint(_plan(*extra, CHANGES[key]))
   assert changed != base, key
@@ -108,3 +113,14 @@ def test_no_script_builds_a_fit_by_hand():
       assert 'fit_setup.build' in calls or 'fit_setup.rows' in calls or path.name == 'fit.py', path
       users.append(path.name)
   assert {'search_compare.py', 'search_budget.py'} <= set(users)
+
+
+def test_unknown_fit_and_adapter_keys_are_refused():
+  from experiments.lib import checks
+
+  with initialize_config_dir(config_dir=CONF, version_base='1.3'):
+    cfg = compose(config_name='fit', overrides=['+fit.combind=true'])
+  with pytest.raises(ValueError, match=r'unknown option fit.combind \(did you mean fit.combined\?\)'):
+    checks.check_fit(cfg)
+  with pytest.raises(ValueError, match=r"fit.adapter: unknown keys \['soft_querylegs'\]"):
+    _plan('fit.adapter={rank: 2, lr_scale: 0.1, cfsr_grad: implicit, soft_querylegs: true}')

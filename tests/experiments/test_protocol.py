@@ -197,3 +197,40 @@ def test_every_protocol_has_its_data_pinned():
     for path in sorted(protocol.PROTOCOL_DIR.glob('*.yaml')):
       cfg = compose('fit', overrides=[f'+protocol={path.stem}'])
       assert protocol.data_key(cfg) in pins, path.stem
+
+
+def test_the_ledger_row_says_where_its_run_folder_is(tmp_path, caplog):
+  """Inside the repository the row's run_dir is relative to it; outside (e.g. /tmp/...) it is absolute and the row
+  says run_dir_outside_repo, and the run warns before its work."""
+  (tmp_path / 'p.yaml').write_text('protocol_name: p\n')
+  info = protocol.check(
+    _cfg(protocol_name='p', protocol_force=True), ledger=tmp_path / 'l.jsonl', protocol_dir=tmp_path, fixed=_FIXED
+  )
+  inside = protocol.ROOT / 'outputs' / 'protocols' / 'p'
+  for out in (inside, tmp_path / 'run'):
+    protocol.record(info, out, summary={}, paired={}, n_questions=1, ledger=tmp_path / 'l.jsonl')
+  rows = [json.loads(l) for l in (tmp_path / 'l.jsonl').read_text().splitlines()]
+  assert rows[0]['run_dir'] == 'outputs/protocols/p' and 'run_dir_outside_repo' not in rows[0]
+  assert rows[1]['run_dir'] == str((tmp_path / 'run').resolve()) and rows[1]['run_dir_outside_repo'] is True
+  assert protocol.warn_run_dir(inside) is None
+  with caplog.at_level('WARNING'):
+    assert 'outside the repository' in protocol.warn_run_dir(tmp_path / 'run')
+  assert 'run_dir_outside_repo' in caplog.text
+
+
+def test_notes_annotate_ledger_rows_without_changing_them(tmp_path):
+  """A note names its row by protocol and date; the committed notes all name a committed row; a note naming no row,
+  or of an unknown kind, is refused."""
+  ledger = protocol.read_jsonl(protocol.LEDGER)
+  notes = protocol.read_jsonl(protocol.NOTES)
+  rows = protocol.annotated(ledger, notes)
+  assert [{k: v for k, v in r.items() if k != 'notes'} for r in rows] == ledger  # numbers untouched
+  assert sum(len(r['notes']) for r in rows) == len(notes)
+  row = {'protocol': 'p', 'date': 'd', 'summary': {}}
+  with pytest.raises(ValueError, match='no such ledger row'):
+    protocol.annotated([row], [{'protocol': 'p', 'row_date': 'x', 'kind': 'not_reproduced', 'date': 'd', 'note': 'n'}])
+  with pytest.raises(ValueError, match='kind'):
+    protocol.annotated([row], [{'protocol': 'p', 'row_date': 'd', 'kind': 'typo', 'date': 'd', 'note': 'n'}])
+  (tmp_path / 'bad.jsonl').write_text('{"a": 1}\nnot json\n')
+  with pytest.raises(ValueError, match='line 2 is not JSON'):
+    protocol.read_jsonl(tmp_path / 'bad.jsonl')

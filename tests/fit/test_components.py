@@ -65,3 +65,49 @@ def test_adapter_and_conditioned_knobs_combine_in_one_fit():
   scored = artifact.score(pipe, problem, every, res, both, eps, embs, None, k=10, metrics=['ndcg@10'], seed=0)
   alone = artifact.score(pipe, problem, every, res, (COND,), eps, embs, arrays, k=10, metrics=['ndcg@10'], seed=0)
   assert scored['ndcg@10'].shape == (32,) and not np.array_equal(scored['ndcg@10'], alone['ndcg@10'])
+
+
+def test_combined_needs_both_components(tmp_path):
+  from test_fit import small_fit_cfg
+
+  from experiments.lib import common, fit_setup
+
+  cfg = small_fit_cfg(tmp_path, 'fit.adapter={rank: 2, lr_scale: 0.1, cfsr_grad: implicit, soft_query_legs: true}',
+                      'fit.combined=true')  # fmt: skip
+  with pytest.raises(ValueError, match='fit.combined=true .* set both .*fit.conditioned is null'):
+    fit_setup.build(cfg, common.hand_set_pipeline('rrf_cos_bm25', cfg.pipeline.rrf_cos_bm25))
+
+
+@pytest.mark.slow
+def test_experiment_fits_the_combined_variant_from_config(tmp_path):
+  """fit.combined=true with fit.adapter and fit.conditioned: a third fit with both components, scored out of fold,
+  paired with the scalar, the adapter and the conditioned fits, its artifact applying both."""
+  import json
+
+  from test_fit import small_fit_cfg
+
+  from experiments import fit as fit_exp
+
+  cfg = small_fit_cfg(
+    tmp_path,
+    'fit.gap_checks=0',
+    'fit.adapter={rank: 2, lr_scale: 0.1, cfsr_grad: implicit, soft_query_legs: true}',
+    'fit.conditioned={knobs: [legs.cos.weight, k0], features: [cues, pool, query], hidden: 0, rank: 2, '
+    'net_lr_scale: 0.1}',
+    'fit.combined=true',
+  )
+  res = fit_exp.run(cfg, tmp_path / 'out')
+  c = res['combined']
+  assert len(c['per_question']['ndcg@10']) == res['n_questions'] == 105 + 197
+  for other in ('scalar fit', 'adapter', 'conditioned'):
+    d = res['paired'][f'combined - {other} (out of fold)']['ndcg@10']['delta']
+    want = res['per_question']['fitted'] if other == 'scalar fit' else res[other]['per_question']
+    assert abs(d - (np.mean(c['per_question']['ndcg@10']) - np.mean(want['ndcg@10']))) < 1e-12
+  assert set(c['spec']) == {'adapter', 'conditioned'} and c['knob_stats'] and c['mean_cos_to_base']
+  assert 'combined - cosine (hand-set)' in res['paired']
+  assert json.loads((tmp_path / 'out' / 'artifact' / 'variants.json').read_text()) == [
+    'fitted', 'conditioned', 'adapter', 'combined'
+  ]  # fmt: skip
+  manifest = json.loads((tmp_path / 'out' / 'artifact' / 'combined' / 'manifest.json').read_text())
+  assert {c['name'] for c in manifest['components']} == {'adapter', 'conditioned'}
+  assert '(combined, out of fold)' in (tmp_path / 'out' / 'results.md').read_text()
