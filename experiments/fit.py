@@ -414,17 +414,6 @@ def make_results(cfg, plan, data: Data, parts, before, baselines: list[str], pro
   }
 
 
-def _row(label: str, v: dict, metrics: list[str]) -> str:
-  return (
-    f'| {label} | ' + ' | '.join(f'{v[m]["mean"]:.4f} [{v[m]["lo"]:.4f}, {v[m]["hi"]:.4f}]' for m in metrics) + ' |'
-  )
-
-
-def _diff(label: str, v: dict, metrics: list[str]) -> str:
-  cells = [f'{v[m]["delta"]:+.4f} [{v[m]["lo"]:+.4f}, {v[m]["hi"]:+.4f}], {v[m]["p"]:.3g}' for m in metrics]
-  return f'| {label} | ' + ' | '.join(cells) + ' |'
-
-
 def markdown(cfg: DictConfig, plan, data: Data, parts, results: dict[str, Any]) -> str:
   """results.md: the rows, the paired differences, per category, the fitted knobs, the gap, the components."""
   name, metrics, summary, folds = plan.name, data.metrics, results['summary'], data.folds
@@ -436,10 +425,10 @@ def markdown(cfg: DictConfig, plan, data: Data, parts, results: dict[str, Any]) 
     '| pipeline | ' + ' | '.join(f'{m} [95% CI]' for m in metrics) + ' |',
     '|---|' + '---|' * len(metrics),
   ]
-  lines += [_row(r, summary[r], metrics) for r in summary]
+  lines += [common.md_mean_row(r, summary[r], metrics) for r in summary]
   lines += ['', '| paired difference | ' + ' | '.join(f'{m} delta [95% CI], p' for m in metrics) + ' |']
   lines += ['|---|' + '---|' * len(metrics)]
-  lines += [_diff(r, v, metrics) for r, v in results['paired'].items()]
+  lines += [common.md_paired_row(r, v, metrics) for r, v in results['paired'].items()]
   primary, by_category = results['best_hand_set']['metric'], results['by_category']
   hand_rows = [r[: -len(' (hand-set)')] for r in scalar_rows if r.endswith('(hand-set)')]
   if len(by_category) > 1:

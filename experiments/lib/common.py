@@ -170,6 +170,19 @@ def use_cpu_cores(cfg: DictConfig) -> int | None:
   return n
 
 
+def md_mean_row(label: str, v: Mapping[str, Any], metrics: list[str]) -> str:
+  """A Markdown table row ``| label | mean [lo, hi] | ... |`` of ``v[metric]`` = ``{'mean', 'lo', 'hi'}``."""
+  return (
+    f'| {label} | ' + ' | '.join(f'{v[m]["mean"]:.4f} [{v[m]["lo"]:.4f}, {v[m]["hi"]:.4f}]' for m in metrics) + ' |'
+  )
+
+
+def md_paired_row(label: str, v: Mapping[str, Any], metrics: list[str]) -> str:
+  """A Markdown table row ``| label | delta [lo, hi], p | ... |`` of paired results ``v[metric]``."""
+  cells = [f'{v[m]["delta"]:+.4f} [{v[m]["lo"]:+.4f}, {v[m]["hi"]:+.4f}], {v[m]["p"]:.3g}' for m in metrics]
+  return f'| {label} | ' + ' | '.join(cells) + ' |'
+
+
 def fold_devices(cfg: DictConfig) -> list[Any]:
   """The devices a cross-fit runs its folds on concurrently (:func:`engram_jax.fit.crossfit` ``devices``): those
   evaluation shards over (``eval.devices``: null = every device; on CPU, ``eval.cpu_devices`` of them)."""

@@ -95,22 +95,14 @@ def section(name: str, spec: A.Adapter, grad: str, results: dict, metrics: list[
     '| row | ' + ' | '.join(f'{m} [95% CI]' for m in metrics) + ' |',
     '|---|' + '---|' * len(metrics),
   ]
-  lines.append(
-    f'| {name} (adapter, out of fold) | '
-    + ' | '.join(f'{summary[m]["mean"]:.4f} [{summary[m]["lo"]:.4f}, {summary[m]["hi"]:.4f}]' for m in metrics)
-    + ' |'
-  )
+  lines.append(common.md_mean_row(f'{name} (adapter, out of fold)', summary, metrics))
   lines += [
     '',
     '| paired difference | ' + ' | '.join(f'{m} delta [95% CI], p' for m in metrics) + ' |',
     '|---|' + '---|' * len(metrics),
   ]
   for r, t in paired.items():
-    lines.append(
-      f'| {r} | '
-      + ' | '.join(f'{t[m]["delta"]:+.4f} [{t[m]["lo"]:+.4f}, {t[m]["hi"]:+.4f}], {t[m]["p"]:.3g}' for m in metrics)
-      + ' |'
-    )
+    lines.append(common.md_paired_row(r, t, metrics))
   lines += [
     '',
     'Mean cosine of adapted to base query, per fold: '
@@ -143,20 +135,14 @@ def combined_section(name: str, results: dict, metrics: list[str]) -> list[str]:
     '',
     '| row | ' + ' | '.join(f'{m} [95% CI]' for m in metrics) + ' |',
     '|---|' + '---|' * len(metrics),
-    f'| {name} (combined, out of fold) | '
-    + ' | '.join(f'{summary[m]["mean"]:.4f} [{summary[m]["lo"]:.4f}, {summary[m]["hi"]:.4f}]' for m in metrics)
-    + ' |',
+    common.md_mean_row(f'{name} (combined, out of fold)', summary, metrics),
     '',
     '| paired difference | ' + ' | '.join(f'{m} delta [95% CI], p' for m in metrics) + ' |',
     '|---|' + '---|' * len(metrics),
   ]
   for r, t in results['paired'].items():
     if r.startswith('combined - '):
-      lines.append(
-        f'| {r} | '
-        + ' | '.join(f'{t[m]["delta"]:+.4f} [{t[m]["lo"]:+.4f}, {t[m]["hi"]:+.4f}], {t[m]["p"]:.3g}' for m in metrics)
-        + ' |'
-      )
+      lines.append(common.md_paired_row(r, t, metrics))
   lines += [
     '',
     'Mean cosine of adapted to base query, per fold: '

@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 from engram_jax import fit
 from engram_jax.fit import conditioned as C
 from engram_jax.metrics import stats
+from experiments.lib import common
 
 log = logging.getLogger(__name__)
 
@@ -81,23 +82,14 @@ def section(name: str, spec: C.Conditioning, results: dict, metrics: list[str]) 
     '| row | ' + ' | '.join(f'{m} [95% CI]' for m in metrics) + ' |',
     '|---|' + '---|' * len(metrics),
   ]
-  v = summary
-  lines.append(
-    f'| {name} (conditioned, out of fold) | '
-    + ' | '.join(f'{v[m]["mean"]:.4f} [{v[m]["lo"]:.4f}, {v[m]["hi"]:.4f}]' for m in metrics)
-    + ' |'
-  )
+  lines.append(common.md_mean_row(f'{name} (conditioned, out of fold)', summary, metrics))
   lines += [
     '',
     '| paired difference | ' + ' | '.join(f'{m} delta [95% CI], p' for m in metrics) + ' |',
     '|---|' + '---|' * len(metrics),
   ]
   for r, t in paired.items():
-    lines.append(
-      f'| {r} | '
-      + ' | '.join(f'{t[m]["delta"]:+.4f} [{t[m]["lo"]:+.4f}, {t[m]["hi"]:+.4f}], {t[m]["p"]:.3g}' for m in metrics)
-      + ' |'
-    )
+    lines.append(common.md_paired_row(r, t, metrics))
   lines += ['', 'Per-question conditioned knob values (per fold: mean, sd, min, max over its scored questions):', '']
   for fold, st in part['knob_stats'].items():
     lines.append(

@@ -126,20 +126,13 @@ def scorings(name: str, ledger: Path = LEDGER, committed: Path | None = LEDGER) 
   """Earlier scorings of protocol ``name`` (any file hash: an edited protocol file is still the protocol of that
   name) in the committed ledger and in ``ledger`` (a scratch ledger adds to the committed one, never replaces it)."""
   paths = list(dict.fromkeys(Path(p).resolve() for p in (committed, ledger) if p is not None))
-  rows = []
-  for path in paths:
-    if path.is_file():
-      for i, line in enumerate(path.read_text(encoding='utf-8').splitlines()):
-        if line.strip():
-          try:
-            rows.append(json.loads(line))
-          except json.JSONDecodeError as e:
-            raise EngramError(f'ledger {path} line {i + 1} is not JSON ({e}); repair it') from None
+  rows = [r for path in paths for r in read_jsonl(path, what='ledger ')]
   return [r for r in rows if r.get('protocol') == name]
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-  """The JSON lines of ``path`` ([] when it does not exist); a bad line is an EngramError naming it."""
+def read_jsonl(path: Path, what: str = '') -> list[dict[str, Any]]:
+  """The JSON lines of ``path`` ([] when it does not exist); a bad line is an EngramError naming it (after
+  ``what``, e.g. ``'ledger '``)."""
   path = Path(path)
   if not path.is_file():
     return []
@@ -149,7 +142,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
       try:
         rows.append(json.loads(line))
       except json.JSONDecodeError as e:
-        raise EngramError(f'{path} line {i + 1} is not JSON ({e}); repair it') from None
+        raise EngramError(f'{what}{path} line {i + 1} is not JSON ({e}); repair it') from None
   return rows
 
 

@@ -61,6 +61,16 @@ def _sample(n_points, rng, shape):
   return sorted(set(corners) | set(rng.choice(n_points, 4, replace=False).tolist()))
 
 
+def assert_points_equal(res, want, sample, metrics) -> None:
+  """Grid points ``sample`` of ``res`` equal the separate run ``want`` (pipelines ``p<point>``): per-question scores
+  of every metric and top-k ids."""
+  assert want.question_ids == res.question_ids
+  for p in sample:
+    for m in metrics:
+      np.testing.assert_array_equal(res.scores[m][p], want.scores[f'p{p}'][m])
+    assert res.retrieved[p] == want.retrieved[f'p{p}']
+
+
 @pytest.mark.slow
 def test_grid_points_equal_separate_runs():
   eps, embs = _episodes()
@@ -77,11 +87,7 @@ def test_grid_points_equal_separate_runs():
   pipes = {f'p{p}': pipeline.with_values(pipe, res.point(p), name=f'p{p}') for p in sample}
   for cache in (None, evaluation.legcache.LegCache()):
     want = evaluation.evaluate(eps, embs, pipes, k=10, metrics=METRICS, seed=3, progress=False, leg_cache=cache)
-    assert want.question_ids == res.question_ids
-    for p in sample:
-      for m in METRICS:
-        np.testing.assert_array_equal(res.scores[m][p], want.scores[f'p{p}'][m])
-      assert res.retrieved[p] == want.retrieved[f'p{p}']
+    assert_points_equal(res, want, sample, METRICS)
 
 
 @pytest.mark.slow
@@ -180,11 +186,7 @@ def test_dataset_metric_grid_equals_separate_runs(legs, g):
   assert 0 < res.scores['answer@1'].mean() < res.scores['answer@5'].mean() < 1  # not a constant
   pipes = {f'p{p}': pipeline.with_values(pipe, res.point(p), name=f'p{p}') for p in sample}
   want = evaluation.evaluate(eps, embs, pipes, k=10, metrics=FC_METRICS, seed=2, progress=False, episode_metrics=fns)
-  assert want.question_ids == res.question_ids
-  for p in sample:
-    for m in FC_METRICS:
-      np.testing.assert_array_equal(res.scores[m][p], want.scores[f'p{p}'][m])
-    assert res.retrieved[p] == want.retrieved[f'p{p}']
+  assert_points_equal(res, want, sample, FC_METRICS)
 
 
 def test_dataset_metric_needs_its_function():
