@@ -10,7 +10,9 @@ the answer cache, where a later Tier-1 run with the same reader finds the oracle
 
 ``--questions N`` answers a seeded subset (the one ``reader.questions=N`` picks in a Tier-1 run, seed ``seed``);
 ``--one-at-a-time M`` times the first M prompts again with batch size 1 (and counts replies that differ from the
-batched ones). Writes ``reader_compare_<reader>_<dataset>.json`` into ``--out`` when given.
+batched ones). ``--timing-k K --timing-prompts M`` also times M prompts of a retriever row's length: each holds K
+items (the gold items and their neighbours in write order), for the cost of a k=K row; they are not scored. Writes
+``reader_compare_<reader>_<dataset>.json`` into ``--out`` when given.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ def compare(
   one_at_a_time: int = 8,
   batch_size: int = 16,
   overrides: list[str] | None = None,
+  timing_k: int = 0,
+  timing_prompts: int = 0,
 ) -> dict[str, Any]:
   """Answer the oracle row of ``dataset`` with ``reader_name``; returns the scores, speeds, load and memory."""
   from engram_jax.answer import cache as answer_cache
@@ -98,6 +102,21 @@ def compare(
   single_s = time.perf_counter() - t0
   reader.batch_size = batch_size
 
+  timed_k = None
+  if timing_k and timing_prompts:
+    long = [tier1.build_prompt(task, e, q, padded(e, q, timing_k), seed=seed).messages for e, q in pairs]
+    long = long[:timing_prompts]
+    t0 = time.perf_counter()
+    for at in range(0, len(long), batch_size):
+      reader.generate(long[at : at + batch_size], max_new_tokens=max_new)
+    sec = time.perf_counter() - t0
+    timed_k = {
+      'k': timing_k,
+      'answers': len(long),
+      'seconds': sec,
+      'answers_per_second': len(long) / sec,
+      'mean_prompt_chars': float(np.mean([sum(len(x['content']) for x in msg) for msg in long])),
+    }
   cache = answer_cache.AnswerCache(Path(cfg.paths.cache_dir) / 'answers', reader.spec(max_new))
   for msg, rep in zip(messages, replies):
     if cache.get(msg) is None:
@@ -130,6 +149,7 @@ def compare(
       'answers_per_second': m / single_s if single_s else float('nan'),
       'replies_differing_from_batched': sum(a != replies[i] for i, a in enumerate(single)),
     },
+    'timing_k': timed_k,
     'peak_rss_mib': {'before_load': rss_before, 'after_load': rss_load, 'after_generation': rss_gen},
     'mean_prompt_chars': float(np.mean([sum(len(x['content']) for x in msg) for msg in messages])),
     'replies': {q.id: rep for (_, q), rep in zip(pairs, replies)},
@@ -141,6 +161,21 @@ def compare(
   return out
 
 
+def padded(episode, question, k: int) -> list[str]:
+  """The gold item ids and then their nearest neighbours in write order, ``min(k, items)`` distinct ids (a prompt of
+  a k-item row's length, for timing)."""
+  pos = episode.index_of()
+  ids = list(dict.fromkeys(question.gold))[:k]
+  centre = pos[ids[0]]
+  for d in range(1, episode.n_items):
+    if len(ids) >= min(k, episode.n_items):
+      break
+    for j in (centre - d, centre + d):
+      if 0 <= j < episode.n_items and episode.items[j].id not in ids and len(ids) < k:
+        ids.append(episode.items[j].id)
+  return ids
+
+
 def summary(res: dict[str, Any]) -> str:
   o, b, s, ld = res['oracle'], res['batched'], res['one_at_a_time'], res['load']
   line = (
@@ -150,6 +185,9 @@ def summary(res: dict[str, Any]) -> str:
     f'differ); load {ld["seconds"]:.1f} s ({"cold" if ld["cold"] else "warm"}); peak RSS '
     f'{res["peak_rss_mib"]["after_generation"]:.0f} MiB'
   )
+  if res.get('timing_k'):
+    t = res['timing_k']
+    line += f'; k={t["k"]} prompts: {t["answers_per_second"]:.3f} answers/s batched ({t["answers"]})'
   if 'position_bias' in res:
     pb = res['position_bias']
     line += (
@@ -166,6 +204,8 @@ def main(argv: list[str] | None = None) -> None:
   ap.add_argument('--questions', type=int, default=None, help='a seeded subset of this many questions')
   ap.add_argument('--one-at-a-time', type=int, default=8, help='prompts timed again with batch size 1')
   ap.add_argument('--batch-size', type=int, default=16)
+  ap.add_argument('--timing-k', type=int, default=0, help='also time prompts of k items (a retriever row)')
+  ap.add_argument('--timing-prompts', type=int, default=0, help='how many such prompts to time')
   ap.add_argument('--out', default=None, help='folder for reader_compare_<reader>_<dataset>.json')
   ap.add_argument('overrides', nargs='*', help='further Hydra overrides, e.g. reader.threads=2')
   a = ap.parse_args(argv)
@@ -176,6 +216,8 @@ def main(argv: list[str] | None = None) -> None:
     one_at_a_time=a.one_at_a_time,
     batch_size=a.batch_size,
     overrides=a.overrides,
+    timing_k=a.timing_k,
+    timing_prompts=a.timing_prompts,
   )
   print(summary(res))
   if a.out:
