@@ -73,13 +73,17 @@ def reply_position(reply: str, choices: dict[str, str]) -> str:
 
   A 1- or 3-character reply is read as upstream's ``get_cat_5_answer`` reads it (:func:`official_qa.locomo_decode_cat5`:
   any other 1- or 3-character reply counts as (b), as upstream scores it); a longer one picks an option when it
-  begins with ``(a)``/``(b)`` or is that option's text (case-insensitive, stripped of ``.``).
+  names ``(a)`` or ``(b)`` and not the other, else when it is that option's text (case-insensitive, stripped of
+  ``.``).
   """
   pred = reply.strip().lower()
   if len(pred) in (1, 3):
     return 'a' if official_qa.locomo_decode_cat5(reply, choices) == choices['a'] else 'b'
+  named = [opt for opt in ('a', 'b') if f'({opt})' in pred]
+  if len(named) == 1:
+    return named[0]
   for opt in ('a', 'b'):
-    if pred.startswith(f'({opt})') or pred.rstrip('.') == choices[opt].strip().lower().rstrip('.'):
+    if pred.rstrip('.') == choices[opt].strip().lower().rstrip('.'):
       return opt
   return 'other'
 
