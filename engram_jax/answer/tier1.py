@@ -72,14 +72,15 @@ def reply_position(reply: str, choices: dict[str, str]) -> str:
   """Which option of a category-5 question a reply picks: ``'a'`` or ``'b'``, else ``'other'``.
 
   A 1- or 3-character reply is read as upstream's ``get_cat_5_answer`` reads it (:func:`official_qa.locomo_decode_cat5`:
-  any other 1- or 3-character reply counts as (b), as upstream scores it); a longer one picks an option when it
-  names ``(a)`` or ``(b)`` and not the other, else when it is that option's text (case-insensitive, stripped of
-  ``.``).
+  any other 1- or 3-character reply counts as (b), as upstream scores it); a longer one picks an option when its
+  first line names ``(a)`` or ``(b)`` and not the other, else when it is that option's text (case-insensitive,
+  stripped of ``.``). A reply that restates both options picks neither.
   """
   pred = reply.strip().lower()
   if len(pred) in (1, 3):
     return 'a' if official_qa.locomo_decode_cat5(reply, choices) == choices['a'] else 'b'
-  named = [opt for opt in ('a', 'b') if f'({opt})' in pred]
+  first = pred.split('\n')[0]
+  named = [opt for opt in ('a', 'b') if f'({opt})' in first]
   if len(named) == 1:
     return named[0]
   for opt in ('a', 'b'):
@@ -93,10 +94,11 @@ def position_shares(replies: Sequence[str], choices: Sequence[dict[str, str]]) -
   conversation") sits, and which position the replies pick.
 
   Returns:
-    ``{'n', 'gold': {'a', 'b'}, 'replies': {'a', 'b', 'other'}, 'score_by_gold': {'a', 'b'}}``: shares of the
-    questions whose correct option is (a)/(b), shares of the replies that pick (a)/(b)/neither
-    (:func:`reply_position`), and the mean score (upstream's category-5 rule) of the questions with the correct
-    option at (a) and at (b) (``None`` when there are none).
+    ``{'n', 'gold': {'a', 'b'}, 'replies': {'a', 'b', 'other'}, 'score_by_gold': {'a', 'b'}, 'both_named'}``:
+    shares of the questions whose correct option is (a)/(b), shares of the replies that pick (a)/(b)/neither
+    (:func:`reply_position`), the mean score (upstream's category-5 rule) of the questions with the correct option
+    at (a) and at (b) (``None`` when there are none), and the share of replies that name both ``(a)`` and ``(b)``
+    (such a reply restates the options, "Not mentioned" included, and upstream's rule scores it 1).
 
   Example:
     >>> from engram_jax.answer import position_shares
@@ -125,6 +127,7 @@ def position_shares(replies: Sequence[str], choices: Sequence[dict[str, str]]) -
     'gold': {v: share(gold, v) for v in ('a', 'b')},
     'replies': {v: share(picked, v) for v in ('a', 'b', 'other')},
     'score_by_gold': by_gold,
+    'both_named': sum('(a)' in r.lower() and '(b)' in r.lower() for r in replies) / n if n else 0.0,
   }
 
 
@@ -391,14 +394,15 @@ def markdown(t1: Mapping[str, Any], *, title: str = '', labels: Mapping[str, str
       'Category 5 (adversarial), option positions: where the correct option ("Not mentioned") sits, which position '
       'the replies pick, and the score when the correct option is at (a) / at (b):',
       '',
-      '| row | questions | correct at (a) / (b) | replies (a) / (b) / neither | score, correct at (a) / (b) |',
-      '|---|---|---|---|---|',
+      '| row | questions | correct at (a) / (b) | replies (a) / (b) / neither | score, correct at (a) / (b) | '
+      'replies naming both |',
+      '|---|---|---|---|---|---|',
     ]
     for n, v in t1['position_bias'].items():
       g, r, sb = v['gold'], v['replies'], v['score_by_gold']
       fmt = lambda x: 'n/a' if x is None else f'{x:.2f}'
       lines.append(
         f'| {labels.get(n, n)} | {v["n"]} | {g["a"]:.2f} / {g["b"]:.2f} | {r["a"]:.2f} / {r["b"]:.2f} / '
-        f'{r["other"]:.2f} | {fmt(sb["a"])} / {fmt(sb["b"])} |'
+        f'{r["other"]:.2f} | {fmt(sb["a"])} / {fmt(sb["b"])} | {v["both_named"]:.2f} |'
       )
   return '\n'.join(lines) + '\n'

@@ -251,10 +251,13 @@ def test_position_shares_count_gold_and_reply_positions():
   assert out['gold'] == {'a': pytest.approx(0.4), 'b': pytest.approx(0.6)}
   assert out['replies'] == {'a': pytest.approx(0.4), 'b': pytest.approx(0.6), 'other': 0.0}
   # correct at (a): q0 replied (b) -> Paris (0), q3 names the option (1); at (b): q1 (1), q2 (0), q4 'x' -> (b) (1)
-  assert out['score_by_gold'] == {'a': pytest.approx(0.5), 'b': pytest.approx(2 / 3)}
+  assert out['score_by_gold'] == {'a': pytest.approx(0.5), 'b': pytest.approx(2 / 3)} and out['both_named'] == 0.0
   assert tier1.reply_position('I think Paris', ch[0]) == 'other'
   assert tier1.reply_position('The answer is (b) Not mentioned in the conversation.', ch[1]) == 'b'
   assert tier1.reply_position('(a) or (b)? Hard to say', ch[1]) == 'other'
+  assert tier1.reply_position('(a) Rome\n(b) Not mentioned', ch[1]) == 'a'  # the first line picks
+  echo = tier1.position_shares(['(a) Rome (b) Not mentioned in the conversation.'], ch[1:2])
+  assert echo['replies']['other'] == 1.0 and echo['both_named'] == 1.0 and echo['score_by_gold']['b'] == 1.0
   assert tier1.position_shares([], [])['score_by_gold'] == {'a': None, 'b': None}
   with pytest.raises(ValueError, match='2 replies for 1 questions'):
     tier1.position_shares(['a', 'b'], ch[:1])
