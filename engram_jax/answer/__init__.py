@@ -8,5 +8,5 @@ import lazy_loader
 
 __getattr__, __dir__, __all__ = lazy_loader.attach(
   __name__,
-  submod_attrs={'official_qa': ['fc_score', 'locomo_score']},
+  submod_attrs={'official_qa': ['fc_score', 'locomo_score'], 'tier1': ['position_shares']},
 )

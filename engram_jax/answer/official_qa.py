@@ -2,24 +2,32 @@ r"""Official answer-level (Tier 1) prompts and metrics, transcribed from upstrea
 
 Plain Python (no JAX, no torch): prompts are chat messages (``[{'role', 'content'}]``), metrics score strings.
 
-MemoryAgentBench FactConsolidation (HUST-AI-HYZ/MemoryAgentBench ``utils/templates.py``, ``factconsolidation``,
-the ``rag_agent`` variant; the file is read here through a third-party copy of it, as the repository's own copy is
-not readable from here):
+Pinned upstream commits (the prompts follow them; every remaining difference is listed in docs/tier1.md, "Prompts
+against upstream"):
 
-* system message :data:`MAB_SYSTEM`; the retrieved facts go through the ``retrieval`` template
-  (:data:`FC_RETRIEVAL`, ``{memory}`` = one ``"<serial>. <fact>"`` line per fact, in serial order, the newest last,
-  as the upstream context numbers them) and the question through the ``query`` template (:data:`FC_QUERY`);
-  the user message is the two joined by a newline (how upstream's agent joins them is not readable here; the
-  join is ours);
-* upstream ``generation_max_length`` is 10 tokens; the Tide page scores "the reply cut to its first ten tokens":
-  the reader generates at most 10 tokens (:data:`FC_MAX_NEW_TOKENS`) and :func:`fc_score` is
+* MemoryAgentBench: HUST-AI-HYZ/MemoryAgentBench at :data:`MAB_COMMIT` (its HEAD when read): ``utils/templates.py``
+  (``factconsolidation``, ``rag_agent``), ``methods/embedding_retriever.py`` (``RAGSystem.answer_query``: how the
+  retrieved memories and the query are joined), ``utils/eval_data_utils.py`` (``format_chat``: system + user
+  messages), ``utils/eval_other_utils.py`` (SubEM, ``parse_output``, ``default_post_process``);
+  ``configs/data_conf/Conflict_Resolution/Factconsolidation_*.yaml`` (``generation_max_length: 10``).
+* LoCoMo: snap-research/locomo at :data:`LOCOMO_COMMIT` (branch ``code``, its only code commit):
+  ``task_eval/evaluate_gpts.py`` (``QA_PROMPT``, ``QA_PROMPT_CAT_5``, the category-2 and category-5 question
+  texts, ``get_rag_context`` for the ``dialog`` RAG mode, ``get_cat_5_answer``, 32 tokens) and
+  ``task_eval/evaluation.py`` (the scoring).
+
+MemoryAgentBench FactConsolidation (:func:`fc_messages`):
+
+* system message :data:`MAB_SYSTEM`; the user message is upstream's RAG join: one ``"Memory {i+1}:\n{memory}"``
+  block per retrieved memory, in retrieval order (best first), the blocks joined by ``"\n"``, then ``"\n"`` and the
+  ``query`` template (:data:`FC_QUERY`) with the question; a memory is one fact, ``"<serial>. <fact>"``;
+* upstream ``generation_max_length`` is 10 tokens (:data:`FC_MAX_NEW_TOKENS`) and :func:`fc_score` is
   :func:`engram_jax.metrics.official.subem_official` (SubEM with SQuAD normalisation, max over the raw and the parsed
   output) of that reply.
 
-LoCoMo QA (snap-research/locomo at ``3eb6f2c``; ``task_eval/gpt_utils.py`` for the prompt, read through copies,
-and ``task_eval/evaluation.py`` for the scoring, read at ``92286325``):
+LoCoMo QA (:func:`locomo_messages`, the ``batch_size == 1`` RAG path of ``get_gpt_answers``):
 
-* prompt (the ``batch_size == 1`` path): ``CONV_START_PROMPT`` with the two speakers, the context, ``"\n\n"``, then
+* context: the retrieved turns alone, in retrieval order (best first), one :func:`locomo_turn` line each
+  (``{date}: {speaker} said, "{text}"``, no image caption), joined by ``"\n"``; then ``"\n\n"`` and
   :data:`LOCOMO_QA_PROMPT` (:data:`LOCOMO_QA_PROMPT_CAT_5` for category 5) with the question; category 2 appends
   :data:`LOCOMO_TEMPORAL_SUFFIX`; category 5 appends ``" Select the correct answer: (a) {} (b) {}. "`` with
   "Not mentioned in the conversation" and the adversarial answer in an order drawn per question (upstream
@@ -48,8 +56,10 @@ from engram_jax.metrics import official
 
 # ------------------------------------------------------------------------------ MemoryAgentBench FactConsolidation
 
+MAB_COMMIT = '455306dcabc3842526eb83cd4e225e5d486c5c5d'
+LOCOMO_COMMIT = '92286325a40764bee61f77824ddb95233b11c4d6'
+
 MAB_SYSTEM = 'You are a helpful assistant that can read the context and memorize it for future retrieval.'
-FC_RETRIEVAL = 'Here is a list of knowledge retrieved from memory: \n{memory}\n'
 FC_QUERY = (
   'Pretend you are a knowledge management system. Each fact in the knowledge pool is provided with a serial '
   'number at the beginning, and the newer fact has larger serial number. \n You need to solve the conflicts '
@@ -64,9 +74,10 @@ FC_MAX_NEW_TOKENS = 10
 
 
 def fc_messages(question: str, facts: Sequence[tuple[str, str]]) -> list[dict[str, str]]:
-  """FactConsolidation chat messages for ``question`` over ``facts`` = ``[(serial, text)]`` in serial order."""
-  memory = '\n'.join(f'{serial}. {text}' for serial, text in facts)
-  user = FC_RETRIEVAL.replace('{memory}', memory) + '\n' + FC_QUERY.replace('{question}', question)
+  """FactConsolidation chat messages for ``question`` over ``facts`` = ``[(serial, text)]`` in retrieval order:
+  upstream's ``"Memory {i+1}:\n{memory}"`` blocks joined by newlines, a newline, then the query."""
+  memory = '\n'.join(f'Memory {i + 1}:\n{serial}. {text}' for i, (serial, text) in enumerate(facts))
+  user = memory + '\n' + FC_QUERY.replace('{question}', question)
   return [{'role': 'system', 'content': MAB_SYSTEM}, {'role': 'user', 'content': user}]
 
 
@@ -83,11 +94,6 @@ def fc_score(reply: str, answers: str | Sequence[str]) -> float:
 
 # ------------------------------------------------------------------------------------------------------ LoCoMo QA
 
-LOCOMO_CONV_START = (
-  'Below is a conversation between two people: {} and {}. The conversation takes place over '
-  'multiple days and the date of each conversation is wriiten at the beginning of the '
-  'conversation.\n\n'
-)
 LOCOMO_QA_PROMPT = (
   '\nBased on the above context, write an answer in the form of a short phrase for the following '
   'question. Answer with exact words from the context whenever possible.\n\nQuestion: {} Short '
@@ -118,14 +124,24 @@ def locomo_question(question: str, category: int, choices: dict[str, str] | None
   return question
 
 
+def locomo_turn(date: str | None, speaker: str, text: str) -> str:
+  """One retrieved turn as upstream's ``dialog`` RAG mode writes it: ``{date}: {speaker} said, "{text}"`` (the
+  session's date; no image caption)."""
+  return f'{date or ""}: {speaker} said, "{text}"'
+
+
 def locomo_messages(
-  question: str, category: int, context: Sequence[str], speakers: tuple[str, str], choices: dict[str, str] | None = None
+  question: str, category: int, context: Sequence[str], choices: dict[str, str] | None = None
 ) -> list[dict[str, str]]:
-  """LoCoMo QA chat messages (one user message, as upstream's single-question path): the conversation-start line,
-  the retrieved turns (one per line, in conversation order), then the QA prompt."""
-  conv = LOCOMO_CONV_START.format(*speakers) + '\n'.join(context)
+  """LoCoMo QA chat messages (one user message, as upstream's RAG path): the retrieved turns (one
+  :func:`locomo_turn` line each, in retrieval order), a blank line, then the QA prompt."""
   prompt = LOCOMO_QA_PROMPT_CAT_5 if category == 5 else LOCOMO_QA_PROMPT
-  return [{'role': 'user', 'content': conv + '\n\n' + prompt.format(locomo_question(question, category, choices))}]
+  return [
+    {
+      'role': 'user',
+      'content': '\n'.join(context) + '\n\n' + prompt.format(locomo_question(question, category, choices)),
+    }
+  ]
 
 
 def locomo_decode_cat5(reply: str, choices: dict[str, str]) -> str:

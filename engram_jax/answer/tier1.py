@@ -1,9 +1,9 @@
 """Tier 1: a reader answers from each row's retrieved items; official answer metrics; paired tests between rows.
 
 Rows are retrievers (their top-k item ids, every row with the same k, asserted), plus ``oracle`` (the gold items
-only) and ``no-context`` (nothing), which bound what the reader can do. The items go to the reader in write order
-(:func:`in_write_order`): FactConsolidation's serial order, the newest fact last, as upstream numbers its context;
-LoCoMo's conversation order. Prompts and metrics: :mod:`engram_jax.answer.official_qa`. Answers: :func:`answer_all`
+only) and ``no-context`` (nothing), which bound what the reader can do. The items go to the reader in retrieval
+order, best first, as upstream's RAG paths put them (the oracle's in the gold list's order). Prompts and metrics:
+:mod:`engram_jax.answer.official_qa`. Answers: :func:`answer_all`
 (deduplicated prompts, the answer cache first, then batched generation with a progress bar).
 
 Intervals: Wilson for 0/1 SubEM, percentile bootstrap for F1; paired tests between rows: paired bootstrap of the
@@ -30,20 +30,6 @@ ORACLE, NO_CONTEXT = 'oracle', 'no-context'
 Messages = list[dict[str, str]]
 
 
-def in_write_order(episode: Episode, ids: Sequence[str]) -> list[str]:
-  """``ids`` sorted by their items' write position (distinct ids; unknown ids raise KeyError)."""
-  pos = episode.index_of()
-  return sorted(dict.fromkeys(ids), key=lambda i: pos[i])
-
-
-def speakers_of(episode: Episode) -> tuple[str, str]:
-  """The first two distinct speakers of a conversation, in order of appearance (``'Speaker A'``/``'B'`` when
-  missing)."""
-  seen = list(dict.fromkeys(it.speaker for it in episode.items if it.speaker))
-  seen += ['Speaker A', 'Speaker B'][len(seen) :]
-  return seen[0], seen[1]
-
-
 @dataclasses.dataclass(frozen=True)
 class Prompt:
   """One question's prompt for one row, and what scoring it needs (``choices``: LoCoMo category 5)."""
@@ -53,19 +39,19 @@ class Prompt:
 
 
 def build_prompt(task: str, episode: Episode, question: Question, ids: Sequence[str], *, seed: int) -> Prompt:
-  """The official prompt of ``task`` for ``question`` over the items ``ids`` (put in write order)."""
+  """The official prompt of ``task`` for ``question`` over the items ``ids``, in the given (retrieval) order."""
+  from engram_jax.data.locomo import turn_text
+
   by_id = {it.id: it for it in episode.items}
-  ordered = [by_id[i] for i in in_write_order(episode, ids)]
+  ordered = [by_id[i] for i in dict.fromkeys(ids)]
   if task == 'factconsolidation':
     return Prompt(official_qa.fc_messages(question.text, [(it.id, it.text) for it in ordered]))
   if task == 'locomo':
     choices = None
     if question.category == 5:
       choices = official_qa.locomo_cat5_choices(question.id, question.answer or '', seed=seed)
-    msgs = official_qa.locomo_messages(
-      question.text, int(question.category), [it.text for it in ordered], speakers_of(episode), choices
-    )
-    return Prompt(msgs, choices)
+    context = [official_qa.locomo_turn(it.time, it.speaker or '', turn_text(it)) for it in ordered]
+    return Prompt(official_qa.locomo_messages(question.text, int(question.category), context, choices), choices)
   raise ValueError(f'unknown answer task {task!r}; known: {TASKS}')
 
 
@@ -80,6 +66,69 @@ def score(task: str, reply: str, question: Question, prompt: Prompt) -> float:
     decoded = official_qa.locomo_decode_cat5(reply, prompt.choices) if cat == 5 else reply
     return official_qa.locomo_score(decoded, question.answer, cat)
   raise ValueError(f'unknown answer task {task!r}; known: {TASKS}')
+
+
+def reply_position(reply: str, choices: dict[str, str]) -> str:
+  """Which option of a category-5 question a reply picks: ``'a'`` or ``'b'``, else ``'other'``.
+
+  A 1- or 3-character reply is read as upstream's ``get_cat_5_answer`` reads it (:func:`official_qa.locomo_decode_cat5`:
+  any other 1- or 3-character reply counts as (b), as upstream scores it); a longer one picks an option when its
+  first line names ``(a)`` or ``(b)`` and not the other, else when it is that option's text (case-insensitive,
+  stripped of ``.``). A reply that restates both options picks neither.
+  """
+  pred = reply.strip().lower()
+  if len(pred) in (1, 3):
+    return 'a' if official_qa.locomo_decode_cat5(reply, choices) == choices['a'] else 'b'
+  first = pred.split('\n')[0]
+  named = [opt for opt in ('a', 'b') if f'({opt})' in first]
+  if len(named) == 1:
+    return named[0]
+  for opt in ('a', 'b'):
+    if pred.rstrip('.') == choices[opt].strip().lower().rstrip('.'):
+      return opt
+  return 'other'
+
+
+def position_shares(replies: Sequence[str], choices: Sequence[dict[str, str]]) -> dict[str, Any]:
+  """Position bias on LoCoMo's category-5 (adversarial) questions: where the correct option ("Not mentioned in the
+  conversation") sits, and which position the replies pick.
+
+  Returns:
+    ``{'n', 'gold': {'a', 'b'}, 'replies': {'a', 'b', 'other'}, 'score_by_gold': {'a', 'b'}, 'both_named'}``:
+    shares of the questions whose correct option is (a)/(b), shares of the replies that pick (a)/(b)/neither
+    (:func:`reply_position`), the mean score (upstream's category-5 rule) of the questions with the correct option
+    at (a) and at (b) (``None`` when there are none), and the share of replies that name both ``(a)`` and ``(b)``
+    (such a reply restates the options, "Not mentioned" included, and upstream's rule scores it 1).
+
+  Example:
+    >>> from engram_jax.answer import position_shares
+    >>> nm = 'Not mentioned in the conversation'
+    >>> ch = [{'a': nm, 'b': 'Paris'}, {'a': 'Rome', 'b': nm}, {'a': 'Oslo', 'b': nm}, {'a': nm, 'b': 'Kyiv'}]
+    >>> out = position_shares(['(b)', '(b)', 'b', 'I do not know'], ch)
+    >>> out['gold'], out['replies'], out['score_by_gold']
+    ({'a': 0.5, 'b': 0.5}, {'a': 0.0, 'b': 0.75, 'other': 0.25}, {'a': 0.0, 'b': 1.0})
+  """
+  if len(replies) != len(choices):
+    raise ValueError(f'{len(replies)} replies for {len(choices)} questions')
+  n = len(replies)
+  gold = [('a' if c['a'] == official_qa.LOCOMO_NOT_MENTIONED else 'b') for c in choices]
+  picked = [reply_position(r, c) for r, c in zip(replies, choices)]
+  scores = [official_qa.locomo_score(official_qa.locomo_decode_cat5(r, c), None, 5) for r, c in zip(replies, choices)]
+
+  def share(xs, v):
+    return sum(x == v for x in xs) / n if n else 0.0
+
+  by_gold = {}
+  for v in ('a', 'b'):
+    got = [s for s, g in zip(scores, gold) if g == v]
+    by_gold[v] = sum(got) / len(got) if got else None
+  return {
+    'n': n,
+    'gold': {v: share(gold, v) for v in ('a', 'b')},
+    'replies': {v: share(picked, v) for v in ('a', 'b', 'other')},
+    'score_by_gold': by_gold,
+    'both_named': sum('(a)' in r.lower() and '(b)' in r.lower() for r in replies) / n if n else 0.0,
+  }
 
 
 @dataclasses.dataclass
@@ -260,6 +309,11 @@ def run_tier1(
     }
     for i, (_, q) in enumerate(questions)
   ]
+  bias = {}
+  cat5 = [i for i, (_, q) in enumerate(questions) if task == 'locomo' and q.category == 5]
+  if cat5:
+    for n in rows:
+      bias[n] = position_shares([replies[n][i] for i in cat5], [prompts[n][i].choices for i in cat5])
   return {
     'task': task,
     'metric': metric,
@@ -268,6 +322,7 @@ def run_tier1(
     'k': k,
     'rows': out_rows,
     'by_category': by_cat,
+    'position_bias': bias,
     'per_question': per_q,
   }
 
@@ -333,4 +388,21 @@ def markdown(t1: Mapping[str, Any], *, title: str = '', labels: Mapping[str, str
     ]
     for c, v in t1['by_category'].items():
       lines.append(f'| {c} | ' + ' | '.join(f'{v[n]:.3f}' for n in names) + ' |')
+  if t1.get('position_bias'):
+    lines += [
+      '',
+      'Category 5 (adversarial), option positions: where the correct option ("Not mentioned") sits, which position '
+      'the replies pick, and the score when the correct option is at (a) / at (b):',
+      '',
+      '| row | questions | correct at (a) / (b) | replies (a) / (b) / neither | score, correct at (a) / (b) | '
+      'replies naming both |',
+      '|---|---|---|---|---|---|',
+    ]
+    for n, v in t1['position_bias'].items():
+      g, r, sb = v['gold'], v['replies'], v['score_by_gold']
+      fmt = lambda x: 'n/a' if x is None else f'{x:.2f}'
+      lines.append(
+        f'| {labels.get(n, n)} | {v["n"]} | {g["a"]:.2f} / {g["b"]:.2f} | {r["a"]:.2f} / {r["b"]:.2f} / '
+        f'{r["other"]:.2f} | {fmt(sb["a"])} / {fmt(sb["b"])} | {v["both_named"]:.2f} |'
+      )
   return '\n'.join(lines) + '\n'

@@ -115,6 +115,32 @@ def renders_caption(template: str) -> bool:
   return _MARK in text
 
 
+_CAPTION = ' [shares a photo: '
+
+
+def turn_text(item: Item) -> str:
+  """The turn's own words, without what the loader's templates add: the ``[date] speaker: `` (``dated``) or
+  ``speaker: `` (``speaker``) prefix and the `` [shares a photo: ...]`` caption (for the upstream QA prompt, which
+  writes ``{date}: {speaker} said, "{text}"``). Text of another template is returned as is.
+
+  Example:
+    >>> from engram_jax import Item
+    >>> from engram_jax.data.locomo import turn_text
+    >>> it = Item('D1:3', '[8 May, 2023] Mel: Look! [shares a photo: a dog]', 'session_1', 0, '8 May, 2023', 'Mel')
+    >>> turn_text(it)
+    'Look!'
+  """
+  text = item.text
+  for prefix in (f'[{item.time or ""}] {item.speaker}: ', f'{item.speaker}: '):
+    if item.speaker is not None and text.startswith(prefix):
+      text = text[len(prefix) :]
+      break
+  at = text.rfind(_CAPTION)
+  if at >= 0 and text.endswith(']'):
+    text = text[:at]
+  return text
+
+
 def _sessions(conv: Mapping[str, Any], where: str) -> list[tuple[int, str]]:
   sessions = sorted((int(m[1]), k) for k in conv if (m := _SESSION.match(k)))
   for (a, key_a), (b, key_b) in zip(sessions, sessions[1:]):

@@ -18,10 +18,9 @@ One deliberate guard: upstream's ``recall_all`` is ``all(...)`` over the gold li
 list. Here an empty gold list scores 0 on every metric. Upstream's averages never include such a question (its
 second skip rule removes exactly the questions with no gold), so the reported means are unchanged.
 
-MemoryAgentBench (HUST-AI-HYZ/MemoryAgentBench, ``utils/eval_other_utils.py``; that file is not readable from here,
-the functions below follow the DensePhrases/HELMET-derived code it uses, as quoted by several independent
-third-party copies): ``normalize_answer`` = lower-case, drop ``string.punctuation`` characters, replace the
-articles a/an/the by a space, collapse whitespace; SubEM = normalised gold is a substring of the normalised
+MemoryAgentBench (HUST-AI-HYZ/MemoryAgentBench, ``utils/eval_other_utils.py`` at commit
+``455306dcabc3842526eb83cd4e225e5d486c5c5d``, DensePhrases/HELMET-derived code): ``normalize_answer`` =
+lower-case, drop ``string.punctuation`` characters, replace the articles a/an/the by a space, collapse whitespace; SubEM = normalised gold is a substring of the normalised
 prediction, max over the gold list (:func:`subem`); the default post-processing also scores the
 ``parse_output`` of the raw output and keeps the max (:func:`subem_official`).
 """
@@ -268,11 +267,12 @@ def subem(prediction: str, answers: str | Sequence[str] | Sequence[Sequence[str]
 
 
 def parse_output(output: str, prefix: str = 'Answer:') -> str | None:
-  """HELMET/MemoryAgentBench ``parse_output``: everything after the first ``prefix`` (case-insensitive, newlines
-  included), else the whole output; stripped, with one repeated leading ``prefix`` removed."""
+  """MemoryAgentBench ``parse_output`` (``utils/eval_other_utils.py`` at ``455306d``): the rest of the line after the
+  first ``prefix`` (case-insensitive), else the first line of the output; stripped, with one repeated leading
+  ``prefix`` removed. One line only, as upstream (``.`` does not match a newline)."""
   for pattern in (
-    re.compile(f'(?:{prefix})(.*)', flags=re.IGNORECASE | re.DOTALL),
-    re.compile(r'(?:^)(.*)', flags=re.IGNORECASE | re.DOTALL),
+    re.compile(f'(?:{prefix})(.*)(?:\n|$)', flags=re.IGNORECASE),
+    re.compile(r'(?:^)(.*)(?:\n|$)'),
   ):
     m = pattern.search(output)
     if m is not None:

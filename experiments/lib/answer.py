@@ -1,4 +1,4 @@
-"""Tier 1 inside ``experiments.evaluate``: the ``reader`` config group (none | smollm2 | hf) answers from each
+"""Tier 1 inside ``experiments.evaluate``: the ``reader`` config group (none | smollm2 | gemma3_270m | hf) answers from each
 pipeline's top-k on the same questions as Tier 0 (engram_jax.answer.tier1 does the work).
 
     python -m experiments.evaluate dataset=fc_sh_6k reader=smollm2 pipeline=[cosine,bm25]
@@ -41,17 +41,19 @@ class Tier1:
     self.info: dict[str, Any] = {'datasets': {}}
 
   def get_reader(self):
-    """The reader; for ``smollm2`` a stand-in whose spec needs only the GGUF's hash, so that a run whose answers
-    are all cached never loads the model."""
+    """The reader; for a packaged reader (``smollm2``, ``gemma3_270m``) a stand-in whose spec needs only the GGUF's
+    hash, so that a run whose answers are all cached never loads the model."""
     if self.reader is None:
-      if str(self.cfg.reader.name) == 'smollm2':
-        self.reader = LazySmolLM2(self)
+      from engram_jax.answer import reader as reader_lib
+
+      if str(self.cfg.reader.name) in reader_lib.PACKAGED:
+        self.reader = LazyPackaged(self)
       else:
         self.load()
     return self.reader
 
   def load(self):
-    if self.reader is None or isinstance(self.reader, LazySmolLM2):
+    if self.reader is None or isinstance(self.reader, LazyPackaged):
       from engram_jax.answer import reader as reader_lib
 
       r = self.cfg.reader
@@ -63,7 +65,7 @@ class Tier1:
         batch_size=int(r.get('batch_size', 16)),
         cache_dir=self.cfg.paths.cache_dir,
         threads=r.get('threads'),
-        prompt=str(r.get('prompt') or 'chat'),
+        prompt=r.get('prompt'),
         gguf_file=r.get('gguf_file'),
       )
       self.info['load'] = {
@@ -144,33 +146,30 @@ class Tier1:
     return t1, tier1.markdown(t1, title=str(ds.name), labels=labels)
 
 
-class LazySmolLM2:
-  """SmolLM2's spec from the GGUF's sha256 (no model load); the model is loaded on the first ``generate``."""
+class LazyPackaged:
+  """A packaged reader's spec from its GGUF's sha256 (no model load); the model is loaded on the first
+  ``generate``."""
 
   def __init__(self, owner: Tier1):
     from engram_jax.answer import reader as reader_lib
 
     r = owner.cfg.reader
     self.owner = owner
+    self.name = str(r.name)
     self.batch_size = int(r.get('batch_size', 16))
-    self.fingerprint = 'gguf-sha256:' + reader_lib.sha256_file(reader_lib.smollm2_gguf_path())
+    self.fingerprint = 'gguf-sha256:' + reader_lib.packaged_sha256(self.name)
     self.dtype, self.device = str(r.get('dtype', 'float32')), str(r.get('device', 'cpu'))
+    self.prompt = str(r.get('prompt') or reader_lib.PACKAGED[self.name].prompt)
 
   def spec(self, max_new_tokens: int) -> dict[str, Any]:
-    return {
-      'reader': 'smollm2',
-      'fingerprint': self.fingerprint,
-      'dtype': self.dtype,
-      'decoding': 'greedy',
-      'max_new_tokens': int(max_new_tokens),
-      'chat_template': True,
-      'device_kind': self.device.split(':')[0],
-    }
+    from engram_jax.answer import reader as reader_lib
+
+    return reader_lib.reader_spec(self.name, self.fingerprint, self.dtype, self.device, self.prompt, max_new_tokens)
 
   def generate(self, prompts, *, max_new_tokens: int) -> list[str]:
     real = self.owner.load()
     if real.spec(max_new_tokens) != self.spec(max_new_tokens):
-      raise RuntimeError('the loaded SmolLM2 does not match the spec its answers are cached under')
+      raise RuntimeError(f'the loaded {self.name} does not match the spec its answers are cached under')
     return real.generate(prompts, max_new_tokens=max_new_tokens)
 
 

@@ -140,23 +140,49 @@ def test_cat5_decoding_matches_upstream(reply):
   assert official_qa.locomo_decode_cat5(reply, key) == _up_get_cat_5_answer(reply, key)
 
 
+# literal transcription of snap-research/locomo task_eval/evaluate_gpts.py at commit
+# 92286325a40764bee61f77824ddb95233b11c4d6: QA_PROMPT, QA_PROMPT_CAT_5 (lines 32-42), the dialog entries of
+# prepare_for_rag (line 144), get_rag_context's dialog join (line 293) and the batch_size == 1 query (line 432)
+_UP_QA_PROMPT = """
+Based on the above context, write an answer in the form of a short phrase for the following question. Answer with exact words from the context whenever possible.
+
+Question: {} Short answer:
+"""
+
+_UP_QA_PROMPT_CAT_5 = """
+Based on the above context, answer the following question.
+
+Question: {} Short answer:
+"""
+
+
+def _up_locomo_rag_query(turns, question, cat_5):
+  dialogs = [dialog['speaker'] + ' said, "' + dialog['clean_text'] + '"' for dialog in turns]
+  date_times = [dialog['date_time'] for dialog in turns]
+  query_conv = '\n'.join([date_time + ': ' + context for date_time, context in zip(date_times, dialogs)])
+  if not cat_5:
+    return query_conv + '\n\n' + _UP_QA_PROMPT.format(question)
+  return query_conv + '\n\n' + _UP_QA_PROMPT_CAT_5.format(question)
+
+
 def test_locomo_prompts_follow_upstream():
-  m = official_qa.locomo_messages('When did Caroline go?', 2, ['[1 May 2023] Caroline: hi'], ('Caroline', 'Mel'))
+  turns = [
+    {'speaker': 'Caroline', 'clean_text': 'I went to a LGBTQ support group.', 'date_time': '1:56 pm on 8 May, 2023'},
+    {'speaker': 'Mel', 'clean_text': 'Wow, "brave"!', 'date_time': '7:55 pm on 9 June, 2023'},
+  ]
+  ctx = [official_qa.locomo_turn(t['date_time'], t['speaker'], t['clean_text']) for t in turns]
+  m = official_qa.locomo_messages('When did Caroline go?', 2, ctx)
   assert len(m) == 1 and m[0]['role'] == 'user'
-  text = m[0]['content']
-  assert text.startswith('Below is a conversation between two people: Caroline and Mel. ')
-  assert text.endswith(
-    'Question: When did Caroline go? Use DATE of CONVERSATION to answer with an approximate date. Short answer:\n'
-  )
-  assert (
-    '[1 May 2023] Caroline: hi\n\n\nBased on the above context, write an answer in the form of a short phrase' in text
-  )
+  q2 = 'When did Caroline go? Use DATE of CONVERSATION to answer with an approximate date.'
+  assert m[0]['content'] == _up_locomo_rag_query(turns, q2, cat_5=False)
+  assert m[0]['content'].startswith('1:56 pm on 8 May, 2023: Caroline said, "I went to a LGBTQ support group."\n')
   ch = official_qa.locomo_cat5_choices('conv-1/q5', 'Paris', seed=1)
   assert ch == official_qa.locomo_cat5_choices('conv-1/q5', 'Paris', seed=1)
   assert sorted(ch.values()) == sorted(['Paris', 'Not mentioned in the conversation'])
-  q5 = official_qa.locomo_messages('Where?', 5, [], ('A', 'B'), ch)[0]['content']
-  assert f'Question: Where? Select the correct answer: (a) {ch["a"]} (b) {ch["b"]}.  Short answer:\n' in q5
-  assert 'Based on the above context, answer the following question.' in q5
+  q5 = official_qa.locomo_messages('Where?', 5, ctx[:1], ch)[0]['content']
+  up_q5 = 'Where?' + ' Select the correct answer: (a) {} (b) {}. '.format(ch['a'], ch['b'])
+  assert q5 == _up_locomo_rag_query(turns[:1], up_q5, cat_5=True)
+  assert official_qa.locomo_messages('Who?', 4, [])[0]['content'] == _up_locomo_rag_query([], 'Who?', cat_5=False)
   draws = {official_qa.locomo_cat5_choices(f'q{i}', 'x', seed=3)['a'] for i in range(50)}
   assert len(draws) == 2  # both orders occur
   with pytest.raises(ValueError, match='choices'):
@@ -165,17 +191,76 @@ def test_locomo_prompts_follow_upstream():
     official_qa.locomo_score('x', 'y', 6)
 
 
+def test_locomo_turns_lose_the_loader_template_and_caption():
+  from engram_jax.data.locomo import turn_text
+
+  def item(text, time='8 May, 2023', speaker='Mel'):
+    return Item(id='D1:1', text=text, parent='session_1', position=0, time=time, speaker=speaker)
+
+  assert turn_text(item('[8 May, 2023] Mel: Look! [shares a photo: a dog]')) == 'Look!'
+  assert turn_text(item('[8 May, 2023] Mel: Look [here] now')) == 'Look [here] now'
+  assert turn_text(item('Mel: hi there')) == 'hi there'  # template `speaker`
+  assert turn_text(item('hi there', speaker=None)) == 'hi there'  # template `text`
+  assert turn_text(item('[] Mel: hi', time=None)) == 'hi'  # a session without a date
+
+
+# literal transcription of HUST-AI-HYZ/MemoryAgentBench at commit 455306dcabc3842526eb83cd4e225e5d486c5c5d:
+# utils/templates.py (SYSTEM_MESSAGE; factconsolidation query, rag_agent), methods/embedding_retriever.py
+# (RAGSystem.answer_query: the Memory blocks and the join) and utils/eval_data_utils.py (format_chat)
+_UP_SYSTEM_MESSAGE = 'You are a helpful assistant that can read the context and memorize it for future retrieval.'
+_UP_FC_RAG_QUERY = 'Pretend you are a knowledge management system. Each fact in the knowledge pool is provided with a serial number at the beginning, and the newer fact has larger serial number. \n You need to solve the conflicts of facts in the knowledge pool by finding the newest fact with larger serial number. You need to answer a question based on this rule. You should give a very concise answer without saying other words for the question **only** from the knowledge pool you have memorized rather than the real facts in real world. \n\nFor example:\n\n [Knowledge Pool] \n\n Question: Based on the provided Knowledge Pool, what is the name of the current president of Russia? \nAnswer: Donald Trump \n\n Now Answer the Question: Based on the provided Knowledge Pool, {question} \nAnswer:'  # noqa: E501
+
+
+def _up_format_chat(message, include_system=True, system_message='You are a helpful assistant.'):
+  chat_messages = [{'role': 'user', 'content': message}]
+  if include_system:
+    chat_messages.insert(0, {'role': 'system', 'content': system_message})
+  return chat_messages
+
+
+def _up_fc_rag_messages(retrieved_contexts, question):
+  query = _UP_FC_RAG_QUERY.format(question=question)
+  retrieval_memory_string = '\n'.join([f'Memory {i + 1}:\n{text}' for i, text in enumerate(retrieved_contexts)])
+  ask_llm_message = retrieval_memory_string + '\n' + query
+  return _up_format_chat(message=ask_llm_message, system_message=_UP_SYSTEM_MESSAGE)
+
+
 def test_fc_prompt_and_subem():
-  m = official_qa.fc_messages('Where does Ann live?', [('3', 'Ann lives in Paris.'), ('9', 'Ann lives in Rome.')])
-  assert m[0] == {'role': 'system', 'content': official_qa.MAB_SYSTEM}
-  user = m[1]['content']
-  assert user.startswith(
-    'Here is a list of knowledge retrieved from memory: \n3. Ann lives in Paris.\n'
-    '9. Ann lives in Rome.\n\nPretend you are a knowledge management system.'
-  )
-  assert user.endswith('Now Answer the Question: Based on the provided Knowledge Pool, Where does Ann live? \nAnswer:')
+  facts = [('9', 'Ann lives in Rome.'), ('3', 'Ann lives in Paris.')]  # retrieval order, best first
+  m = official_qa.fc_messages('Where does Ann live?', facts)
+  assert m == _up_fc_rag_messages(['9. Ann lives in Rome.', '3. Ann lives in Paris.'], 'Where does Ann live?')
+  assert m[1]['content'].startswith('Memory 1:\n9. Ann lives in Rome.\nMemory 2:\n3. Ann lives in Paris.\nPretend')
+  assert official_qa.fc_messages('Q?', []) == _up_fc_rag_messages([], 'Q?')  # no context: an empty memory string
   assert official_qa.fc_score('Answer: Rome.', ['rome']) == 1.0
   assert official_qa.fc_score('The Paris', ['Rome', 'Roma']) == 0.0
+
+
+def test_position_shares_count_gold_and_reply_positions():
+  nm = official_qa.LOCOMO_NOT_MENTIONED
+  ch = [
+    {'a': nm, 'b': 'Paris'},
+    {'a': 'Rome', 'b': nm},
+    {'a': 'Oslo', 'b': nm},
+    {'a': nm, 'b': 'Kyiv'},
+    {'a': 'Bern', 'b': nm},
+  ]
+  replies = ['(b)', 'B', '(a) Oslo', 'Not mentioned in the conversation.', 'x']
+  assert [tier1.reply_position(r, c) for r, c in zip(replies, ch)] == ['b', 'b', 'a', 'a', 'b']
+  out = tier1.position_shares(replies, ch)
+  assert out['n'] == 5
+  assert out['gold'] == {'a': pytest.approx(0.4), 'b': pytest.approx(0.6)}
+  assert out['replies'] == {'a': pytest.approx(0.4), 'b': pytest.approx(0.6), 'other': 0.0}
+  # correct at (a): q0 replied (b) -> Paris (0), q3 names the option (1); at (b): q1 (1), q2 (0), q4 'x' -> (b) (1)
+  assert out['score_by_gold'] == {'a': pytest.approx(0.5), 'b': pytest.approx(2 / 3)} and out['both_named'] == 0.0
+  assert tier1.reply_position('I think Paris', ch[0]) == 'other'
+  assert tier1.reply_position('The answer is (b) Not mentioned in the conversation.', ch[1]) == 'b'
+  assert tier1.reply_position('(a) or (b)? Hard to say', ch[1]) == 'other'
+  assert tier1.reply_position('(a) Rome\n(b) Not mentioned', ch[1]) == 'a'  # the first line picks
+  echo = tier1.position_shares(['(a) Rome (b) Not mentioned in the conversation.'], ch[1:2])
+  assert echo['replies']['other'] == 1.0 and echo['both_named'] == 1.0 and echo['score_by_gold']['b'] == 1.0
+  assert tier1.position_shares([], [])['score_by_gold'] == {'a': None, 'b': None}
+  with pytest.raises(ValueError, match='2 replies for 1 questions'):
+    tier1.position_shares(['a', 'b'], ch[:1])
 
 
 # ------------------------------------------------------------------------------------------- the harness
@@ -248,31 +333,30 @@ def _run(reader, root, **kw):
   )
 
 
-def test_harness_scores_rows_in_write_order_with_oracle_and_no_context(tmp_path):
+def test_harness_scores_rows_in_retrieval_order_with_oracle_and_no_context(tmp_path):
   reader = FakeReader(batch_size=2)
-  t1 = _run(reader, tmp_path, tier0={'bm25': np.ones(3), 'cosine': np.zeros(3)}, tier0_metric='answer@2')
+  tier0 = {'bm25': np.zeros(3), 'cosine': np.ones(3)}
+  t1 = _run(reader, tmp_path, tier0=tier0, tier0_metric='answer@2')
   assert list(t1['rows']) == ['no-context', 'bm25', 'cosine', 'oracle']
   pq = t1['per_question']
-  # the fake answers with the last matching context line: write order puts the newest fact last
-  assert pq[0]['replies']['bm25'] == '2. Ann lives in Rome.' and pq[0]['scores']['bm25'] == 1.0
-  assert pq[0]['replies']['cosine'] == '0. Ann lives in Paris.' and pq[0]['scores']['cosine'] == 0.0
+  # the fake answers with the last matching context line: in retrieval order that is the lower-ranked fact
+  assert pq[0]['replies']['bm25'] == '0. Ann lives in Paris.' and pq[0]['scores']['bm25'] == 0.0
+  assert pq[1]['replies']['bm25'] == '3. Bob works for Initech.' and pq[1]['scores']['bm25'] == 1.0
+  assert pq[1]['replies']['cosine'] == '1. Bob works for Acme.' and pq[1]['scores']['cosine'] == 0.0
   assert [p['scores']['oracle'] for p in pq] == [1.0, 1.0, 1.0]
   assert [p['scores']['no-context'] for p in pq] == [0.0, 0.0, 0.0]
-  assert t1['rows']['cosine']['mean'] == pytest.approx(2 / 3)  # q1 (3 = Initech), q2 (5 = golf)
-  assert t1['rows']['bm25']['mean'] == pytest.approx(2 / 3)  # q0 (2 = Rome), q1; q2 retrieved chess only
+  assert t1['rows']['bm25']['mean'] == pytest.approx(1 / 3) and t1['rows']['cosine']['mean'] == 0.0
   assert t1['rows']['oracle']['n_contexts'] == 1.0 and t1['rows']['bm25']['n_contexts'] == 2.0
   vs = t1['rows']['cosine']['paired']['vs bm25']
-  assert vs['delta'] == 0.0 and vs['mcnemar_p'] == 1.0  # discordant pairs: q0 and q2, one each way
-  assert t1['rows']['bm25']['tier0'] == 1.0 and 'tier0' not in t1['rows']['oracle']
-  assert tier1.ordering_note(t1) == ['bm25 vs cosine: Tier 0 +1.0000, Tier 1 +0.0000']
+  assert vs['delta'] == pytest.approx(-1 / 3) and vs['mcnemar_p'] == 1.0  # one discordant pair (q1)
+  assert t1['rows']['bm25']['tier0'] == 0.0 and 'tier0' not in t1['rows']['oracle']
+  assert tier1.ordering_note(t1) == ['bm25 vs cosine: Tier 0 -1.0000, Tier 1 +0.3333']
   assert '| oracle | 1.0 | 1.000' in tier1.markdown(t1, title='toy')
-  # 12 prompts, 11 distinct (bm25 and cosine put q1's two facts in the same write order); a rerun generates nothing
-  assert reader.generated == 11
+  assert t1['position_bias'] == {}  # FactConsolidation has no options
+  # 12 prompts, all distinct (the same two facts in another order are another prompt); a rerun generates nothing
+  assert reader.generated == 12
   again = FakeReader(batch_size=2)
-  assert (
-    _run(again, tmp_path, tier0={'bm25': np.ones(3), 'cosine': np.zeros(3)}, tier0_metric='answer@2') == t1
-    and again.generated == 0
-  )
+  assert _run(again, tmp_path, tier0=tier0, tier0_metric='answer@2') == t1 and again.generated == 0
 
 
 def test_equal_k_is_asserted():
@@ -293,7 +377,7 @@ def test_an_interrupted_run_resumes_and_matches_an_uninterrupted_one(tmp_path):
   stored = list((tmp_path / 'b').rglob('*.json'))
   assert len(stored) == 6 and not list((tmp_path / 'b').rglob('*.tmp'))
   resumed = FakeReader(batch_size=2)
-  assert _run(resumed, tmp_path / 'b') == full and resumed.generated == 11 - 6
+  assert _run(resumed, tmp_path / 'b') == full and resumed.generated == 12 - 6
 
 
 def test_cache_keys_depend_on_spec_and_exact_prompt(tmp_path):
@@ -313,7 +397,7 @@ def test_cache_keys_depend_on_spec_and_exact_prompt(tmp_path):
 
 def test_locomo_rows_score_with_the_category_rules(tmp_path):
   items = tuple(
-    Item(id=f'D1:{i}', text=f'[1 May 2023] {s}: {t}', parent='session_1', position=i, speaker=s)
+    Item(id=f'D1:{i}', text=f'[1 May 2023] {s}: {t}', parent='session_1', position=i, time='1 May 2023', speaker=s)
     for i, (s, t) in enumerate([('Ann', 'I moved to Rome'), ('Bob', 'I adopted a cat'), ('Ann', 'Nice cat')])
   )
   qs = (
@@ -343,6 +427,13 @@ def test_locomo_rows_score_with_the_category_rules(tmp_path):
   assert t1['per_question'][1]['scores']['bm25'] == want_cat5
   assert t1['per_question'][0]['scores']['bm25'] == 1.0 and t1['per_question'][0]['scores']['no-context'] == 0.0
   assert t1['metric'] == 'F1' and set(t1['by_category']) == {'4', '5'}
+  # the turns reach the reader as upstream writes them: date, speaker, said, the quoted text (no template prefix)
+  assert replies[4].startswith('1 May 2023: Ann said, "I moved to Rome"\n\n')
+  gold_at = 'a' if ch['a'] == official_qa.LOCOMO_NOT_MENTIONED else 'b'
+  bias = t1['position_bias']['bm25']
+  assert bias['n'] == 1 and bias['gold'][gold_at] == 1.0 and bias['replies'] == {'a': 0.0, 'b': 1.0, 'other': 0.0}
+  assert set(t1['position_bias']) == {'no-context', 'bm25', 'oracle'}
+  assert 'Category 5 (adversarial), option positions' in tier1.markdown(t1)
 
 
 # ------------------------------------------------------------------------------------- the LoCoMo pilot

@@ -233,6 +233,35 @@ def test_subem():
     O.subem('x', [])
 
 
+def _up_parse_output(output_text, answer_prefix='Answer:'):
+  """A literal transcription of MemoryAgentBench utils/eval_other_utils.py parse_output at commit
+  455306dcabc3842526eb83cd4e225e5d486c5c5d (lines 144-169)."""
+  import re
+
+  extraction_patterns = [
+    re.compile(f'(?:{answer_prefix})(.*)(?:\n|$)', flags=re.IGNORECASE),
+    re.compile(r'(?:^)(.*)(?:\n|$)'),
+  ]
+  for pattern in extraction_patterns:
+    match = pattern.search(output_text)
+    if match:
+      extracted_text = match[1].strip()
+      clean_answer = re.sub(f'^{re.escape(answer_prefix)}', '', extracted_text, flags=re.IGNORECASE).strip()
+      return clean_answer
+  return None
+
+
+def test_parse_output_matches_upstream_on_fuzzed_replies():
+  rng = random.Random(0)
+  pieces = ['Answer:', 'answer:', 'ANSWER: ', 'Paris', ' Rome', '\n', '\n\n', ' the ', 'Donald Trump', '.', ' ']
+  for _ in range(2000):
+    reply = ''.join(rng.choice(pieces) for _ in range(rng.randint(0, 8)))
+    assert O.parse_output(reply) == _up_parse_output(reply), repr(reply)
+  assert O.parse_output('Answer: Paris\nThe answer is Rome') == 'Paris'  # one line, as upstream (no DOTALL)
+  assert O.parse_output('\nAnswer: Paris') == 'Paris'
+  assert O.parse_output('Rome\nParis') == 'Rome'
+
+
 def test_parse_output_and_official_subem():
   assert O.parse_output('Let me think.\nAnswer: Paris\n') == 'Paris'
   assert O.parse_output('answer: answer: Rome') == 'Rome'
