@@ -15,6 +15,7 @@ from typing import Any
 import hydra
 import numpy as np
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from engram_jax.core.batch import episode_arrays
@@ -314,7 +315,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
 @hydra.main(version_base='1.3', config_path='../conf', config_name='config')
 @common.plain_errors  # the project's errors (EngramError) as one line; ENGRAM_FULL_ERROR=1 for the traceback
 def main(cfg: DictConfig) -> float:
-  common.use_cpu_cores(cfg)  # eval.cpu_devices, before JAX's first computation
+  common.use_cpu_cores(cfg, multirun=HydraConfig.get().mode == RunMode.MULTIRUN)  # before JAX's first computation
   if cfg.get('grid') is not None:  # a grid of one pipeline's knob values in one call (experiments/lib/grid.py)
     checks.check_evaluate(cfg)
     summary = grid_run.run(cfg, Path(HydraConfig.get().runtime.output_dir))

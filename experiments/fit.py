@@ -21,6 +21,7 @@ from typing import Any
 import hydra
 import numpy as np
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from engram_jax import fit
@@ -536,7 +537,7 @@ def record_ledger(protocol_info: dict[str, Any], out_dir: Path, results: dict[st
 @hydra.main(version_base='1.3', config_path='../conf', config_name='fit')
 @common.plain_errors  # the project's errors (EngramError) as one line; ENGRAM_FULL_ERROR=1 for the traceback
 def main(cfg: DictConfig) -> float:
-  common.use_cpu_cores(cfg)  # eval.cpu_devices, before JAX's first computation
+  common.use_cpu_cores(cfg, multirun=HydraConfig.get().mode == RunMode.MULTIRUN)  # before JAX's first computation
   results = run(cfg, Path(HydraConfig.get().runtime.output_dir))
   key = next(k for k in results['summary'] if k.endswith('(fitted, out of fold)'))
   return float(results['summary'][key][results['metrics'][0]]['mean'])

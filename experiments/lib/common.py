@@ -153,14 +153,19 @@ def cpu_devices_wanted(value: Any, cores: int | None) -> int:
   return value
 
 
-def use_cpu_cores(cfg: DictConfig) -> int | None:
+def use_cpu_cores(cfg: DictConfig, *, multirun: bool = False) -> int | None:
   """Give this process ``eval.cpu_devices`` CPU devices (``jax_num_cpu_devices``), so that evaluation shards each
   stacked group's episodes over the machine's cores (``eval.devices: null`` = every device; per-question results do
   not depend on the device count, tests/eval/test_sharding.py). JAX takes the setting only before its first
   computation: a later call (the next job of an in-process multirun, a test) keeps the process's devices and
-  returns None; else the count set. A GPU or TPU backend is unaffected (the setting is the CPU platform's)."""
+  returns None; else the count set. A GPU or TPU backend is unaffected (the setting is the CPU platform's).
+
+  A ``multirun`` keeps one device (returns None): its launcher puts the cores to work (joblib, submitit, ...), and
+  the jobs of an in-process sweep share legs through the leg cache, which serves the one-device path only."""
   import jax
 
+  if multirun:
+    return None
   n = cpu_devices_wanted(cfg.eval.get('cpu_devices', 1), os.cpu_count())
   try:
     jax.config.update('jax_num_cpu_devices', n)

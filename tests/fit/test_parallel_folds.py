@@ -71,3 +71,4 @@ def test_cpu_devices_setting():
       common.cpu_devices_wanted(bad, 2)
   # JAX is initialised in a test process (tests/conftest.py): the setting is kept, not changed, and says so
   assert common.use_cpu_cores(OmegaConf.create({'eval': {'cpu_devices': 2}})) is None
+  assert common.use_cpu_cores(OmegaConf.create({'eval': {'cpu_devices': 2}}), multirun=True) is None
