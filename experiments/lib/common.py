@@ -155,8 +155,9 @@ def cpu_devices_wanted(value: Any, cores: int | None) -> int:
 
 def use_cpu_cores(cfg: DictConfig, *, multirun: bool = False) -> int | None:
   """Give this process ``eval.cpu_devices`` CPU devices (``jax_num_cpu_devices``), so that evaluation shards each
-  stacked group's episodes over the machine's cores (``eval.devices: null`` = every device; per-question results do
-  not depend on the device count, tests/eval/test_sharding.py). JAX takes the setting only before its first
+  stacked group's episodes over the machine's cores (``eval.devices: null`` = every device; tests/eval/test_sharding.py
+  checks the results against one device, but the sharded path skips the leg cache and breaks an exact score tie
+  differently from the cached one, so ``1`` is the default). JAX takes the setting only before its first
   computation: a later call (the next job of an in-process multirun, a test) keeps the process's devices and
   returns None; else the count set. A GPU or TPU backend is unaffected (the setting is the CPU platform's).
 
