@@ -117,14 +117,13 @@ def evaluate(
   item)), so the per-question results equal the unstacked ones (tested). ``stacked=False`` runs one jitted call
   per episode (one compilation per shape bucket).
 
-  ``devices`` (stacked only): the number of devices the episode axis is sharded over (``None``: all of
-  ``jax.devices()``; 1, the default: one jitted map on the default device). With ``n > 1`` each group is padded to
-  a multiple of ``n`` episodes (copies of its last one, whose results are dropped), placed on a 1-D ``'episodes'``
-  mesh and mapped under ``shard_map``, each device over its own episodes (:mod:`engram_jax.eval.sharding`); episode
-  ``e`` keeps the key ``fold_in(seed, e)``, so the results do not depend on ``n`` (tested). The label metrics stay
-  NumPy on the host.
+  ``devices`` (stacked only): the number of devices each group's episodes are split over (``None``: all of
+  ``jax.devices()``; 1, the default: the default device), one contiguous block of episodes per device, each running
+  the one-device program (:func:`engram_jax.eval.sharding.split_run`); episode ``e`` keeps the key ``fold_in(seed,
+  e)``, so the results equal the one-device results bit for bit (tested, exact score ties included). The label
+  metrics stay NumPy on the host.
 
-  ``leg_cache`` (stacked, one device; :mod:`engram_jax.eval.legcache`): legs' hard outputs, one-leg pipelines' top-k,
+  ``leg_cache`` (stacked; :mod:`engram_jax.eval.legcache`): legs' hard outputs, one-leg pipelines' top-k,
   the padded arrays and the jitted programs are looked up there and stored, so that the jobs of a sweep in one
   process compute each leg once per episode group (a fusion-only change recomputes only the fusion). The results
   equal an uncached run's (tested).
@@ -189,15 +188,14 @@ def evaluate(
   values: dict[tuple[str, int, str, int], np.ndarray] = {}
   if stacked:
     groups = stack_groups(arrays, max_waste=max_waste) if episodes else []
-    n_dev = sharding.n_devices(devices)
-    mesh = sharding.episode_mesh(n_dev) if n_dev > 1 else None
+    devs = jax.devices()[: sharding.n_devices(devices)]
     by_structure: dict[tuple, Callable] = {}  # pipelines differing only in traced knobs share one program
-    cached = leg_cache is not None and mesh is None
+    cached = leg_cache is not None
     runs = {
       name: (
         leg_cache.program(('topk', structure_key(p), k), functools.partial(stacked_topk, p, k))
         if cached
-        else by_structure.setdefault(structure_key(p), stacked_topk(p, k, mesh=mesh))
+        else by_structure.setdefault(structure_key(p), stacked_topk(p, k))
       )
       for name, p in pipelines.items()
     }
@@ -226,19 +224,18 @@ def evaluate(
       else:
         stack, group_key = stack_arrays([arrays[e] for e in group]), None
       inputs = (stack, index)
-      if mesh is not None:  # pad E to a multiple of the device count, split it over the mesh
-        inputs = sharding.place_episodes(sharding.pad_episodes(inputs, n_dev), mesh)
       if timer is not None:
         timer.add('arrays', time.perf_counter() - t0)
       for name, pipe in pipelines.items():
         t0 = time.perf_counter()
         if cached:
-          out = _cached_topk(leg_cache, pipe, k, inputs, base_key, values[name], group_key, runs[name])
+          out = _cached_topk(leg_cache, pipe, k, inputs, base_key, values[name], group_key, runs[name], devs)
         else:
-          out = runs[name](inputs[0], base_key, inputs[1], values[name])
-        out.block_until_ready()
+          out = sharding.split_run(
+            runs[name], (stack, base_key, index, values[name]), episode_args=(True, False, True, False), devices=devs
+          )
+        out = np.asarray(out)
         t1 = time.perf_counter()
-        out = np.asarray(out)[: len(group)]  # padding episodes (sharded runs) produce no results
         vals = {mk: fn(out, np.asarray(stack.labels)) for mk, fn in metric_fns.items()}
         for i, e in enumerate(group):
           nq = len(episodes[e].questions)
@@ -304,9 +301,11 @@ def _cached_topk(
   values: Mapping[str, np.ndarray],
   group_key: tuple,
   run_whole: Callable,
+  devices: Sequence[Any] = (),
 ) -> jax.Array:
   """Top-k ``[E, Q, k]`` of ``pipe`` on one stacked group through ``cache`` (:mod:`engram_jax.eval.legcache`): a
-  one-leg pipeline whole, an RRF pipeline as its legs' top-D (each looked up) and the fusion."""
+  one-leg pipeline whole, an RRF pipeline as its legs' top-D (each looked up) and the fusion; legs and one-leg
+  pipelines split over ``devices`` (:func:`engram_jax.eval.sharding.split_run`; none or one: the default device)."""
   stack, index = inputs
   traced = tuple(sorted((p, v.dtype.str, v.tobytes()) for p, v in values.items()))
   if pipe.fusion != 'rrf':
@@ -314,7 +313,11 @@ def _cached_topk(
       cache.get(
         'pipeline',
         (group_key, structure_key(pipe), traced, k),
-        lambda: np.asarray(run_whole(stack, base_key, index, values)),
+        lambda: np.asarray(
+          sharding.split_run(
+            run_whole, (stack, base_key, index, values), episode_args=(True, False, True, False), devices=devices
+          )
+        ),
       )
     )
   n_legs = len(pipe.legs)
@@ -322,7 +325,7 @@ def _cached_topk(
   for pos, spec in enumerate(pipe.legs):
     prefix = f'legs.{spec.name}.'
     mine = {p[len(prefix) :]: v for p, v in values.items() if p.startswith(prefix) and p[len(prefix) :] != 'weight'}
-    tops.append(leg_top_d(cache, spec, pos, n_legs, mine, stack, base_key, index, group_key))
+    tops.append(leg_top_d(cache, spec, pos, n_legs, mine, stack, base_key, index, group_key, devices))
   fuse = cache.program(
     ('rrf_topk', tuple(int(t[0].shape[-1]) for t in tops), n_legs, k), functools.partial(stacked_fusion, k)
   )
@@ -340,12 +343,19 @@ def leg_top_d(
   base_key,
   index,
   group_key: tuple,
+  devices: Sequence[Any] = (),
 ) -> tuple[np.ndarray, np.ndarray]:
   """Leg ``pos`` of ``n_legs`` on one stacked group, as RRF reads it: ``(top-D indices, ranked) [E, Q, D]``, with its
   traced knobs ``mine`` (name -> value; every traced knob of the leg but its weight) as arguments, looked up in and
   stored to ``cache`` by everything it depends on (a staged leg's first part shared by every value of the knobs
-  its second part reads). Used by the cached evaluation and by :func:`engram_jax.eval.grid.evaluate_grid`."""
+  its second part reads). Used by the cached evaluation and by :func:`engram_jax.eval.grid.evaluate_grid`. With
+  several ``devices`` the episodes are split over them (:func:`engram_jax.eval.sharding.split_run`; the same bits)."""
   mine = dict(mine)
+
+  def split(fn, args, episode_args, gather=True):
+    out = sharding.split_run(fn, args, episode_args=episode_args, devices=devices, gather=gather)
+    return jax.tree_util.tree_map(np.asarray, out) if gather else out
+
   static = legcache.fingerprint([v for n, v in spec.options if n not in mine]) + repr(
     [(n, type(v).__name__) for n, v in spec.options if n not in mine]
   )
@@ -367,8 +377,12 @@ def leg_top_d(
     )
 
     def make():
-      prepared = cache.get('prepared', prep_key, lambda: prepare(stack, base_key, index))
-      return jax.tree_util.tree_map(np.asarray, run(stack, prepared, base_key, index, mine))
+      prepared = cache.get(
+        'prepared',
+        prep_key + (len(devices),),
+        lambda: split(prepare, (stack, base_key, index), (True, False, True), gather=False),
+      )
+      return split(run, (stack, prepared, base_key, index, mine), (True, True, False, True, False))
 
   else:
     run = cache.program(
@@ -377,7 +391,7 @@ def leg_top_d(
     )
 
     def make():
-      return jax.tree_util.tree_map(np.asarray, run(stack, base_key, index, mine))
+      return split(run, (stack, base_key, index, mine), (True, False, True, False))
 
   return cache.get('leg', leg_key, make)
 

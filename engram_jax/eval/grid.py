@@ -307,9 +307,10 @@ def evaluate_grid(
     keep_topk: points whose per-question top-k item ids are kept in ``retrieved``.
     arrays: padded episode arrays when the caller has them (else built here).
     leg_cache: legs' outputs and programs shared with other calls (default: a private one, legs only).
-    devices: devices the fusion's point axis is sharded over (``None``: every device of ``jax.devices()``; 1: the
-      default device): each chunk (rounded up to a multiple of the device count) is split over a 1-D ``'points'``
-      mesh, the legs' candidates replicated; the results do not depend on it (tested with fake CPU devices).
+    devices: devices the legs and the fusion are split over (``None``: every device of ``jax.devices()``; 1: the
+      default device): the legs' episodes one block per device (:func:`engram_jax.eval.sharding.split_run`), and
+      each fusion chunk (rounded up to a multiple of the device count) over a 1-D ``'points'`` mesh, the legs'
+      candidates replicated; the results do not depend on it (tested with fake CPU devices).
 
   Returns:
     A :class:`GridResult`; point ``p`` equals ``evaluate`` of ``with_values(pipe, result.point(p))``.
@@ -372,6 +373,7 @@ def evaluate_grid(
   cache = leg_cache if leg_cache is not None else LegCache(max_bytes=8 << 30)
   base_key = jax.random.key(seed)
   n_dev = sharding.n_devices(devices)
+  devs = jax.devices()[:n_dev]
   place = _placer(n_dev)
   groups = stack_groups(arrays, max_waste=max_waste) if episodes else []
   info: dict[str, Any] = {
@@ -457,7 +459,7 @@ def evaluate_grid(
           }
           mine.update({t[len(prefix) :]: _value_array(v) for t, v in zip(own, r)})
           t2 = time.perf_counter()
-          tops.append(leg_top_d(cache, spec, pos, n_legs, mine, stack, base_key, index, group_key))
+          tops.append(leg_top_d(cache, spec, pos, n_legs, mine, stack, base_key, index, group_key, devs))
           t_legs += time.perf_counter() - t2
         info['legs_computed'] += len(distinct)
         idx_stacks.append(np.stack([t[0] for t in tops]))

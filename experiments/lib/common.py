@@ -155,14 +155,12 @@ def cpu_devices_wanted(value: Any, cores: int | None) -> int:
 
 def use_cpu_cores(cfg: DictConfig, *, multirun: bool = False) -> int | None:
   """Give this process ``eval.cpu_devices`` CPU devices (``jax_num_cpu_devices``), so that evaluation shards each
-  stacked group's episodes over the machine's cores (``eval.devices: null`` = every device; tests/eval/test_sharding.py
-  checks the results against one device, but the sharded path skips the leg cache and breaks an exact score tie
-  differently from the cached one, so ``1`` is the default). JAX takes the setting only before its first
-  computation: a later call (the next job of an in-process multirun, a test) keeps the process's devices and
-  returns None; else the count set. A GPU or TPU backend is unaffected (the setting is the CPU platform's).
+  stacked group's episodes over the machine's cores (``eval.devices: null`` = every device; the results equal one
+  device's bit for bit: tests/eval/test_sharding.py). JAX takes the setting only before its first computation: a later
+  call (the next job of an in-process multirun, a test) keeps the process's devices and returns None; else the count
+  set. A GPU or TPU backend is unaffected (the setting is the CPU platform's).
 
-  A ``multirun`` keeps one device (returns None): its launcher puts the cores to work (joblib, submitit, ...), and
-  the jobs of an in-process sweep share legs through the leg cache, which serves the one-device path only."""
+  A ``multirun`` keeps one device (returns None): its launcher puts the cores to work (joblib, submitit, ...)."""
   import jax
 
   if multirun:

@@ -1,4 +1,4 @@
-"""Episode-axis sharding: padding and placement helpers, and a 4-device evaluation equal to the 1-device one.
+"""Episode-axis splitting: padding, the split runner, and a 4-device evaluation equal to the 1-device one.
 
 JAX fixes its device count at import, so the multi-device case runs in a fresh process with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=4`` (4 CPU devices).
@@ -23,12 +23,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Five episodes (odd, so every group is padded to 4 or 8), of mixed sizes (a few size groups, one of a single
 # episode); deterministic pipelines and a random one (cos2 = perturbed cosine, which draws from the episode keys).
+# Three more whose items repeat 6 vectors (exact cosine ties everywhere) under CFS-R, alone and fused: a shard_map
+# program compiled the pool's dot products apart from the one-device program and broke those ties differently.
 SCRIPT = textwrap.dedent("""
   import json, sys
   import jax, numpy as np
   sys.path.insert(0, 'tests/eval')
   from test_evaluation import _emb, _episode
   from engram_jax.eval import evaluation, pipeline, sharding
+  from engram_jax.eval.legcache import LegCache
 
   assert jax.device_count() == 4, jax.devices()
   eps = [_episode(12, 3, 'a'), _episode(140, 30, 'b'), _episode(30, 5, 'c'), _episode(300, 9, 'd'),
@@ -40,17 +43,30 @@ SCRIPT = textwrap.dedent("""
            'mmr': pipeline.make_pipeline(fusion='rrf', legs={'cos': cos, 'mmr': {'op': 'mmr', 'k': 6, 'lam': 0.6}})}
   embs = [_emb(e, seed=i) for i, e in enumerate(eps)]
 
-  mesh = sharding.episode_mesh(None)  # each device maps over its own block of episodes
-  x = sharding.place_episodes(sharding.pad_episodes(np.arange(5.0), 4), mesh)
-  y = sharding.shard_episodes(lambda a: jax.lax.map(lambda v: v * 2, a), mesh, episode_args=(True,))(x)
-  assert [s.data.shape for s in y.addressable_shards] == [(2,)] * 4, y.sharding
-  assert len({s.device for s in y.addressable_shards}) == 4 and y.tolist()[:5] == [0, 2, 4, 6, 8]
+  def tied(ep, seed, d=64):
+    rng = np.random.default_rng(seed)
+    base = rng.normal(size=(6, d)).astype(np.float32)
+    qs = rng.normal(size=(len(ep.questions), d)).astype(np.float32)
+    norm = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)
+    return norm(base)[rng.integers(0, 6, ep.n_items)], norm(qs)
+
+  tie_eps = [_episode(300, 40, 'ta'), _episode(260, 33, 'tb'), _episode(280, 20, 'tc')]
+  tie_pipes = {'cfsr': pipeline.make_pipeline(legs={'cfsr': {'op': 'cfsr'}}),
+               'fused': pipeline.make_pipeline(fusion='rrf', legs={'cos': cos, 'cfsr': {'op': 'cfsr', 'depth': 50}})}
+  tie_embs = [tied(e, i) for i, e in enumerate(tie_eps)]
+
+  blocks = sharding.split_run(jax.jit(lambda a: jax.lax.map(lambda v: v * 2, a)), (np.arange(5.0),),
+                              episode_args=(True,), devices=jax.devices(), gather=False)
+  assert [p.shape for p in blocks.parts] == [(2,)] * 4 and blocks.gather().tolist() == [0, 2, 4, 6, 8]
+  assert [next(iter(p.devices())) for p in blocks.parts] == jax.devices()
   out = {}
   for devices in (1, 4):
-    r = evaluation.evaluate(eps, embs, pipes, k=5, metrics=['ndcg@5', 'recall@5'], seed=3, progress=False,
-                            devices=devices)
-    out[devices] = {'ids': r.question_ids, 'retrieved': r.retrieved,
-                    'scores': {n: {m: v.tolist() for m, v in s.items()} for n, s in r.scores.items()}}
+    for name, e, m, p, cache in (('plain', eps, embs, pipes, None), ('ties', tie_eps, tie_embs, tie_pipes, None),
+                                 ('ties_cached', tie_eps, tie_embs, tie_pipes, LegCache())):
+      r = evaluation.evaluate(e, m, p, k=5, metrics=['ndcg@5', 'recall@5'], seed=3, progress=False,
+                              devices=devices, leg_cache=cache)
+      out[f'{name}{devices}'] = {'ids': r.question_ids, 'retrieved': r.retrieved,
+                                 'scores': {n: {m: v.tolist() for m, v in s.items()} for n, s in r.scores.items()}}
   print('RESULT ' + json.dumps(out))
 """)
 
@@ -72,7 +88,6 @@ def test_device_count_is_checked():
       sharding.n_devices(bad)
   with pytest.raises(ValueError, match='device_count'):
     sharding.n_devices(jax.device_count() + 1)
-  assert sharding.episode_mesh(1).shape == {'episodes': 1}
 
 
 def test_eval_devices_config():
@@ -93,9 +108,11 @@ def test_four_devices_give_the_one_device_results():
   assert proc.returncode == 0, proc.stderr[-4000:]
   line = next(l for l in proc.stdout.splitlines() if l.startswith('RESULT '))
   out = json.loads(line[len('RESULT ') :])
-  one, four = out['1'], out['4']
-  assert len(one['ids']) == 3 + 30 + 5 + 9 + 4
-  assert four['ids'] == one['ids']
-  for name in one['retrieved']:
-    assert four['retrieved'][name] == one['retrieved'][name], name  # question by question, cos2 included
-    assert four['scores'][name] == one['scores'][name], name
+  assert len(out['plain1']['ids']) == 3 + 30 + 5 + 9 + 4
+  for case, one in (('plain', out['plain1']), ('ties', out['ties1']), ('ties_cached', out['ties1'])):
+    four = out[f'{case}4']
+    assert four['ids'] == one['ids']
+    for name in one['retrieved']:
+      assert four['retrieved'][name] == one['retrieved'][name], (case, name)  # question by question, cos2 included
+      assert four['scores'][name] == one['scores'][name], (case, name)
+  assert out['ties_cached1'] == out['ties1']
