@@ -344,12 +344,15 @@ def leg_top_d(
   index,
   group_key: tuple,
   devices: Sequence[Any] = (),
+  staged: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
   """Leg ``pos`` of ``n_legs`` on one stacked group, as RRF reads it: ``(top-D indices, ranked) [E, Q, D]``, with its
   traced knobs ``mine`` (name -> value; every traced knob of the leg but its weight) as arguments, looked up in and
   stored to ``cache`` by everything it depends on (a staged leg's first part shared by every value of the knobs
   its second part reads). Used by the cached evaluation and by :func:`engram_jax.eval.grid.evaluate_grid`. With
-  several ``devices`` the episodes are split over them (:func:`engram_jax.eval.sharding.split_run`; the same bits)."""
+  several ``devices`` the episodes are split over them (:func:`engram_jax.eval.sharding.split_run`; the same bits).
+  ``staged=False`` runs a staged leg whole (one fused program, no stored first part: faster when the caller needs one
+  value of its second part's knobs; the same bits)."""
   mine = dict(mine)
 
   def split(fn, args, episode_args, gather=True):
@@ -364,7 +367,7 @@ def leg_top_d(
   leg_key = (group_key, op, static, mine_key, spec.depth, pos, n_legs)
   stages = spec.operator.stages
   names = tuple(sorted(mine))
-  if stages is not None and not set(stages.by) & set(mine):  # its first part shared by every job of a sweep
+  if staged and stages is not None and not set(stages.by) & set(mine):  # its first part shared by every job of a sweep
     by = {n: v for n, v in spec.options if n in stages.by}
     prep_key = (group_key, op, legcache.fingerprint(list(by.values())) + repr(sorted(by)), pos, n_legs)
     prepare = cache.program(

@@ -14,7 +14,7 @@ cartesian product on every question:
   ``chunk`` points at a time, over each question's candidates only (the items some leg ranks and the last ``k``
   that none ranks: ``M = sum(depths) + k`` instead of ``N``; the same floats and tie rule), so memory stays at
   about ``chunk`` x ``[E, Q, M]`` float32 whatever the grid's size (:attr:`GridResult.info` reports it), and the
-  point axis can be sharded over devices (``devices``);
+  point axis can be split over devices (``devices``);
 * a combination of leg values that at most :data:`FUSE_ALONE` points take (a tune over one leg's knob: every point)
   is fused point by point as ``evaluate`` fuses it, without the candidates;
 * a one-leg pipeline (``fusion='none'``) runs whole once per point (its knobs are all the leg's own).
@@ -29,6 +29,7 @@ and top-k equal a separate :func:`engram_jax.eval.evaluation.evaluate` run at th
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import itertools
@@ -39,7 +40,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from engram_jax.core.batch import EpisodeArrays, episode_arrays, stack_arrays, stack_groups
 from engram_jax.core.types import Episode
@@ -255,25 +255,6 @@ def episode_metric_scores(
   return out
 
 
-def _placer(n_dev: int):
-  """``(candidates, ranks, weights [B, L], k0 [B]) -> the same placed for the fusion``: as they are on one device;
-  with ``n_dev > 1`` the points split over a 1-D ``'points'`` mesh and the candidates replicated."""
-  if n_dev == 1:
-    return lambda *args: args
-  mesh = Mesh(np.asarray(jax.devices()[:n_dev]), ('points',))
-  split, whole = NamedSharding(mesh, PartitionSpec('points')), NamedSharding(mesh, PartitionSpec())
-
-  def place(cand, ranks, weights, k0):
-    return (
-      jax.device_put(cand, whole),
-      jax.device_put(ranks, whole),
-      jax.device_put(weights, split),
-      jax.device_put(k0, split),
-    )
-
-  return place
-
-
 def evaluate_grid(
   episodes: Sequence[Episode],
   embeddings: Sequence[tuple[np.ndarray, np.ndarray]],
@@ -308,9 +289,9 @@ def evaluate_grid(
     arrays: padded episode arrays when the caller has them (else built here).
     leg_cache: legs' outputs and programs shared with other calls (default: a private one, legs only).
     devices: devices the legs and the fusion are split over (``None``: every device of ``jax.devices()``; 1: the
-      default device): the legs' episodes one block per device (:func:`engram_jax.eval.sharding.split_run`), and
-      each fusion chunk (rounded up to a multiple of the device count) over a 1-D ``'points'`` mesh, the legs'
-      candidates replicated; the results do not depend on it (tested with fake CPU devices).
+      default device), one block per device (:func:`engram_jax.eval.sharding.split_run`): the legs' and the
+      candidates' episodes, and each fusion chunk's points (a chunk rounded up to a multiple of the device count),
+      the candidates given whole to each; the results do not depend on it (tested with fake CPU devices).
 
   Returns:
     A :class:`GridResult`; point ``p`` equals ``evaluate`` of ``with_values(pipe, result.point(p))``.
@@ -374,7 +355,6 @@ def evaluate_grid(
   base_key = jax.random.key(seed)
   n_dev = sharding.n_devices(devices)
   devs = jax.devices()[:n_dev]
-  place = _placer(n_dev)
   groups = stack_groups(arrays, max_waste=max_waste) if episodes else []
   info: dict[str, Any] = {
     'points': n_points,
@@ -459,7 +439,10 @@ def evaluate_grid(
           }
           mine.update({t[len(prefix) :]: _value_array(v) for t, v in zip(own, r)})
           t2 = time.perf_counter()
-          tops.append(leg_top_d(cache, spec, pos, n_legs, mine, stack, base_key, index, group_key, devs))
+          # a staged leg's first part is kept for its second part's other values only when there are some
+          tops.append(
+            leg_top_d(cache, spec, pos, n_legs, mine, stack, base_key, index, group_key, devs, len(distinct) > 1)
+          )
           t_legs += time.perf_counter() - t2
         info['legs_computed'] += len(distinct)
         idx_stacks.append(np.stack([t[0] for t in tops]))
@@ -500,14 +483,19 @@ def evaluate_grid(
             t1 = time.perf_counter()
           info['fused_alone'] += len(js)
           continue
-        cand, ranks = candidates(leg_idx, leg_ranked, stack.where)
+        cand, ranks = sharding.split_run(
+          candidates, (leg_idx, leg_ranked, stack.where), episode_args=(True, True, True), devices=devs
+        )
         info['fusion_bytes_per_chunk'] = max(info['fusion_bytes_per_chunk'], b * int(np.prod(cand.shape)) * 4)
         js = np.asarray(js)
         t_retrieve += time.perf_counter() - t1
         for start in range(0, len(js), b):
           t1 = time.perf_counter()
           sl = js[np.arange(start, start + b).clip(max=len(js) - 1)]  # the last chunk padded with its last point
-          out = np.asarray(fuse(*place(cand, ranks, weights[sl], k0[sl])))
+          out = sharding.split_run(  # the points one block per device, the candidates given to each
+            fuse, (cand, ranks, weights[sl], k0[sl]), episode_args=(False, False, True, True), devices=devs
+          )
+          out = np.asarray(out)
           n_real = min(b, len(js) - start)
           t_retrieve += time.perf_counter() - t1
           finish(out[:n_real], pts_arr[sl[:n_real]])
@@ -569,17 +557,17 @@ def rank_points(
   step = limit if top is not None else max(1, batch)
   best_reps = None
   out: list[dict[str, Any]] = []
+  pool = concurrent.futures.ThreadPoolExecutor(1)  # the sign flips beside the bootstrap (NumPy lets go of the GIL)
   for start in range(0, limit, step):
     chosen = order[start : min(start + step, limit)]
     rows = values[chosen]  # [M, Q]
+    diffs = rows - values[order[0]]
+    flips = pool.submit(stats.sign_flip_pvalues, diffs, seed=seed + 1, n_resamples=n_resamples)
     reps = stats.bootstrap_means(rows, seed=seed, n_resamples=n_resamples)  # [M, R]: each row as if alone
     if best_reps is None:
       best_reps = reps[0]
     cis = stats.percentile_intervals(rows, reps)
-    diffs = rows - values[order[0]]
-    paired = stats.paired_results(
-      diffs, reps - best_reps, stats.sign_flip_pvalues(diffs, seed=seed + 1, n_resamples=n_resamples)
-    )
+    paired = stats.paired_results(diffs, reps - best_reps, flips.result())
     for p, ci, d in zip(chosen.tolist(), cis, paired):
       vs = d.to_dict()
       out.append(
@@ -595,6 +583,7 @@ def rank_points(
       )
     if top is None and not any(r['on_plateau'] and r['rank'] > 1 for r in out[-len(chosen) :]):
       break
+  pool.shutdown()
   return out
 
 
