@@ -469,24 +469,18 @@ def stacked_fusion(k: int) -> Callable:
   return jax.jit(run)
 
 
-def stacked_topk(pipe: Pipeline, k: int, *, mesh: jax.sharding.Mesh | None = None) -> Callable:
+def stacked_topk(pipe: Pipeline, k: int) -> Callable:
   """``(stacked arrays [E, ...], key, episode indices [E], knob values) -> top-k [E, Q, k]``: ``pipe``'s structure
   mapped over episodes (episode ``e`` with ``fold_in(key, e)``), jitted; the traced knob values
   (:func:`engram_jax.eval.pipeline.traced_values`) are arguments, so it serves every pipeline of the same
-  :func:`engram_jax.eval.pipeline.structure_key`.
-
-  With a ``mesh`` (:func:`engram_jax.eval.sharding.episode_mesh`) the map runs under ``shard_map``: the arrays and
-  indices are split on their episode axis (``E`` a multiple of the mesh size), the key and knob values replicated,
-  and each device maps over its own episodes."""
+  :func:`engram_jax.eval.pipeline.structure_key`. Several devices: :func:`engram_jax.eval.sharding.split_run`."""
 
   def run(st, key, index, values):
     return jax.lax.map(
       lambda a: pipeline_topk(pipe, a[0], jax.random.fold_in(key, a[1]), k=k, values=values), (st, index)
     )
 
-  if mesh is None:
-    return jax.jit(run)
-  return sharding.shard_episodes(run, mesh, episode_args=(True, False, True, False))
+  return jax.jit(run)
 
 
 def _batched_metric(base: str, cut: int) -> Callable:

@@ -58,7 +58,6 @@ def pad_episodes(tree: T, multiple: int) -> T:
   return jax.tree_util.tree_map(pad, tree)
 
 
-@jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Blocks:
   """An episode-axis tree held as :func:`split_run` left it: ``parts[i]`` on device ``i`` (each ``E_pad / n``
@@ -66,11 +65,14 @@ class Blocks:
   it is used where it lies (no copy through the host)."""
 
   parts: tuple[Any, ...]
-  size: int = dataclasses.field(metadata={'static': True})
+  size: int
 
   def gather(self) -> Any:
     """The tree ``[E, ...]`` on the host (NumPy), padding dropped."""
     return jax.tree_util.tree_map(lambda *xs: np.concatenate([np.asarray(x) for x in xs])[: self.size], *self.parts)
+
+
+jax.tree_util.register_dataclass(Blocks, data_fields=['parts'], meta_fields=['size'])
 
 
 def split_run(
