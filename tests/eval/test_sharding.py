@@ -116,3 +116,12 @@ def test_four_devices_give_the_one_device_results():
       assert four['retrieved'][name] == one['retrieved'][name], (case, name)  # question by question, cos2 included
       assert four['scores'][name] == one['scores'][name], (case, name)
   assert out['ties_cached1'] == out['ties1']
+
+
+def test_split_run_on_one_device_is_the_call_itself():
+  double = jax.jit(lambda a, b: jax.lax.map(lambda v: v * 2 + b, a))
+  x = np.arange(5.0)
+  out = sharding.split_run(double, (x, 1.0), episode_args=(True, False), devices=jax.devices()[:1])
+  assert isinstance(out, jax.Array) and out.tolist() == [1.0, 3.0, 5.0, 7.0, 9.0]
+  with pytest.raises(ValueError, match='disagree'):
+    sharding.split_run(double, (x, np.arange(3.0)), episode_args=(True, True), devices=jax.devices()[:1])
