@@ -270,6 +270,26 @@ def render_plain(messages: Messages, bos: str = '') -> str:
   return bos + '\n\n'.join(m['content'] for m in messages)
 
 
+def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+  """Batches of prompt indices in order of length (shortest first; equal lengths keep their order), ``batch_size``
+  at a time: a batch padded to its longest prompt wastes little.
+
+  Args:
+    lengths: ``[n]`` the prompts' token counts.
+    batch_size: prompts per batch (>= 1).
+
+  Returns:
+    ``ceil(n / batch_size)`` lists of indices into ``lengths``; together a permutation of ``range(n)``.
+
+  Example:
+    >>> from engram_jax.answer.reader import length_batches
+    >>> length_batches([30, 5, 12, 5, 40], 2)
+    [[1, 3], [2, 0], [4]]
+  """
+  order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+  return [order[at : at + batch_size] for at in range(0, len(order), max(1, int(batch_size)))]
+
+
 class HFReader:
   """A transformers causal LM: greedy decoding, batched generation with left padding; prompts through the chat
   template (``prompt='chat'``, instruct models) or as plain text (``prompt='plain'``, base models: see
@@ -333,13 +353,20 @@ class HFReader:
     return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
   def generate(self, prompts: Sequence[Messages], *, max_new_tokens: int) -> list[str]:
-    """Greedy replies (special tokens dropped, stripped) to ``prompts``, ``batch_size`` at a time."""
+    """Greedy replies (special tokens dropped, stripped) to ``prompts``, in their order.
+
+    The prompts are batched ``batch_size`` at a time in order of token length (:func:`length_batches`), so a batch
+    pads little; a reply does not depend on its batch beyond float rounding.
+    """
     import torch
 
-    out: list[str] = []
-    for at in range(0, len(prompts), self.batch_size):
-      texts = [self.render(m) for m in prompts[at : at + self.batch_size]]
-      enc = self.tokenizer(texts, return_tensors='pt', padding=True, add_special_tokens=False).to(self.device)
+    texts = [self.render(m) for m in prompts]
+    lengths = [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)['input_ids']] if texts else []
+    out: list[str] = [''] * len(texts)
+    for chunk in length_batches(lengths, self.batch_size):
+      enc = self.tokenizer([texts[i] for i in chunk], return_tensors='pt', padding=True, add_special_tokens=False).to(
+        self.device
+      )
       with torch.inference_mode():
         gen = self.model.generate(
           **enc,
@@ -352,8 +379,9 @@ class HFReader:
           pad_token_id=self.tokenizer.pad_token_id,
         )
       new = gen[:, enc['input_ids'].shape[1] :]
-      out.extend(t.strip() for t in self.tokenizer.batch_decode(new, skip_special_tokens=True))
-      self.generated += len(texts)
+      for i, t in zip(chunk, self.tokenizer.batch_decode(new, skip_special_tokens=True)):
+        out[i] = t.strip()
+      self.generated += len(chunk)
     return out
 
 

@@ -154,10 +154,15 @@ def answer_all(
   max_new_tokens: int,
   progress: bool = True,
   desc: str = 'answering',
+  longest_first: bool = False,
 ) -> tuple[list[str], AnswerStats]:
   """Replies to ``prompts``: each distinct prompt is answered once, from ``cache`` when stored, else generated in
-  batches of ``reader.batch_size`` (prompts sorted by length, so a batch pads little) and stored right after its
-  batch (an interrupted run resumes)."""
+  batches of ``reader.batch_size`` (prompts sorted by length, so a batch pads little; ``longest_first`` reverses the
+  order) and stored right after its batch (an interrupted run resumes).
+
+  The cache is read again before each batch, so runs that share a cache share the work: a second run of the same
+  prompts with the other ``longest_first`` skips what the first has stored meanwhile (and vice versa), and both
+  return the same replies."""
   keys = [answer_cache.canonical(m) for m in prompts]
   unique: dict[str, Messages] = {}
   for k, m in zip(keys, prompts):
@@ -170,7 +175,8 @@ def answer_all(
       todo.append(k)
     else:
       answers[k] = got
-  todo.sort(key=len)  # similar lengths share a batch: less left padding (the key is the prompt's canonical JSON)
+  # similar lengths share a batch: less left padding (the key is the prompt's canonical JSON)
+  todo.sort(key=len, reverse=bool(longest_first))
   st = AnswerStats(prompts=len(prompts), unique=len(unique), cached=len(unique) - len(todo))
   t0 = time.perf_counter()
   if todo:
@@ -178,18 +184,31 @@ def answer_all(
 
     bar = tqdm(total=len(todo), desc=desc, unit='answer', disable=not progress, dynamic_ncols=True)
     size = max(1, int(getattr(reader, 'batch_size', 8)))
-    for at in range(0, len(todo), size):
-      chunk = todo[at : at + size]
+    at = 0
+    while at < len(todo):
+      chunk: list[str] = []
+      while at < len(todo) and len(chunk) < size:  # stored meanwhile by another run on this cache: read, not generated
+        k = todo[at]
+        at += 1
+        got = cache.get(unique[k])
+        if got is None:
+          chunk.append(k)
+        else:
+          answers[k] = got
+          st.cached += 1
+          bar.update(1)
+      if not chunk:
+        break
       replies = reader.generate([unique[k] for k in chunk], max_new_tokens=max_new_tokens)
       if len(replies) != len(chunk):
         raise RuntimeError(f'reader returned {len(replies)} replies for {len(chunk)} prompts')
       for k, r in zip(chunk, replies):
         cache.put(unique[k], r)
         answers[k] = r
+      st.generated += len(chunk)
       bar.update(len(chunk))
     bar.close()
   st.seconds = time.perf_counter() - t0
-  st.generated = len(todo)
   return [answers[k] for k in keys], st
 
 

@@ -107,6 +107,7 @@ class Tier1:
         max_new_tokens=int(max_new),
         progress=bool(self.cfg.eval.progress),
         desc=f'answering {ds.name}',
+        longest_first=bool(self.cfg.reader.get('longest_first', False)),
       )
       stats_box.append(st)
       return replies

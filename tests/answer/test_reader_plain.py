@@ -71,3 +71,33 @@ def test_the_tokenizer_and_weights_come_from_the_gguf_file(tiny_base_model, monk
   reader, _ = R.load_reader('hf', model=str(tiny_base_model), gguf_file='m.gguf', prompt='plain')
   assert seen == [('tokenizer', 'm.gguf'), ('model', 'm.gguf')]
   assert reader.fingerprint == 'gguf-sha256:' + R.sha256_file(tiny_base_model / 'm.gguf')
+
+
+def test_length_batches_sort_by_length_and_cover_every_prompt():
+  assert R.length_batches([30, 5, 12, 5, 40], 2) == [[1, 3], [2, 0], [4]]
+  assert R.length_batches([], 4) == []
+  batches = R.length_batches([7, 3, 9, 1, 3, 8, 2], 3)
+  assert sorted(i for b in batches for i in b) == list(range(7)) and [len(b) for b in batches] == [3, 3, 1]
+
+
+def test_generate_batches_by_token_length_and_keeps_the_given_order(tiny_base_model):
+  """Prompts of mixed lengths go to the model shortest first (a batch pads to its longest), and each reply comes
+  back at its prompt's position: the same replies as one prompt at a time."""
+  long = [MESSAGES[0], {'role': 'user', 'content': 'where does ann live ? where does ann live ? paris rome'}]
+  short = [{'role': 'user', 'content': 'paris ?'}]
+  prompts = [long, short, MESSAGES, short, long]
+  reader = R.HFReader(tiny_base_model, fingerprint='t', prompt='plain', batch_size=2)
+  widths = []
+  real = reader.model.generate
+
+  def spy(**kw):
+    widths.append(tuple(kw['input_ids'].shape))
+    return real(**kw)
+
+  reader.model.generate = spy
+  replies = reader.generate(prompts, max_new_tokens=3)
+  assert [w[0] for w in widths] == [2, 2, 1] and [w[1] for w in widths] == sorted(w[1] for w in widths)
+  assert widths[0][1] == len(reader.tokenizer(reader.render(short), add_special_tokens=False)['input_ids'])
+  one = [reader.generate([p], max_new_tokens=3)[0] for p in prompts]
+  assert replies == one and replies[1] == replies[3] and replies[0] == replies[4]
+  assert reader.generated == 5 + 5

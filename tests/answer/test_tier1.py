@@ -380,6 +380,55 @@ def test_an_interrupted_run_resumes_and_matches_an_uninterrupted_one(tmp_path):
   assert _run(resumed, tmp_path / 'b') == full and resumed.generated == 12 - 6
 
 
+class OtherRunReader(FakeReader):
+  """A reader whose every batch is followed by another run on the same cache storing ``other`` more answers (what a
+  second run of the same command, in the other order, does meanwhile); it records the prompts it is given."""
+
+  def __init__(self, cache, prompts, other):
+    super().__init__(batch_size=2)
+    self.cache, self.pending, self.other, self.seen = cache, list(prompts), other, []
+
+  def generate(self, prompts, *, max_new_tokens):
+    self.seen += [answer_cache.canonical(m) for m in prompts]
+    out = super().generate(prompts, max_new_tokens=max_new_tokens)
+    done = set(self.seen)
+    for m in [m for m in self.pending if answer_cache.canonical(m) not in done][: self.other]:
+      self.cache.put(m, 'from the other run')
+      self.pending.remove(m)
+    return out
+
+
+def _prompts(n):
+  return [[{'role': 'user', 'content': 'q ' + 'x' * i}] for i in range(n)]
+
+
+def test_two_runs_on_one_cache_share_the_work(tmp_path):
+  """answer_all reads the cache again before each batch: what another run stored meanwhile is not generated."""
+  prompts = _prompts(9)
+  cache = answer_cache.AnswerCache(tmp_path, FakeReader().spec(10))
+  longest = sorted(prompts, key=lambda m: len(answer_cache.canonical(m)), reverse=True)
+  reader = OtherRunReader(cache, longest[::-1], other=2)  # the other run works shortest first
+  replies, st = tier1.answer_all(prompts, reader, cache, max_new_tokens=10, progress=False, longest_first=True)
+  # batches of 2, longest first, while the other run stores the 2 shortest after each: they meet in the middle
+  assert reader.seen == [answer_cache.canonical(m) for m in longest[:5]]
+  assert (st.generated, st.cached, st.unique) == (5, 4, 9) and reader.generated == 5
+  assert [r == 'from the other run' for r in replies] == [True] * 4 + [False] * 5  # the 4 shortest
+  again = FakeReader(batch_size=2)  # a rerun: everything from the cache, the same replies
+  assert tier1.answer_all(prompts, again, cache, max_new_tokens=10, progress=False)[0] == replies
+  assert again.generated == 0
+
+
+def test_longest_first_reverses_the_generation_order_not_the_replies(tmp_path):
+  prompts = _prompts(5)
+  spec = FakeReader().spec(10)
+  r1, r2 = OtherRunReader(None, [], 0), OtherRunReader(None, [], 0)
+  a = tier1.answer_all(prompts, r1, answer_cache.AnswerCache(tmp_path / 'a', spec), max_new_tokens=10, progress=False)
+  b = tier1.answer_all(
+    prompts, r2, answer_cache.AnswerCache(tmp_path / 'b', spec), max_new_tokens=10, progress=False, longest_first=True
+  )
+  assert a[0] == b[0] and r1.seen == r2.seen[::-1] and r1.seen == sorted(r1.seen, key=len)
+
+
 def test_cache_keys_depend_on_spec_and_exact_prompt(tmp_path):
   m = [{'role': 'user', 'content': 'hi'}]
   s1, s2 = {'fingerprint': 'x', 'max_new_tokens': 10}, {'fingerprint': 'x', 'max_new_tokens': 11}
