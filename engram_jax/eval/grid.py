@@ -29,7 +29,6 @@ and top-k equal a separate :func:`engram_jax.eval.evaluation.evaluate` run at th
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import functools
 import itertools
@@ -557,17 +556,17 @@ def rank_points(
   step = limit if top is not None else max(1, batch)
   best_reps = None
   out: list[dict[str, Any]] = []
-  pool = concurrent.futures.ThreadPoolExecutor(1)  # the sign flips beside the bootstrap (NumPy lets go of the GIL)
   for start in range(0, limit, step):
     chosen = order[start : min(start + step, limit)]
     rows = values[chosen]  # [M, Q]
     diffs = rows - values[order[0]]
-    flips = pool.submit(stats.sign_flip_pvalues, diffs, seed=seed + 1, n_resamples=n_resamples)
     reps = stats.bootstrap_means(rows, seed=seed, n_resamples=n_resamples)  # [M, R]: each row as if alone
     if best_reps is None:
       best_reps = reps[0]
     cis = stats.percentile_intervals(rows, reps)
-    paired = stats.paired_results(diffs, reps - best_reps, flips.result())
+    paired = stats.paired_results(
+      diffs, reps - best_reps, stats.sign_flip_pvalues(diffs, seed=seed + 1, n_resamples=n_resamples)
+    )
     for p, ci, d in zip(chosen.tolist(), cis, paired):
       vs = d.to_dict()
       out.append(
@@ -583,7 +582,6 @@ def rank_points(
       )
     if top is None and not any(r['on_plateau'] and r['rank'] > 1 for r in out[-len(chosen) :]):
       break
-  pool.shutdown()
   return out
 
 
