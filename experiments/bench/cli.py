@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -54,6 +55,12 @@ def parser() -> argparse.ArgumentParser:
     help='interleaved rounds (JAX and reference back to back); the table gives the median and min-max over rounds',
   )
   ap.add_argument('--no-peers', action='store_true', help='skip the BM25 peers (rank_bm25, bm25s)')
+  ap.add_argument(
+    '--cpu-devices',
+    default='cores',
+    help="CPU devices (one per core: 'cores', or a count); with more than one, the operator table adds a column "
+    "timing every episode's call at once, the episodes split over the devices as evaluation splits them",
+  )
   ap.add_argument(
     '--ref-queries',
     type=int,
@@ -140,6 +147,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]] | dict[str, 
   """Run the tool the flags select; returns its rows (the scale table: its result dict)."""
   ap = parser()
   args = ap.parse_args(argv)
+  use_cpu_devices(args.cpu_devices, ap)
   if args.cfsr_floor:
     print('\n'.join(environment()))
     result = floor.cfsr_floor(
@@ -192,11 +200,35 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]] | dict[str, 
     overrides=overrides,
     peers=not args.no_peers,
     log=lambda s: print(s, file=sys.stderr),
+    devices=all_devices(),
   )
   print(
     operators.format_table(rows, n_episodes=len(episodes), n_queries=sum(len(b.episode.questions) for b in episodes))
   )
   return rows
+
+
+def use_cpu_devices(value: str, ap: argparse.ArgumentParser) -> None:
+  """Give the process ``value`` CPU devices (``'cores'``: one per core) before its first computation."""
+  import jax
+
+  from experiments.lib.common import cpu_devices_wanted
+
+  try:
+    n = cpu_devices_wanted('cores' if value == 'cores' else int(value), os.cpu_count())
+  except ValueError as e:
+    ap.error(f"--cpu-devices must be 'cores' or an integer >= 1: {e}")
+  try:
+    jax.config.update('jax_num_cpu_devices', n)
+  except RuntimeError:  # JAX already initialised (a second call in one process, e.g. a test): keep its devices
+    pass
+
+
+def all_devices() -> list[Any]:
+  """This process's devices of the default backend."""
+  import jax
+
+  return list(jax.devices())
 
 
 def scale_main(args: argparse.Namespace, ap: argparse.ArgumentParser) -> dict[str, Any]:

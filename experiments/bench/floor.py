@@ -35,7 +35,11 @@ def cfsr_floor(
     (``power_iterations`` + ``iterations`` batched P x P matvecs per query, in chunks of ``batch_size`` queries, the
     leg's chunking);
     projected gradient = solve - power; blend + scatter = leg - pool - solve;
-  * ``gemm``: a dense matmul of the same FLOP count, for this machine's compute rate.
+  * ``gemm``: a dense matmul of the same FLOP count, for this machine's compute rate;
+  * ``read``: the solver's block reads alone, through XLA's fused reduce: each chunk's blocks summed along their rows
+    ``power_iterations + iterations`` times (one fused add-and-reduce per pass, made to depend on the pass before so
+    that it is not hoisted), the same bytes in the same chunks as the solve, for this machine's rate of reading
+    blocks that stay in a core's cache.
 
   Like the leg, the parts skip chunks of padded questions only (``map_live_queries``): they run on the first
   ``ceil(Q_real / batch_size)`` chunks of each episode.
@@ -86,6 +90,13 @@ def cfsr_floor(
   side = int(round((flops / 2) ** (1 / 3)))
   x = jnp.ones((side, side), jnp.float32)
   gemm = jax.jit(lambda m: m @ m)
+  steps = iterations + power_iterations
+
+  def read_chunk(g):
+    body = lambda _, acc: acc + jnp.sum(g + acc[..., :1, None] * 1e-30, axis=-1)
+    return jax.lax.fori_loop(0, steps, body, jnp.zeros(g.shape[:-1], g.dtype))
+
+  reads = jax.jit(lambda g: jax.lax.map(read_chunk, g, batch_size=batch_size))
   parts = {
     'leg': [lambda a=a: leg(a) for a in arrays],
     'pool': [lambda a=a: pools(a) for a in arrays],
@@ -93,6 +104,7 @@ def cfsr_floor(
     'power': [lambda g=g: power_only(*g) for g in blocks],
     'solve': [lambda g=g: chunked(*g) for g in blocks],
     'gemm': [lambda: gemm(x)],
+    'read': [lambda g=g: reads(g[0]) for g in blocks],
   }
   times = {}
   for name, fns in parts.items():
@@ -122,9 +134,9 @@ def format_cfsr_floor(r: Mapping[str, Any]) -> str:
     '| part | seconds | GFLOP/s | GB/s of block reads |',
     '|---|---|---|---|',
   ]
-  for name in ('leg', 'pool', 'pool: top-P', 'power', 'solve', 'gemm'):
+  for name in ('leg', 'pool', 'pool: top-P', 'power', 'solve', 'gemm', 'read'):
     rate = r['gflop'] / t[name] if name in ('leg', 'solve', 'gemm') else None
-    bw = r['solver_gbytes'] / t[name] if name in ('leg', 'solve') else None
+    bw = r['solver_gbytes'] / t[name] if name in ('leg', 'solve', 'read') else None
     lines.append(
       f'| {name} | {t[name]:.3f} | {"" if rate is None else f"{rate:.1f}"} | {"" if bw is None else f"{bw:.1f}"} |'
     )
@@ -137,5 +149,10 @@ def format_cfsr_floor(r: Mapping[str, Any]) -> str:
   lines.append(
     f"floor at this machine's dense-matmul rate: {r['gflop'] / r['gemm_gflops']:.3f} s; the leg is "
     f'{t["leg"] / (r["gflop"] / r["gemm_gflops"]):.1f}x that'
+  )
+  lines.append(
+    f'the same bytes read by a fused add-and-reduce (the same chunks and passes): {t["read"]:.3f} s, '
+    f'{r["solver_gbytes"] / t["read"]:.1f} GB/s; the solve reads its blocks at {r["solver_gbytes"] / t["solve"]:.1f} '
+    'GB/s, as fast as XLA reads them at all (0.5 FLOP per byte: bound by the reads, not the arithmetic)'
   )
   return '\n'.join(lines)

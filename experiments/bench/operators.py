@@ -264,6 +264,11 @@ def _row(name: str, options: Mapping[str, Any], has_ref: bool, rounds: int) -> d
     'jax_rounds': [0.0] * rounds,
     'ref_rounds': [0.0] * rounds if has_ref else None,
     'ratio_rounds': None,
+    'devices': 1,
+    'all_rounds': None,
+    'all_s': None,
+    'ratio_all': None,
+    'ratio_all_rounds': None,
   }
 
 
@@ -278,6 +283,7 @@ def time_operators(
   peers: bool = True,
   seed: int = 0,
   log: Callable[[str], None] | None = None,
+  devices: Sequence[Any] | None = None,
 ) -> list[dict[str, Any]]:
   """Time operators (registered names, or :data:`FUSION` for RRF) on every episode; one row per name, then the
   BM25 peer rows.
@@ -299,6 +305,10 @@ def time_operators(
       ``unavailable`` set and no times.
     seed: the PRNG key of the legs (only stochastic legs such as cos2 read it).
     log: called with one progress line per episode and per round.
+    devices: with more than one (one CPU device per core), each round also times every episode's call at once (all
+      calls dispatched, then awaited), each episode on one device, the episodes dealt to the devices by question
+      count (largest first, to the least loaded): the machine's cores at work as evaluation puts them to work
+      (:func:`engram_jax.eval.sharding.split_run`). Its outputs equal the one-device outputs bit for bit (checked).
 
   Returns:
     One dict per name, in order, then one per peer: ``op``, ``options`` (knob values), ``jax_s`` (median over
@@ -356,6 +366,11 @@ def time_operators(
   if peer_list and dict(legs[PEER_OF].options).get('tokenizer', 'words') != 'words':
     raise ValueError('the BM25 peers tokenise with the words tokenizer only')
 
+  devices = list(devices) if devices is not None and len(devices) > 1 else []
+  home = deal_episodes([len(b.episode.questions) for b in episodes], len(devices)) if devices else []
+  spread_thunks: dict[str, list[Callable[[], Any]]] = {n: [] for n in names}
+  spread_checks: dict[str, list[tuple[Callable[[], Any], Any]]] = {n: [] for n in names}
+
   # Preparation: pad, compile and warm up every (episode, operator); build the peers' indexes.
   prepared = []  # per episode: (q, r_q, {name: (jax thunk, reference fn or None)}, {peer: score fn})
   for e_i, b in enumerate(episodes):
@@ -377,8 +392,17 @@ def time_operators(
         adapter = REFERENCES.get(name)
         opts = dict(legs[name].options)
         fn_ref = None if adapter is None else (lambda ad, ee, o: lambda i: ad(ee, i, o))(adapter, e_ref, opts)
-      jax.block_until_ready(thunk())  # compile + warm-up
+      first = jax.block_until_ready(thunk())  # compile + warm-up
       timed[name] = (thunk, fn_ref)
+      if devices:
+        dev = devices[home[e_i]]
+        if name == FUSION:
+          there = jax.device_put((stacked, arr.where), dev)
+          on_dev = (lambda st_w: lambda: fuse(*st_w))(there)
+        else:
+          on_dev = (lambda f, a: lambda: f(a, key))(fns[name], jax.device_put(arr, dev))
+        spread_checks[name].append((on_dev, first))
+        spread_thunks[name].append(on_dev)
       cost = solve_cost(rows[name]['options'], n, q) if name != FUSION else None
       if cost is not None:
         rows[name]['gflop'] = (rows[name]['gflop'] or 0.0) + cost[0] / 1e9
@@ -406,6 +430,15 @@ def time_operators(
         f'episode {e_i + 1}/{len(episodes)}: N={n} (padded {arr.docs.shape[0]}), Q={q} (padded '
         f'{arr.queries.shape[0]}), reference on {r_q} queries'
       )
+
+  for name, pairs in spread_checks.items():  # compile + warm-up on every device; the same bits as one device
+    for on_dev, first in pairs:
+      if not np.array_equal(np.asarray(jax.block_until_ready(on_dev())), np.asarray(first)):
+        raise RuntimeError(f'bench: {name} on several devices differs from its one-device output')
+  if devices:
+    for name in names:
+      rows[name]['devices'] = len(devices)
+      rows[name]['all_rounds'] = [0.0] * rounds
 
   # Interleaved rounds.
   for r in range(rounds):
@@ -435,6 +468,9 @@ def time_operators(
             if r == 0:
               peer_rows[p_name]['agree'] += sum(top_ids(got[i]) == top_ids(p_out[i]) for i in range(q))
               peer_rows[p_name]['checked'] += q
+    if devices:  # every episode at once, over the devices
+      for name in names:
+        rows[name]['all_rounds'][r] = time_jax(lambda ts=spread_thunks[name]: [t() for t in ts], repeats)[0]
     if log is not None:
       log(f'round {r + 1}/{rounds} ({"JAX" if jax_first else "reference"} first)')
 
@@ -445,6 +481,11 @@ def time_operators(
       if all(t > 0 for t in row['jax_rounds']):
         row['ratio_rounds'] = [a / t for a, t in zip(row['ref_rounds'], row['jax_rounds'])]
         row['ratio'] = spread(row['ratio_rounds'])['median']
+    if row['all_rounds'] is not None:
+      row['all_s'] = spread(row['all_rounds'])['median']
+      if row['ref_rounds'] is not None and all(t > 0 for t in row['all_rounds']):
+        row['ratio_all_rounds'] = [a / t for a, t in zip(row['ref_rounds'], row['all_rounds'])]
+        row['ratio_all'] = spread(row['ratio_all_rounds'])['median']
   for row in peer_rows.values():
     base = rows[PEER_OF]
     row['jax_s'] = base['jax_s']
@@ -457,6 +498,20 @@ def time_operators(
   return [rows[n] for n in names] + list(peer_rows.values())
 
 
+def deal_episodes(sizes: Sequence[int], n_devices: int) -> list[int]:
+  """Each episode's device: largest first (by ``sizes``, e.g. question counts) to the least loaded device.
+
+  >>> deal_episodes([10, 40, 30, 20], 2)
+  [0, 0, 1, 1]
+  """
+  load = [0] * n_devices
+  home = [0] * len(sizes)
+  for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+    home[i] = min(range(n_devices), key=lambda d: (load[d], d))
+    load[home[i]] += sizes[i]
+  return home
+
+
 def format_table(
   rows: Sequence[Mapping[str, Any]], *, n_episodes: int, n_queries: int, threads: str | None = None
 ) -> str:
@@ -464,18 +519,36 @@ def format_table(
   A peer row (``peer_of`` set) compares the JAX row it names with the peer library; ``threads``
   (:func:`thread_settings` by default) is printed under the table."""
   n_rounds = max((len(r['jax_rounds'] or []) for r in rows), default=0)
+  n_dev = max((r.get('devices', 1) for r in rows), default=1)
+  spread_cols = n_dev > 1
+  head = f' JAX ms, {n_dev} devices | ratio, {n_dev} devices |' if spread_cols else ''
   lines = [
     f'{n_episodes} episodes, {n_queries} queries, {n_rounds} interleaved rounds; times are totals over all '
-    'queries, median (min-max) over rounds (JAX float32 jitted; NumPy float64 reference, or the peer library)',
-    '| op | JAX ms | reference / peer ms | ratio | agree | solve work: GFLOP, GB block reads -> GFLOP/s |',
-    '|---|---:|---:|---:|---:|---:|',
+    'queries, median (min-max) over rounds (JAX float32 jitted; NumPy float64 reference, or the peer library)'
+    + (
+      f'; "JAX ms" is one device (one core), episode after episode; "{n_dev} devices": every episode at once, '
+      'each on one device (one per core), as evaluation runs them'
+      if spread_cols
+      else ''
+    ),
+    f'| op | JAX ms | reference / peer ms | ratio |{head} agree | solve work: GFLOP, GB block reads -> GFLOP/s |',
+    '|---|---:|---:|---:|' + ('---:|---:|' if spread_cols else '') + '---:|---:|',
   ]
   for r in rows:
     work = ''
     if r.get('gflop') and r.get('jax_s'):
       work = f'{r["gflop"]:.2f}, {r["gbytes"]:.2f} -> {r["gflop"] / r["jax_s"]:.1f}'
+    if r.get('gflop') and r.get('all_s'):
+      work += f' ({r["gflop"] / r["all_s"]:.1f} on {n_dev} devices)'
+    extra = ''
+    if spread_cols:
+      extra = (
+        f' {cell(r.get("all_rounds"))} | {cell(r.get("ratio_all_rounds"), 1.0, "{:.1f}", "x")} |'
+        if not r.get('peer_of')
+        else ' | |'
+      )
     if r.get('unavailable'):
-      lines.append(f'| {r["op"]} | {cell(r["jax_rounds"])} | unavailable | n/a | n/a | |')
+      lines.append(f'| {r["op"]} | {cell(r["jax_rounds"])} | unavailable | n/a |{extra} n/a | |')
       continue
     has = r['ref_s'] is not None
     agree = f'{r["agree"]}/{r["checked"]}' if has else 'n/a'
@@ -483,8 +556,8 @@ def format_table(
     if r.get('peer_of'):
       jax_cell = f'({r["peer_of"]}) {jax_cell}'
     lines.append(
-      f'| {r["op"]} | {jax_cell} | {cell(r["ref_rounds"])} | {cell(r["ratio_rounds"], 1.0, "{:.1f}", "x")} | {agree} '
-      f'| {work} |'
+      f'| {r["op"]} | {jax_cell} | {cell(r["ref_rounds"])} | {cell(r["ratio_rounds"], 1.0, "{:.1f}", "x")} |{extra} '
+      f'{agree} | {work} |'
     )
   notes = [f'- {r["op"]}: unavailable: {r["unavailable"]}' for r in rows if r.get('unavailable')]
   peer_rows = [r for r in rows if r.get('peer_of')]

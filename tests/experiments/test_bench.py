@@ -1,6 +1,12 @@
 """The bench iterates the operator registry: every operator gets a row, references agree, the CLI runs; the harness
 and the scale table."""
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -9,6 +15,8 @@ from engram_jax.data import io
 from engram_jax.ops import OPERATORS
 from engram_jax.testing.synthetic import synthetic_episodes
 from experiments.bench import cli, device, floor, harness, operators, scale
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope='module')
@@ -229,12 +237,45 @@ def test_cfsr_floor_times_the_leg_its_parts_and_a_matmul_of_the_same_flops():
   eps = synthetic_episodes(n_episodes=1, n_queries=4, dim=16, n_items=(40, 40))
   r = floor.cfsr_floor(eps, repeats=1, batch_size=2, pool=10, iterations=5, power_iterations=3)
   assert r['n_queries'] == 4 and r['pool'] == 10
-  assert set(r['seconds']) == {'leg', 'pool', 'pool: top-P', 'power', 'solve', 'gemm'}
+  assert set(r['seconds']) == {'leg', 'pool', 'pool: top-P', 'power', 'solve', 'gemm', 'read'}
   assert all(t > 0 for t in r['seconds'].values())
   assert r['gflop'] == pytest.approx(2 * 10**2 * (5 + 3) * 4 / 1e9)
   table = floor.format_cfsr_floor(r)
   assert '| solve |' in table and "floor at this machine's dense-matmul rate" in table
   assert 'profile: pool' in table and 'power iteration' in table and 'projected gradient' in table
+  assert '| read |' in table and 'fused add-and-reduce' in table
+
+
+def test_episodes_are_dealt_largest_first_to_the_least_loaded_device():
+  assert operators.deal_episodes([10, 40, 30, 20], 2) == [0, 0, 1, 1]
+  assert operators.deal_episodes([5, 5, 5], 3) == [0, 1, 2]
+  assert operators.deal_episodes([], 2) == []
+
+
+SPREAD = """
+import json
+from engram_jax.testing.synthetic import synthetic_episodes
+from experiments.bench import cli
+rows = cli.main(['--episodes', '3', '--queries', '6', '--repeats', '1', '--rounds', '2', '--ops', 'cosine,cfsr,rrf',
+                 '--no-peers', '--ref-queries', '2', '--cpu-devices', '2'])
+print('RESULT ' + json.dumps([{k: r[k] for k in ('op', 'devices', 'all_rounds', 'ratio_all')} for r in rows]))
+"""
+
+
+@pytest.mark.slow
+def test_with_two_devices_the_table_times_every_episode_at_once():
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
+  env.pop('XLA_FLAGS', None)
+  proc = subprocess.run(
+    [sys.executable, '-c', SPREAD], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
+  )
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  rows = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith('RESULT '))[len('RESULT ') :])
+  assert [r['op'] for r in rows] == ['cosine', 'cfsr', 'rrf']
+  for r in rows:  # the outputs on two devices equal one device's (the bench checks it, else it raises)
+    assert r['devices'] == 2 and len(r['all_rounds']) == 2 and all(t > 0 for t in r['all_rounds'])
+    assert r['ratio_all'] > 0
+  assert '| JAX ms, 2 devices | ratio, 2 devices |' in proc.stdout
 
 
 def test_the_cfsr_family_rows_carry_their_solve_work():
