@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import json
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,8 @@ def gap_monitor(
   The hard pipeline is scored on every episode (the fold's scored one too, then left out of the mean), so that each
   check of every fold runs one compiled program of the same shapes; ``shared`` (one dict for all folds) keeps the
   per-question hard scores by knob values: the first check (the hand-set values, the same in every fold) is scored
-  once for all folds."""
+  once for all folds. So is its soft half: at step 0 the soft twin scores every question once (each row's value does
+  not depend on the other rows of its batch), and each fold averages its training questions' values."""
   k = int(cfg.eval.k)
   soft_eval = fit.make_soft_eval(problem, max_gold=fit.max_gold_of(rows))
   shared = {} if shared is None else shared
@@ -103,9 +105,21 @@ def gap_monitor(
       shared[key] = np.asarray(r.scores[name][f'ndcg@{k}'])[[at[q] for q in row_ids]]
     return shared[key]
 
+  lock = shared.setdefault('lock', threading.Lock())  # the fold threads share the step-0 soft scores
+
+  def soft_scores(step: int, scale: float, vals: dict) -> np.ndarray:
+    batch_size = int(cfg.fit.batch_size)
+    if step != 0:
+      return fit.soft_ndcg_rows(soft_eval, vals, rows, train, scale=scale, batch_size=batch_size)
+    key = ('soft', scale, tuple(sorted(fit.fitted_values(problem, vals).items())))
+    with lock:
+      if key not in shared:
+        every = np.arange(rows.where.shape[0])
+        shared[key] = fit.soft_ndcg_rows(soft_eval, vals, rows, every, scale=scale, batch_size=batch_size)
+    return shared[key][np.asarray(train)]
+
   def watch(step: int, scale: float, vals: dict) -> dict[str, float]:
-    del step
-    soft = fit.soft_ndcg_rows(soft_eval, vals, rows, train, scale=scale, batch_size=int(cfg.fit.batch_size))
+    soft = soft_scores(step, scale, vals)
     hard = float(np.mean(hard_scores(fit.fitted_values(problem, vals))[train]))
     return {'soft_ndcg': float(np.mean(soft)), 'hard_ndcg': hard, 'gap': float(np.mean(soft)) - hard}
 

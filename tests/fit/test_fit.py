@@ -237,6 +237,25 @@ def test_annealing_schedule_and_the_gap_monitor():
   assert annealed.losses != plain.losses
 
 
+def test_soft_ndcg_of_some_rows_equals_those_rows_scored_with_every_row():
+  # experiments.fit.gap_monitor scores every question once at step 0 and each fold averages its training rows
+  pipe = P.make_pipeline(
+    legs={'cos': {'op': 'cosine'}, 'bm25': {'op': 'bm25'}, 'cfsr': {'op': 'cfsr', 'pool': 20, 'depth': 15}},
+    fusion='rrf',
+    name='stack',
+  )
+  eps, embs, arrays = _planted(pipe, n_eps=2, n=60, q=48)
+  problem, knobs, every = fit.make_problem(pipe, ['legs.cfsr.lam', 'legs.bm25.k1', 'k0'])
+  rows = fit.build_rows(problem, pipe, eps, arrays, seed=DEFAULT_SEED)
+  soft_eval = fit.make_soft_eval(problem, max_gold=4)
+  vals = fit.effective_values(problem, knobs.raw, every)
+  every_row = fit.soft_ndcg_rows(soft_eval, vals, rows, np.arange(96), scale=1.0, batch_size=32)
+  for seed in (0, 1):
+    some = np.random.default_rng(seed).permutation(96)[:57]
+    got = fit.soft_ndcg_rows(soft_eval, vals, rows, some, scale=1.0, batch_size=32)
+    np.testing.assert_array_equal(got, every_row[some])
+
+
 def test_splits_are_seeded_and_disjoint_and_the_assertion_fires():
   ids = [f'conv-{i}' for i in range(10)]
   folds = fit.episode_folds(ids, n_folds=10, seed=20261008)
