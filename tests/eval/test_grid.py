@@ -350,16 +350,8 @@ print('RESULT ' + json.dumps(out))
 
 @pytest.mark.slow
 def test_grid_sharded_over_points_equals_one_device():
-  import json
-  import os
-  import subprocess
-  import sys
-  from pathlib import Path
+  from run_script import script_result
 
-  root = Path(__file__).resolve().parents[2]
-  env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=4', 'JAX_PLATFORMS': 'cpu'}
-  run = subprocess.run([sys.executable, '-c', SHARDED], cwd=root, env=env, capture_output=True, text=True)
-  assert run.returncode == 0, run.stderr[-3000:]
-  out = json.loads(next(l for l in run.stdout.splitlines() if l.startswith('RESULT '))[len('RESULT ') :])
+  out = script_result(SHARDED, fake_devices=4, timeout=600)
   assert out['4']['devices'] == 4 and out['1']['devices'] == 1
   assert out['4']['scores'] == out['1']['scores'] and out['4']['top'] == out['1']['top']

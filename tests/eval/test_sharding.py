@@ -4,22 +4,16 @@ JAX fixes its device count at import, so the multi-device case runs in a fresh p
 ``XLA_FLAGS=--xla_force_host_platform_device_count=4`` (4 CPU devices).
 """
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 from omegaconf import OmegaConf
+from run_script import script_result
 
 from engram_jax.eval import sharding
 from experiments.lib import common
-
-ROOT = Path(__file__).resolve().parents[2]
 
 # Five episodes (odd, so every group is padded to 4 or 8), of mixed sizes (a few size groups, one of a single
 # episode); deterministic pipelines and a random one (cos2 = perturbed cosine, which draws from the episode keys).
@@ -101,13 +95,7 @@ def test_eval_devices_config():
 
 @pytest.mark.slow
 def test_four_devices_give_the_one_device_results():
-  env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=4', 'JAX_PLATFORMS': 'cpu'}
-  proc = subprocess.run(
-    [sys.executable, '-c', SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
-  )
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  line = next(l for l in proc.stdout.splitlines() if l.startswith('RESULT '))
-  out = json.loads(line[len('RESULT ') :])
+  out = script_result(SCRIPT, fake_devices=4)
   assert len(out['plain1']['ids']) == 3 + 30 + 5 + 9 + 4
   for case, one in (('plain', out['plain1']), ('ties', out['ties1']), ('ties_cached', out['ties1'])):
     four = out[f'{case}4']

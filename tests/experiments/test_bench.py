@@ -1,22 +1,15 @@
 """The bench iterates the operator registry: every operator gets a row, references agree, the CLI runs; the harness
 and the scale table."""
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
+from run_script import script_result
 
 from engram_jax.core import batch
 from engram_jax.data import io
 from engram_jax.ops import OPERATORS
 from engram_jax.testing.synthetic import synthetic_episodes
 from experiments.bench import cli, device, floor, harness, operators, scale
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope='module')
@@ -253,29 +246,25 @@ def test_episodes_are_dealt_largest_first_to_the_least_loaded_device():
 
 
 SPREAD = """
-import json
-from engram_jax.testing.synthetic import synthetic_episodes
+import contextlib, io, json
 from experiments.bench import cli
-rows = cli.main(['--episodes', '3', '--queries', '6', '--repeats', '1', '--rounds', '2', '--ops', 'cosine,cfsr,rrf',
+captured = io.StringIO()
+with contextlib.redirect_stdout(captured):
+  rows = cli.main(['--episodes', '3', '--queries', '6', '--repeats', '1', '--rounds', '2', '--ops', 'cosine,cfsr,rrf',
                  '--no-peers', '--ref-queries', '2', '--cpu-devices', '2'])
-print('RESULT ' + json.dumps([{k: r[k] for k in ('op', 'devices', 'all_rounds', 'ratio_all')} for r in rows]))
+table = [l for l in captured.getvalue().splitlines() if l.startswith('| op |')]
+print('RESULT ' + json.dumps([[{k: r[k] for k in ('op', 'devices', 'all_rounds', 'ratio_all')} for r in rows], table]))
 """
 
 
 @pytest.mark.slow
 def test_with_two_devices_the_table_times_every_episode_at_once():
-  env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
-  env.pop('XLA_FLAGS', None)
-  proc = subprocess.run(
-    [sys.executable, '-c', SPREAD], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
-  )
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  rows = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith('RESULT '))[len('RESULT ') :])
+  rows, printed = script_result(SPREAD)
   assert [r['op'] for r in rows] == ['cosine', 'cfsr', 'rrf']
   for r in rows:  # the outputs on two devices equal one device's (the bench checks it, else it raises)
     assert r['devices'] == 2 and len(r['all_rounds']) == 2 and all(t > 0 for t in r['all_rounds'])
     assert r['ratio_all'] > 0
-  assert '| JAX ms, 2 devices | ratio, 2 devices |' in proc.stdout
+  assert '| JAX ms, 2 devices | ratio, 2 devices |' in printed[0]
 
 
 def test_the_cfsr_family_rows_carry_their_solve_work():

@@ -5,20 +5,14 @@ JAX fixes its device count before its first computation, so the two-device case 
 ``jax_num_cpu_devices = 2``.
 """
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
+from run_script import script_result
 
 from engram_jax.core.errors import EngramError
 from experiments.lib import common
-
-ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = textwrap.dedent("""
   import json
@@ -48,13 +42,7 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_folds_on_two_devices_equal_the_sequential_cross_fit():
-  env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
-  env.pop('XLA_FLAGS', None)
-  proc = subprocess.run(
-    [sys.executable, '-c', SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
-  )
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  out = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith('RESULT '))[len('RESULT ') :])
+  out = script_result(SCRIPT)
   assert len(out['one']) == len(out['two']) == 2
   assert out['two'] == out['one']  # knob values, every loss, raw parameters and monitors, bit for bit
   assert out['one'][0]['values'] != out['one'][1]['values']  # the folds differ: the comparison can fail
