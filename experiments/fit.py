@@ -70,6 +70,7 @@ def gap_monitor(
   train: np.ndarray,
   *,
   shared: dict | None = None,
+  soft_eval=None,
 ) -> fit.Monitor:
   """Fold ``fold``'s soft-vs-hard gap on its training questions (rows ``train``): at a step, the soft twin's
   approx-NDCG@k (temperatures as annealed at that step) and the hard pipeline's NDCG@k (same labels) with the
@@ -79,9 +80,11 @@ def gap_monitor(
   check of every fold runs one compiled program of the same shapes; ``shared`` (one dict for all folds) keeps the
   per-question hard scores by knob values: the first check (the hand-set values, the same in every fold) is scored
   once for all folds. So is its soft half: at step 0 the soft twin scores every question once (each row's value does
-  not depend on the other rows of its batch), and each fold averages its training questions' values."""
+  not depend on the other rows of its batch), and each fold averages its training questions' values. ``soft_eval``
+  (:func:`engram_jax.fit.make_soft_eval`; default: a new one) is best made once for all folds too: one traced
+  program instead of one per fold."""
   k = int(cfg.eval.k)
-  soft_eval = fit.make_soft_eval(problem, max_gold=fit.max_gold_of(rows))
+  soft_eval = fit.make_soft_eval(problem, max_gold=fit.max_gold_of(rows)) if soft_eval is None else soft_eval
   shared = {} if shared is None else shared
   row_ids = [q.id for e in episodes for q in e.questions]
 
@@ -141,7 +144,18 @@ def fit_variant(
   monitor_steps = sorted({round(i * steps / checks_n) for i in range(checks_n + 1)}) if checks_n else []
   shared: dict = {}  # the folds' hard scores by knob values (gap_monitor)
   monitor = (
-    functools.partial(gap_monitor, cfg, plan.name, pipe, problem, rows, episodes, arrays, shared=shared)
+    functools.partial(
+      gap_monitor,
+      cfg,
+      plan.name,
+      pipe,
+      problem,
+      rows,
+      episodes,
+      arrays,
+      shared=shared,
+      soft_eval=fit.make_soft_eval(problem, max_gold=fit.max_gold_of(rows)),
+    )
     if checks_n
     else None
   )
