@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+import jax
 import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -110,15 +111,28 @@ def gap_monitor(
 
   lock = shared.setdefault('lock', threading.Lock())  # the fold threads share the step-0 soft scores
 
+  def rows_beside(vals: dict) -> fit.Rows:
+    """The rows on the device that holds the knob values (a fold's device: one copy per device, made once), so that
+    each soft pass reads them in place rather than copying them to that device at every batch."""
+    leaf = next(iter(jax.tree_util.tree_leaves(vals)), None)
+    if not isinstance(leaf, jax.Array) or len(leaf.devices()) != 1:
+      return rows
+    (device,) = leaf.devices()
+    with lock:
+      if ('rows', device) not in shared:
+        shared[('rows', device)] = jax.device_put(rows, device)
+    return shared[('rows', device)]
+
   def soft_scores(step: int, scale: float, vals: dict) -> np.ndarray:
     batch_size = int(cfg.fit.batch_size)
+    here = rows_beside(vals)
     if step != 0:
-      return fit.soft_ndcg_rows(soft_eval, vals, rows, train, scale=scale, batch_size=batch_size)
+      return fit.soft_ndcg_rows(soft_eval, vals, here, train, scale=scale, batch_size=batch_size)
     key = ('soft', scale, tuple(sorted(fit.fitted_values(problem, vals).items())))
     with lock:
       if key not in shared:
         every = np.arange(rows.where.shape[0])
-        shared[key] = fit.soft_ndcg_rows(soft_eval, vals, rows, every, scale=scale, batch_size=batch_size)
+        shared[key] = fit.soft_ndcg_rows(soft_eval, vals, here, every, scale=scale, batch_size=batch_size)
     return shared[key][np.asarray(train)]
 
   def watch(step: int, scale: float, vals: dict) -> dict[str, float]:

@@ -12,7 +12,13 @@ from omegaconf import OmegaConf
 from run_script import script_result
 
 from engram_jax.core.errors import EngramError
+from engram_jax.data import io
 from experiments.lib import common
+
+try:
+  HAVE = (io.resolve_data_root() / 'locomo' / 'locomo10.json').is_file()
+except FileNotFoundError:
+  HAVE = False
 
 SCRIPT = textwrap.dedent("""
   import json
@@ -47,6 +53,38 @@ def test_folds_on_two_devices_equal_the_sequential_cross_fit():
   assert out['two'] == out['one']  # knob values, every loss, raw parameters and monitors, bit for bit
   assert out['one'][0]['values'] != out['one'][1]['values']  # the folds differ: the comparison can fail
   assert sorted(l.split(' (')[0] for l in out['log']) == ['knobs fold 0', 'knobs fold 1']
+
+
+# The fit entry point with its gap monitor (soft and hard halves, the shared step-0 pass, the rows copied to each
+# fold's device) on two devices and on one: the same results.
+FIT_SCRIPT = textwrap.dedent("""
+  import json, sys, tempfile
+  from pathlib import Path
+  import jax
+  jax.config.update('jax_num_cpu_devices', 2)
+  from hydra import compose, initialize_config_dir
+  from experiments import fit as fit_exp
+
+  out = {}
+  with tempfile.TemporaryDirectory() as tmp:
+    for devices in ('null', '1'):
+      with initialize_config_dir(config_dir=str(Path('conf').resolve()), version_base='1.3'):
+        cfg = compose(config_name='fit', overrides=[
+          'embedder=hashing', 'dataset.loader.conversations=[conv-30,conv-26]', 'pipeline=rrf_cos_bm25',
+          'fit.folds=2', 'fit.steps=4', 'fit.batch_size=16', 'eval.n_resamples=100', 'eval.progress=false',
+          'fit.baselines=[cosine]', f'paths.cache_dir={tmp}/cache', f'eval.devices={devices}'])
+      res = fit_exp.run(cfg, Path(tmp) / devices)
+      out[devices] = {'gap': res['soft_hard_gap'], 'fitted': res['fitted'], 'per_question': res['per_question']}
+  print('RESULT ' + json.dumps(out))
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE, reason='LoCoMo not found under the data root')
+def test_the_fit_and_its_gap_monitor_on_two_devices_equal_one_device():
+  out = script_result(FIT_SCRIPT)
+  assert out['null']['gap']['by_step'] and len(out['null']['gap']['per_fold']) == 2
+  assert out['null'] == out['1']  # the gap table, the fitted knobs and every out-of-fold score, bit for bit
 
 
 def test_cpu_devices_setting():
