@@ -59,6 +59,20 @@ def check_twins(*args, **kwargs) -> None:
   fit_setup.check_twins(*args, **kwargs)
 
 
+@dataclasses.dataclass
+class GapShared:
+  """What the folds' gap monitors (:func:`gap_monitor`) share: the soft program (:func:`engram_jax.fit.make_soft_eval`,
+  traced once for all folds), per-question hard scores by knob values and step-0 soft scores by (scale, knob values)
+  (the first check's knobs are the hand-set ones in every fold), and the rows on each device that holds a fold's knob
+  values (copied there once)."""
+
+  soft_eval: Any
+  hard: dict = dataclasses.field(default_factory=dict)
+  soft: dict = dataclasses.field(default_factory=dict)
+  rows: dict = dataclasses.field(default_factory=dict)
+  lock: Any = dataclasses.field(default_factory=threading.Lock)
+
+
 def gap_monitor(
   cfg: DictConfig,
   name: str,
@@ -70,28 +84,24 @@ def gap_monitor(
   fold: int,
   train: np.ndarray,
   *,
-  shared: dict | None = None,
-  soft_eval=None,
+  shared: GapShared | None = None,
 ) -> fit.Monitor:
   """Fold ``fold``'s soft-vs-hard gap on its training questions (rows ``train``): at a step, the soft twin's
   approx-NDCG@k (temperatures as annealed at that step) and the hard pipeline's NDCG@k (same labels) with the
   knob values of that step, both averaged over the same training questions.
 
   The hard pipeline is scored on every episode (the fold's scored one too, then left out of the mean), so that each
-  check of every fold runs one compiled program of the same shapes; ``shared`` (one dict for all folds) keeps the
-  per-question hard scores by knob values: the first check (the hand-set values, the same in every fold) is scored
-  once for all folds. So is its soft half: at step 0 the soft twin scores every question once (each row's value does
-  not depend on the other rows of its batch), and each fold averages its training questions' values. ``soft_eval``
-  (:func:`engram_jax.fit.make_soft_eval`; default: a new one) is best made once for all folds too: one traced
-  program instead of one per fold."""
+  check of every fold runs one compiled program of the same shapes. ``shared`` (one :class:`GapShared` for all folds;
+  default: this fold's own) keeps what the folds can share: the first check (the hand-set values, the same in every
+  fold) is scored once for all folds, its soft half on every question (each row's value does not depend on the other
+  rows of its batch) with each fold averaging its training questions' values."""
   k = int(cfg.eval.k)
-  soft_eval = fit.make_soft_eval(problem, max_gold=fit.max_gold_of(rows)) if soft_eval is None else soft_eval
-  shared = {} if shared is None else shared
+  shared = GapShared(fit.make_soft_eval(problem, max_gold=fit.max_gold_of(rows))) if shared is None else shared
   row_ids = [q.id for e in episodes for q in e.questions]
 
   def hard_scores(values: dict[str, float]) -> np.ndarray:
     key = tuple(sorted(values.items()))
-    if key not in shared:
+    if key not in shared.hard:
       r = evaluation.evaluate(
         list(episodes),
         None,
@@ -106,10 +116,8 @@ def gap_monitor(
       at = {q: i for i, q in enumerate(r.question_ids)}
       if len(at) != len(row_ids):
         raise AssertionError(f'gap monitor: {len(at)} hard-scored vs {len(row_ids)} questions')
-      shared[key] = np.asarray(r.scores[name][f'ndcg@{k}'])[[at[q] for q in row_ids]]
-    return shared[key]
-
-  lock = shared.setdefault('lock', threading.Lock())  # the fold threads share the step-0 soft scores
+      shared.hard[key] = np.asarray(r.scores[name][f'ndcg@{k}'])[[at[q] for q in row_ids]]
+    return shared.hard[key]
 
   def rows_beside(vals: dict) -> fit.Rows:
     """The rows on the device that holds the knob values (a fold's device: one copy per device, made once), so that
@@ -118,22 +126,22 @@ def gap_monitor(
     if not isinstance(leaf, jax.Array) or len(leaf.devices()) != 1:
       return rows
     (device,) = leaf.devices()
-    with lock:
-      if ('rows', device) not in shared:
-        shared[('rows', device)] = jax.device_put(rows, device)
-    return shared[('rows', device)]
+    with shared.lock:
+      if device not in shared.rows:
+        shared.rows[device] = jax.device_put(rows, device)
+    return shared.rows[device]
 
   def soft_scores(step: int, scale: float, vals: dict) -> np.ndarray:
     batch_size = int(cfg.fit.batch_size)
     here = rows_beside(vals)
     if step != 0:
-      return fit.soft_ndcg_rows(soft_eval, vals, here, train, scale=scale, batch_size=batch_size)
-    key = ('soft', scale, tuple(sorted(fit.fitted_values(problem, vals).items())))
-    with lock:
-      if key not in shared:
+      return fit.soft_ndcg_rows(shared.soft_eval, vals, here, train, scale=scale, batch_size=batch_size)
+    key = (scale, tuple(sorted(fit.fitted_values(problem, vals).items())))
+    with shared.lock:
+      if key not in shared.soft:
         every = np.arange(rows.where.shape[0])
-        shared[key] = fit.soft_ndcg_rows(soft_eval, vals, here, every, scale=scale, batch_size=batch_size)
-    return shared[key][np.asarray(train)]
+        shared.soft[key] = fit.soft_ndcg_rows(shared.soft_eval, vals, here, every, scale=scale, batch_size=batch_size)
+    return shared.soft[key][np.asarray(train)]
 
   def watch(step: int, scale: float, vals: dict) -> dict[str, float]:
     soft = soft_scores(step, scale, vals)
@@ -156,23 +164,10 @@ def fit_variant(
   checks_n = int(cfg.fit.get('gap_checks') or 0) if label == 'fitted' else 0
   steps = plan.steps
   monitor_steps = sorted({round(i * steps / checks_n) for i in range(checks_n + 1)}) if checks_n else []
-  shared: dict = {}  # the folds' hard scores by knob values (gap_monitor)
-  monitor = (
-    functools.partial(
-      gap_monitor,
-      cfg,
-      plan.name,
-      pipe,
-      problem,
-      rows,
-      episodes,
-      arrays,
-      shared=shared,
-      soft_eval=fit.make_soft_eval(problem, max_gold=fit.max_gold_of(rows)),
-    )
-    if checks_n
-    else None
-  )
+  monitor = None
+  if checks_n:  # one GapShared for all folds
+    shared = GapShared(fit.make_soft_eval(problem, max_gold=fit.max_gold_of(rows)))
+    monitor = functools.partial(gap_monitor, cfg, plan.name, pipe, problem, rows, episodes, arrays, shared=shared)
   fits = fit_setup.crossfit(
     plan,
     rows,
