@@ -361,10 +361,10 @@ class HFReader:
     import torch
 
     texts = [self.render(m) for m in prompts]
-    lengths = [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)['input_ids']] if texts else []
+    ids = self.tokenizer(texts, add_special_tokens=False)['input_ids'] if texts else []  # tokenised once
     out: list[str] = [''] * len(texts)
-    for chunk in length_batches(lengths, self.batch_size):
-      enc = self.tokenizer([texts[i] for i in chunk], return_tensors='pt', padding=True, add_special_tokens=False).to(
+    for chunk in length_batches([len(x) for x in ids], self.batch_size):
+      enc = self.tokenizer.pad({'input_ids': [ids[i] for i in chunk]}, padding=True, return_tensors='pt').to(
         self.device
       )
       with torch.inference_mode():
