@@ -369,7 +369,6 @@ def time_operators(
   devices = list(devices) if devices is not None and len(devices) > 1 else []
   home = deal_episodes([len(b.episode.questions) for b in episodes], len(devices)) if devices else []
   spread_thunks: dict[str, list[Callable[[], Any]]] = {n: [] for n in names}
-  spread_checks: dict[str, list[tuple[Callable[[], Any], Any]]] = {n: [] for n in names}
 
   # Preparation: pad, compile and warm up every (episode, operator); build the peers' indexes.
   prepared = []  # per episode: (q, r_q, {name: (jax thunk, reference fn or None)}, {peer: score fn})
@@ -401,7 +400,9 @@ def time_operators(
           on_dev = (lambda st_w: lambda: fuse(*st_w))(there)
         else:
           on_dev = (lambda f, a: lambda: f(a, key))(fns[name], jax.device_put(arr, dev))
-        spread_checks[name].append((on_dev, first))
+        # compile and warm up on its device: the same bits as on one device, or no timing
+        if not np.array_equal(np.asarray(jax.block_until_ready(on_dev())), np.asarray(first)):
+          raise RuntimeError(f'bench: {name} on several devices differs from its one-device output')
         spread_thunks[name].append(on_dev)
       cost = solve_cost(rows[name]['options'], n, q) if name != FUSION else None
       if cost is not None:
@@ -431,10 +432,6 @@ def time_operators(
         f'{arr.queries.shape[0]}), reference on {r_q} queries'
       )
 
-  for name, pairs in spread_checks.items():  # compile + warm-up on every device; the same bits as one device
-    for on_dev, first in pairs:
-      if not np.array_equal(np.asarray(jax.block_until_ready(on_dev())), np.asarray(first)):
-        raise RuntimeError(f'bench: {name} on several devices differs from its one-device output')
   if devices:
     for name in names:
       rows[name]['devices'] = len(devices)
