@@ -209,19 +209,15 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]] | dict[str, 
 
 
 def use_cpu_devices(value: str, ap: argparse.ArgumentParser) -> None:
-  """Give the process ``value`` CPU devices (``'cores'``: one per core) before its first computation."""
-  import jax
-
-  from experiments.lib.common import cpu_devices_wanted
+  """Give the process ``value`` CPU devices (``'cores'``: one per core) before its first computation
+  (:func:`experiments.lib.common.set_cpu_devices`)."""
+  from experiments.lib.common import cpu_devices_wanted, set_cpu_devices
 
   try:
     n = cpu_devices_wanted('cores' if value == 'cores' else int(value), os.cpu_count())
   except ValueError as e:
     ap.error(f"--cpu-devices must be 'cores' or an integer >= 1: {e}")
-  try:
-    jax.config.update('jax_num_cpu_devices', n)
-  except RuntimeError:  # JAX already initialised (a second call in one process, e.g. a test): keep its devices
-    pass
+  set_cpu_devices(n)
 
 
 def all_devices() -> list[Any]:

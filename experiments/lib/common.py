@@ -161,15 +161,21 @@ def use_cpu_cores(cfg: DictConfig, *, multirun: bool = False) -> int | None:
   set. A GPU or TPU backend is unaffected (the setting is the CPU platform's).
 
   A ``multirun`` keeps one device (returns None): its launcher puts the cores to work (joblib, submitit, ...)."""
-  import jax
 
   if multirun:
     return None
-  n = cpu_devices_wanted(cfg.eval.get('cpu_devices', 1), os.cpu_count())
+  return set_cpu_devices(cpu_devices_wanted(cfg.eval.get('cpu_devices', 1), os.cpu_count()))
+
+
+def set_cpu_devices(n: int) -> int | None:
+  """``jax_num_cpu_devices = n`` if JAX has not computed yet in this process (returns ``n``); else the process keeps
+  its devices (returns None)."""
+  import jax
+
   try:
     jax.config.update('jax_num_cpu_devices', n)
   except RuntimeError:  # JAX's backends are already initialised in this process
-    log.debug('eval.cpu_devices=%s: kept the devices of this process (JAX already initialised)', n)
+    log.debug('%s CPU devices asked: kept the devices of this process (JAX already initialised)', n)
     return None
   return n
 
