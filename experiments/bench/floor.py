@@ -11,6 +11,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from threadpoolctl import threadpool_limits
 
 from engram_jax.core import batch, ranking
 from engram_jax.testing.synthetic import EmbeddedEpisode
@@ -36,6 +38,10 @@ def cfsr_floor(
     leg's chunking);
     projected gradient = solve - power; blend + scatter = leg - pool - solve;
   * ``gemm``: a dense matmul of the same FLOP count, for this machine's compute rate;
+  * ``blas``: the solver's matvecs without XLA: the same blocks in the same chunks, ``power_iterations +
+    iterations`` batched matvecs each (``numpy.matmul`` on a ``[batch_size, P, P]`` stack, OpenBLAS, one thread),
+    for the rate a hand-tuned kernel reads cached blocks at on one core (a Python call per matvec included, about a
+    tenth of it);
   * ``read``: the solver's block reads alone, through XLA's fused reduce: each chunk's blocks summed along their rows
     ``power_iterations + iterations`` times (one fused add-and-reduce per pass, made to depend on the pass before so
     that it is not hoisted), the same bytes in the same chunks as the solve, for this machine's rate of reading
@@ -97,6 +103,20 @@ def cfsr_floor(
     return jax.lax.fori_loop(0, steps, body, jnp.zeros(g.shape[:-1], g.dtype))
 
   reads = jax.jit(lambda g: jax.lax.map(read_chunk, g, batch_size=batch_size))
+  host_blocks = [np.asarray(g[0]) for g in blocks]
+
+  def blas():
+    with threadpool_limits(1):
+      for g in host_blocks:
+        for i in range(0, g.shape[0], batch_size):
+          gc = g[i : i + batch_size]
+          a = np.ones(gc.shape[:-1] + (1,), np.float32) / gc.shape[-1]
+          y = np.empty_like(a)
+          for _ in range(steps // 2):
+            np.matmul(gc, a, out=y)
+            np.matmul(gc, y, out=a)
+            a /= np.abs(a).max() + 1.0  # keep the values finite (O(P) work)
+
   parts = {
     'leg': [lambda a=a: leg(a) for a in arrays],
     'pool': [lambda a=a: pools(a) for a in arrays],
@@ -105,6 +125,7 @@ def cfsr_floor(
     'solve': [lambda g=g: chunked(*g) for g in blocks],
     'gemm': [lambda: gemm(x)],
     'read': [lambda g=g: reads(g[0]) for g in blocks],
+    'blas': [blas],
   }
   times = {}
   for name, fns in parts.items():
@@ -121,6 +142,7 @@ def cfsr_floor(
     'solver_gbytes': 2 * flops / 1e9,
     'seconds': times,
     'gemm_gflops': flops / 1e9 / times['gemm'],
+    'devices': jax.local_device_count(),
   }
 
 
@@ -134,9 +156,9 @@ def format_cfsr_floor(r: Mapping[str, Any]) -> str:
     '| part | seconds | GFLOP/s | GB/s of block reads |',
     '|---|---|---|---|',
   ]
-  for name in ('leg', 'pool', 'pool: top-P', 'power', 'solve', 'gemm', 'read'):
-    rate = r['gflop'] / t[name] if name in ('leg', 'solve', 'gemm') else None
-    bw = r['solver_gbytes'] / t[name] if name in ('leg', 'solve', 'read') else None
+  for name in ('leg', 'pool', 'pool: top-P', 'power', 'solve', 'gemm', 'read', 'blas'):
+    rate = r['gflop'] / t[name] if name in ('leg', 'solve', 'gemm', 'blas') else None
+    bw = r['solver_gbytes'] / t[name] if name in ('leg', 'solve', 'read', 'blas') else None
     lines.append(
       f'| {name} | {t[name]:.3f} | {"" if rate is None else f"{rate:.1f}"} | {"" if bw is None else f"{bw:.1f}"} |'
     )
@@ -154,5 +176,11 @@ def format_cfsr_floor(r: Mapping[str, Any]) -> str:
     f'the same bytes read by a fused add-and-reduce (the same chunks and passes): {t["read"]:.3f} s, '
     f'{r["solver_gbytes"] / t["read"]:.1f} GB/s; the solve reads its blocks at {r["solver_gbytes"] / t["solve"]:.1f} '
     'GB/s, as fast as XLA reads them at all (0.5 FLOP per byte: bound by the reads, not the arithmetic)'
+  )
+  blas_bw = r['solver_gbytes'] / t['blas']
+  lines.append(
+    f'OpenBLAS reads the same blocks in the same chunks at {blas_bw:.1f} GB/s on one core (numpy.matmul): at that '
+    f'rate on all {r["devices"]} device(s), with nothing else in the leg, the solve alone would take '
+    f'{t["blas"] / r["devices"]:.3f} s, the leg\'s lower bound for this algorithm in float32 on this machine'
   )
   return '\n'.join(lines)

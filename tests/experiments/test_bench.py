@@ -230,13 +230,14 @@ def test_cfsr_floor_times_the_leg_its_parts_and_a_matmul_of_the_same_flops():
   eps = synthetic_episodes(n_episodes=1, n_queries=4, dim=16, n_items=(40, 40))
   r = floor.cfsr_floor(eps, repeats=1, batch_size=2, pool=10, iterations=5, power_iterations=3)
   assert r['n_queries'] == 4 and r['pool'] == 10
-  assert set(r['seconds']) == {'leg', 'pool', 'pool: top-P', 'power', 'solve', 'gemm', 'read'}
+  assert set(r['seconds']) == {'leg', 'pool', 'pool: top-P', 'power', 'solve', 'gemm', 'read', 'blas'}
   assert all(t > 0 for t in r['seconds'].values())
   assert r['gflop'] == pytest.approx(2 * 10**2 * (5 + 3) * 4 / 1e9)
   table = floor.format_cfsr_floor(r)
   assert '| solve |' in table and "floor at this machine's dense-matmul rate" in table
   assert 'profile: pool' in table and 'power iteration' in table and 'projected gradient' in table
   assert '| read |' in table and 'fused add-and-reduce' in table
+  assert '| blas |' in table and 'OpenBLAS reads the same blocks' in table and f'all {r["devices"]} device' in table
 
 
 def test_episodes_are_dealt_largest_first_to_the_least_loaded_device():
