@@ -181,6 +181,6 @@ def format_cfsr_floor(r: Mapping[str, Any]) -> str:
   lines.append(
     f'OpenBLAS reads the same blocks in the same chunks at {blas_bw:.1f} GB/s on one core (numpy.matmul): at that '
     f'rate on all {r["devices"]} device(s), with nothing else in the leg, the solve alone would take '
-    f'{t["blas"] / r["devices"]:.3f} s, the leg\'s lower bound for this algorithm in float32 on this machine'
+    f"{t['blas'] / r['devices']:.3f} s, the leg's lower bound for this algorithm in float32 on this machine"
   )
   return '\n'.join(lines)
