@@ -560,13 +560,17 @@ def rank_points(
     chosen = order[start : min(start + step, limit)]
     rows = values[chosen]  # [M, Q]
     diffs = rows - values[order[0]]
-    reps = stats.bootstrap_means(rows, seed=seed, n_resamples=n_resamples)  # [M, R]: each row as if alone
+    # [M, R]: each row as if alone; the two passes are independent (on two threads)
+    reps, pvalues = stats.run_tasks(
+      [
+        lambda: stats.bootstrap_means(rows, seed=seed, n_resamples=n_resamples),
+        lambda: stats.sign_flip_pvalues(diffs, seed=seed + 1, n_resamples=n_resamples),
+      ]
+    )
     if best_reps is None:
       best_reps = reps[0]
     cis = stats.percentile_intervals(rows, reps)
-    paired = stats.paired_results(
-      diffs, reps - best_reps, stats.sign_flip_pvalues(diffs, seed=seed + 1, n_resamples=n_resamples)
-    )
+    paired = stats.paired_results(diffs, reps - best_reps, pvalues)
     for p, ci, d in zip(chosen.tolist(), cis, paired):
       vs = d.to_dict()
       out.append(

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -61,25 +59,6 @@ def _intervals(vectors: Sequence[tuple[str, np.ndarray]], *, seed: int, n_resamp
   return out  # type: ignore[return-value]
 
 
-def _workers() -> int:
-  """Threads for the independent bootstrap passes of :func:`summarize` (numpy releases the GIL in them): at most
-  2, since the all-question pass is about half of the work."""
-  try:
-    n = len(os.sched_getaffinity(0))
-  except AttributeError:  # not on Linux
-    n = os.cpu_count() or 1
-  return max(1, min(2, n))
-
-
-def _run(tasks: Sequence[Callable[[], Any]]) -> list[Any]:
-  """Results of independent deterministic ``tasks`` (each seeded on its own), on :func:`_workers` threads; the
-  results do not depend on the scheduling."""
-  if _workers() == 1 or len(tasks) < 2:
-    return [t() for t in tasks]
-  with ThreadPoolExecutor(max_workers=_workers()) as pool:
-    return [f.result() for f in [pool.submit(t) for t in tasks]]
-
-
 def summarize(
   result: EvalResult,
   *,
@@ -124,7 +103,7 @@ def summarize(
     lambda sel=sels[i]: _intervals([(m, result.scores[n][m][sel]) for n, m in keys], seed=seed, n_resamples=n_resamples)
     for i in by_size
   ]
-  reps, pvalues, *done = _run(tasks)
+  reps, pvalues, *done = stats.run_tasks(tasks)
   cat_cis = [done[by_size.index(i)] for i in range(len(sels))]
 
   out: dict[str, Any] = {name: {'ci95': {}, 'by_category': {}, 'paired': {}} for name in result.scores}

@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -63,6 +67,25 @@ def _as_matrix(values: np.ndarray) -> np.ndarray:
   if not np.all(np.isfinite(v)):
     raise ValueError('non-finite per-question values')
   return v
+
+
+def workers() -> int:
+  """Threads for independent passes (:func:`run_tasks`): at most 2, since a run's passes are few and uneven (the
+  all-question pass is about half of :func:`engram_jax.metrics.report.summarize`'s work)."""
+  try:
+    n = len(os.sched_getaffinity(0))
+  except AttributeError:  # not on Linux
+    n = os.cpu_count() or 1
+  return max(1, min(2, n))
+
+
+def run_tasks(tasks: Sequence[Callable[[], Any]]) -> list[Any]:
+  """Results of independent deterministic ``tasks`` (each seeded on its own), in order, on :func:`workers` threads
+  (numpy lets go of the GIL in the passes' gathers and sums); the results do not depend on the scheduling."""
+  if workers() == 1 or len(tasks) < 2:
+    return [t() for t in tasks]
+  with ThreadPoolExecutor(max_workers=workers()) as pool:
+    return [f.result() for f in [pool.submit(t) for t in tasks]]
 
 
 def chunk_size(q: int) -> int:

@@ -242,11 +242,13 @@ def test_rank_points_plateau_and_npz_round_trip(tmp_path):
   np.testing.assert_array_equal(back.points['legs.b.weight'], res.points['legs.b.weight'])
 
 
-def test_rank_points_equals_separate_paired_tests():
-  """Intervals and paired deltas from one draw per batch of rows: the numbers of separate calls; the default tests
-  batches of leading points until one holds no point on the plateau."""
+@pytest.mark.parametrize('workers', [1, 2])
+def test_rank_points_equals_separate_paired_tests(monkeypatch, workers):
+  """Intervals and paired deltas from one draw per batch of rows: the numbers of separate calls, on one thread or
+  two; the default tests batches of leading points until one holds no point on the plateau."""
   from engram_jax.metrics import stats
 
+  monkeypatch.setattr(stats, 'workers', lambda: workers)
   rng = np.random.default_rng(2)
   scores = rng.random((5, 300))
   scores[1] = scores[0] + 0.01 * rng.standard_normal(300)

@@ -26,7 +26,7 @@ def _result() -> EvalResult:
 
 @pytest.mark.parametrize('workers', [1, 2])
 def test_summarize_equals_per_row_calls(monkeypatch, workers):
-  monkeypatch.setattr(report, '_workers', lambda: workers)
+  monkeypatch.setattr(stats, 'workers', lambda: workers)
   res = _result()
   names = {1: 'one', 4: 'four'}
   out = report.summarize(res, category_names=names, seed=3, n_resamples=R, baselines=('p0', 'p1', 'absent'))
