@@ -90,3 +90,62 @@ def test_grid_figure_puts_every_knob_on_an_axis():
   fig = grid_lib.plot(res, ranked, metric='ndcg@10')
   labels = [l for ax in fig.axes[1:] for l in (ax.get_xlabel(), ax.get_ylabel()) if l]
   assert sorted(labels) == sorted(paths)
+
+
+def _small_grid():
+  paths = ['legs.cos.weight', 'legs.bm25.weight', 'k0']
+  rows = [(a, b, c) for a in (0.5, 1.0, 2.0) for b in (1.0, 2.0) for c in (20.0, 60.0)]
+  rng = np.random.default_rng(1)
+  return grid.GridResult(
+    'p',
+    paths,
+    {p: np.array([r[i] for r in rows]) for i, p in enumerate(paths)},
+    [f'q{i}' for i in range(40)],
+    ['e'] * 40,
+    [1] * 40,
+    {'ndcg@10': rng.random((len(rows), 40))},
+    {},
+    10,
+    {},
+  )
+
+
+def test_the_figure_process_draws_the_same_png(tmp_path):
+  """The helper process (:class:`FigureWorker`) writes the bytes :func:`plot` writes in the job's own process."""
+  from experiments.lib import grid as grid_lib
+  from experiments.lib import grid_figure
+
+  res = _small_grid()
+  ranked = grid.rank_points(res, 'ndcg@10', seed=0, n_resamples=200, top=6)
+  grid_lib.plot(res, ranked, metric='ndcg@10', path=tmp_path / 'here.png')
+  worker = grid_figure.FigureWorker()
+  try:
+    worker.slices(grid_lib.view(res, 'ndcg@10'))
+    worker.finish(ranked, tmp_path / 'there.png')
+    worker.wait()
+  finally:
+    worker.close()
+  assert (tmp_path / 'there.png').read_bytes() == (tmp_path / 'here.png').read_bytes()
+
+
+def test_a_failing_figure_process_raises_its_error(tmp_path):
+  """A helper that fails (here: a ranking whose best point is not the slices' best) is an error naming the cause,
+  not a missing file; a helper stopped before its figure leaves nothing behind."""
+  from experiments.lib import grid as grid_lib
+  from experiments.lib import grid_figure
+
+  res = _small_grid()
+  ranked = grid.rank_points(res, 'ndcg@10', seed=0, n_resamples=200, top=6)
+  ranked[0] = {**ranked[0], 'point': ranked[1]['point']}
+  worker = grid_figure.FigureWorker()
+  try:
+    worker.slices(grid_lib.view(res, 'ndcg@10'))
+    worker.finish(ranked, tmp_path / 'bad.png')
+    with pytest.raises(RuntimeError, match='the slices and the ranking disagree'):
+      worker.wait()
+  finally:
+    worker.close()
+  assert not (tmp_path / 'bad.png').exists()
+  idle = grid_figure.FigureWorker()
+  idle.close()
+  assert idle.proc.returncode is not None
