@@ -7,5 +7,6 @@
 * :mod:`experiments.lib.fit_conditioned`, :mod:`experiments.lib.fit_adapter`: ``experiments.fit``'s question-conditioned
   knobs and query adapter beside the scalar fit;
 * :mod:`experiments.lib.answer`: Tier 1 in a run (the reader from config, answers and answer metrics per dataset);
-* :mod:`experiments.lib.grid`: a grid of one pipeline's knob values in one call (``+grid=...`` in evaluate).
+* :mod:`experiments.lib.grid`: a grid of one pipeline's knob values in one call (``+grid=...`` in evaluate);
+  :mod:`experiments.lib.grid_figure` draws its ``grid.png`` (NumPy and matplotlib only: in a helper process).
 """
