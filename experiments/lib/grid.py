@@ -24,6 +24,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from engram_jax.eval import evaluation, grid, timing
+from engram_jax.eval.pipeline import Pipeline
 from engram_jax.metrics import report
 from experiments.lib import checks, common, grid_figure
 
@@ -78,14 +79,22 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     raise ValueError('a grid runs on one dataset (dataset=...), not on datasets')
   (name, pipe), ds = next(iter(pipes.items())), cfg.dataset
   metrics = checks.metrics_for(cfg, ds)
-  figure = grid_figure.FigureWorker()  # imports matplotlib on the core this job leaves idle in its serial phases
-  try:
-    return _run(cfg, out_dir, name, pipe, spec, metrics, figure, timer)
-  finally:
-    figure.close()
+  # the helper imports matplotlib on the core this job leaves idle in its serial phases; stopped if the job fails
+  with grid_figure.FigureWorker() as figure:
+    return _grid_files(cfg, out_dir, name, pipe, spec, metrics, figure, timer)
 
 
-def _run(cfg, out_dir: Path, name: str, pipe, spec, metrics, figure: grid_figure.FigureWorker, timer) -> dict[str, Any]:
+def _grid_files(
+  cfg: DictConfig,
+  out_dir: Path,
+  name: str,
+  pipe: Pipeline,
+  spec: dict[str, list[Any]],
+  metrics: list[str],
+  figure: grid_figure.FigureWorker,
+  timer: timing.RunTimer,
+) -> dict[str, Any]:
+  """:func:`run` past its checks: evaluate the grid, write its files, the figure by ``figure``."""
   ds = cfg.dataset
   embed_fn = common.make_embedder(cfg)
   with timer.phase('load'):

@@ -154,7 +154,7 @@ def serve(stream: BinaryIO | None = None) -> None:
 class FigureWorker:
   """``grid.png`` drawn by a helper process (:func:`serve`), started at once: :meth:`slices` when the grid's means are
   known, :meth:`finish` with the ranking, :meth:`wait` for the PNG (raises with the helper's error output if it
-  failed). :meth:`close` stops it (after an error in the job)."""
+  failed). :meth:`close` (or leaving it as a context manager) stops it if it still runs."""
 
   def __init__(self) -> None:
     root = str(Path(__file__).resolve().parents[2])  # the folder that holds the experiments package
@@ -189,6 +189,12 @@ class FigureWorker:
       self.errors.seek(0)
       tail = self.errors.read().decode(errors='replace').strip().splitlines()[-20:]
       raise RuntimeError(f'the grid figure process failed (exit {self.proc.returncode}):\n' + '\n'.join(tail))
+
+  def __enter__(self) -> FigureWorker:
+    return self
+
+  def __exit__(self, *exc: object) -> None:
+    self.close()
 
   def close(self) -> None:
     """Stop the helper if it still runs (the job ended before its figure), and let go of its files."""
