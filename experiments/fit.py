@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from engram_jax import fit
 from engram_jax.core import batch
+from engram_jax.core.errors import EngramError
 from engram_jax.data import splits
 from engram_jax.eval import evaluation, pipeline
 from engram_jax.fit import artifact
@@ -44,11 +45,13 @@ def _interval(values: np.ndarray, seed: int, n_resamples: int) -> dict[str, floa
   return stats.bootstrap_ci(values, seed=seed, n_resamples=n_resamples).to_dict()
 
 
-def prepare(cfg: DictConfig, options: dict | None = None, dataset: DictConfig | None = None):
-  """Load, embed and pad a dataset once (``cfg.dataset`` unless ``dataset``): ``(episodes, embeddings, arrays)``
-  (``options``: what the pipelines' legs need built, :func:`engram_jax.eval.pipeline.build_options`)."""
+def prepare(cfg: DictConfig, options: dict | None = None, dataset: DictConfig | None = None, episodes=None):
+  """Load, embed and pad a dataset once (``cfg.dataset`` unless ``dataset``; ``episodes``: already loaded):
+  ``(episodes, embeddings, arrays)`` (``options``: what the pipelines' legs need built,
+  :func:`engram_jax.eval.pipeline.build_options`)."""
   options = options or {}
-  episodes, _ = common.load_dataset(cfg, cfg.dataset if dataset is None else dataset)
+  if episodes is None:
+    episodes, _ = common.load_dataset(cfg, cfg.dataset if dataset is None else dataset)
   embeddings = evaluation.embed_episodes(episodes, common.make_embedder(cfg))
   arrays = [batch.episode_arrays(e, d, q, **options) for e, (d, q) in zip(episodes, embeddings)]
   return episodes, embeddings, arrays
@@ -219,7 +222,7 @@ def make_folds(cfg: DictConfig, episode_ids: list[str]) -> list[list[str]]:
     return fit.episode_folds(episode_ids, n_folds=int(cfg.fit.folds), seed=int(cfg.fit.seed))
   if cfg.fit.split == 'holdout':
     return [fit.holdout_split(episode_ids, n_test=int(cfg.fit.n_test), seed=int(cfg.fit.seed))[1]]
-  raise ValueError(f'fit.split must be crossfit or holdout, got {cfg.fit.split!r}')
+  raise EngramError(f'fit.split must be crossfit, holdout or parts, got {cfg.fit.split!r}')
 
 
 def paired_tests(
@@ -309,8 +312,11 @@ class Data:
 def load(cfg: DictConfig, options: dict, metrics: list[str]) -> Data:
   """Load, embed and pad the scored dataset (and ``fit.train`` with ``fit.split=parts``); folds checked disjoint by
   question id and content before any fitting."""
-  episodes, embeddings, arrays = prepare(cfg, options)
-  folds = make_folds(cfg, [e.id for e in episodes])
+  episodes, _ = common.load_dataset(cfg, cfg.dataset)
+  folds = make_folds(
+    cfg, [e.id for e in episodes]
+  )  # fit.folds / fit.n_test against the episodes read: before embedding
+  episodes, embeddings, arrays = prepare(cfg, options, episodes=episodes)
   if cfg.fit.split == 'parts':  # train on another part / dataset: its episodes join the rows, never a fold
     train_eps, train_emb, train_arr = prepare(cfg, options, dataset=cfg.fit.train)
     splits.assert_disjoint(
@@ -318,7 +324,7 @@ def load(cfg: DictConfig, options: dict, metrics: list[str]) -> Data:
     )
     splits.assert_disjoint_content(train_eps, episodes)
     if {e.id for e in train_eps} & {e.id for e in episodes}:
-      raise ValueError('fit.train and the scored dataset share episode ids')
+      raise EngramError('fit.train and the scored dataset share episode ids')
     episodes, embeddings, arrays = train_eps + episodes, train_emb + embeddings, train_arr + arrays
   checks.check_scored_questions(episodes, f'dataset {cfg.dataset.name}')
   checks.check_folds(episodes, folds)  # every fold scores >= 1 question and trains on >= 1, before any fitting
@@ -335,7 +341,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   t0 = time.perf_counter()
   names = list(cfg.pipeline)
   if len(names) != 1:
-    raise ValueError(f'experiments.fit fits one pipeline per run, got {names} (use -m pipeline=a,b)')
+    raise EngramError(f'experiments.fit fits one pipeline per run, got {names} (use -m pipeline=a,b)')
   checks.check_fit(cfg)
   common.enable_compile_cache(cfg)  # a warm rerun loads its programs (rows, twin checks, steps, monitors, scoring)
   name = names[0]

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from engram_jax.core.errors import EngramError
 from engram_jax.data import splits
 
 DEFAULT_SEED = splits.PILOT_SEED  # 20261008
@@ -30,7 +31,7 @@ def episode_folds(episode_ids: Sequence[str], *, n_folds: int, seed: int = DEFAU
   """
   ids = sorted(set(episode_ids))
   if not 2 <= n_folds <= len(ids):
-    raise ValueError(f'fit.folds must be between 2 and {len(ids)} (the number of episodes), got {n_folds}')
+    raise EngramError(f'fit.folds must be between 2 and {len(ids)} (the number of episodes), got {n_folds}')
   random.Random(seed).shuffle(ids)
   return [sorted(ids[i::n_folds]) for i in range(n_folds)]
 
@@ -39,11 +40,11 @@ def holdout_split(episode_ids: Sequence[str], *, n_test: int, seed: int = DEFAUL
   """``(train, test)`` episode ids: ``n_test`` test episodes drawn by ``random.Random(seed)``, the rest train.
 
   Raises:
-    ValueError: unless ``1 <= n_test < number of distinct episodes`` (both sides must be non-empty).
+    EngramError: unless ``1 <= n_test < number of distinct episodes`` (both sides must be non-empty).
   """
   n = len(set(episode_ids))
   if not 1 <= n_test < n:
-    raise ValueError(
+    raise EngramError(
       f'fit.n_test must be between 1 and {n - 1} (the number of episodes minus one, so that '
       f'training and test are both non-empty), got {n_test}'
     )

@@ -48,8 +48,9 @@ READ = (
   'adapter',
   'combined',
 )
-# the keys of a fit.adapter node (train_gap: read by experiments/lib/fit_adapter.py)
+# the keys of a fit.adapter node (train_gap: read by experiments/lib/fit_adapter.py); the first three are required
 ADAPTER_KEYS = ('rank', 'lr_scale', 'cfsr_grad', 'soft_query_legs', 'train_gap')
+ADAPTER_REQUIRED = ('rank', 'lr_scale', 'cfsr_grad')
 # read by experiments.fit itself: which questions are scored and against what
 ELSEWHERE = ('split', 'train', 'folds', 'n_test', 'gap_checks', 'baselines', 'final')
 
@@ -120,12 +121,15 @@ def params_of(cfg: DictConfig, name: str) -> list[str]:
 
 
 def settings_of(cfg: DictConfig) -> fit.Settings:
-  return fit.Settings(
-    greedy_pool=int(cfg.fit.greedy_pool),
-    candidates=int(cfg.fit.candidates),
-    solve_batch=None if cfg.fit.solve_batch is None else int(cfg.fit.solve_batch),
-    cfsr_grad=str(cfg.fit.cfsr_grad),
-  )
+  try:
+    return fit.Settings(
+      greedy_pool=int(cfg.fit.greedy_pool),
+      candidates=int(cfg.fit.candidates),
+      solve_batch=None if cfg.fit.solve_batch is None else int(cfg.fit.solve_batch),
+      cfsr_grad=str(cfg.fit.cfsr_grad),
+    )
+  except ValueError as e:  # a bad value: one line (EngramError), not a traceback
+    raise EngramError(str(e)) from None
 
 
 def conditioned_of(cfg: DictConfig) -> C.Conditioning | None:
@@ -137,20 +141,30 @@ def conditioned_of(cfg: DictConfig) -> C.Conditioning | None:
   known = {f.name for f in dataclasses.fields(C.Conditioning)}
   unknown = sorted(set(node) - known)
   if unknown:
-    raise ValueError(f'fit.conditioned: unknown keys {unknown}; allowed {sorted(known)}')
+    raise EngramError(f'fit.conditioned: unknown keys {unknown}; allowed {sorted(known)}')
+  required = [f.name for f in dataclasses.fields(C.Conditioning) if f.default is dataclasses.MISSING]
+  missing = [k for k in required if k not in node]
+  if missing:
+    raise EngramError(
+      f'fit.conditioned is missing {", ".join(missing)}; it needs {", ".join(required)} '
+      '(e.g. {knobs: [k0], features: [cues], hidden: 0, rank: 8, net_lr_scale: 0.1}; conf/fit/default.yaml)'
+    )
   optional = {
     f.name: node[f.name]
     for f in dataclasses.fields(C.Conditioning)
     if f.default is not dataclasses.MISSING and f.name in node
   }
-  return C.Conditioning(
-    knobs=tuple(node['knobs']),
-    features=tuple(node['features']),
-    hidden=int(node['hidden']),
-    rank=int(node['rank']),
-    net_lr_scale=float(node['net_lr_scale']),
-    **optional,
-  )
+  try:
+    return C.Conditioning(
+      knobs=tuple(node['knobs']),
+      features=tuple(node['features']),
+      hidden=int(node['hidden']),
+      rank=int(node['rank']),
+      net_lr_scale=float(node['net_lr_scale']),
+      **optional,
+    )
+  except (TypeError, ValueError) as e:
+    raise EngramError(f'fit.conditioned: {e}') from None
 
 
 def adapter_of(cfg: DictConfig) -> tuple[A.Adapter, str] | None:
@@ -162,11 +176,21 @@ def adapter_of(cfg: DictConfig) -> tuple[A.Adapter, str] | None:
   unknown = sorted(set(node) - set(ADAPTER_KEYS))
   if unknown:
     raise EngramError(f'fit.adapter: unknown keys {unknown}; allowed {list(ADAPTER_KEYS)}')
+  missing = [k for k in ADAPTER_REQUIRED if k not in node]
+  if missing:
+    raise EngramError(
+      f'fit.adapter is missing {", ".join(missing)}; it needs {", ".join(ADAPTER_REQUIRED)} (cfsr_grad: implicit or '
+      'reverse, how the CFS-R twin passes the gradient to the query), e.g. '
+      "'fit.adapter={rank: 8, lr_scale: 0.1, cfsr_grad: implicit}' (conf/fit/default.yaml)"
+    )
   grad = str(node['cfsr_grad'])
-  fit.Settings(cfsr_grad=grad)  # validates it
-  adapter = A.Adapter(
-    rank=int(node['rank']), lr_scale=float(node['lr_scale']), soft_query_legs=bool(node.get('soft_query_legs', False))
-  )
+  try:
+    fit.Settings(cfsr_grad=grad)  # validates it
+    adapter = A.Adapter(
+      rank=int(node['rank']), lr_scale=float(node['lr_scale']), soft_query_legs=bool(node.get('soft_query_legs', False))
+    )
+  except (TypeError, ValueError) as e:
+    raise EngramError(f'fit.adapter: {e}') from None
   return adapter, grad
 
 
@@ -184,7 +208,10 @@ def build(cfg: DictConfig, pipe: pipeline.Pipeline, name: str | None = None) -> 
   )
   cond = conditioned_of(cfg)
   if cond is not None:
-    cond.check(pipe, params)
+    try:
+      cond.check(pipe, params)
+    except ValueError as e:
+      raise EngramError(f'fit.conditioned: {e}') from None
   adapter = adapter_of(cfg)
   combined = bool(cfg.fit.get('combined') or False)
   if combined and (cond is None or adapter is None):
@@ -192,7 +219,7 @@ def build(cfg: DictConfig, pipe: pipeline.Pipeline, name: str | None = None) -> 
       'fit.combined=true fits fit.adapter and fit.conditioned together in one more fit: set both '
       f'(fit.adapter is {"set" if adapter else "null"}, fit.conditioned is {"set" if cond else "null"})'
     )
-  return Plan(
+  plan = Plan(
     name=name,
     problem=problem,
     knobs=knobs,
@@ -209,6 +236,11 @@ def build(cfg: DictConfig, pipe: pipeline.Pipeline, name: str | None = None) -> 
     adapter_cfsr_grad=None if adapter is None else adapter[1],
     combined=combined,
   )
+  try:
+    plan.variants()  # each variant's problem checked (e.g. an adapter that would get no gradient), before any data
+  except ValueError as e:
+    raise EngramError(str(e)) from None
+  return plan
 
 
 def rows(plan: Plan, pipe: pipeline.Pipeline, episodes, arrays, *, seed: int, problem: fit.Problem | None = None):
@@ -254,10 +286,40 @@ def check_twins(
           if gap.selection
           else ''
         )
-        raise ValueError(
+        ties = cosine_ties(arrays, n_questions, sel, top=problem.settings.greedy_pool, row=gap.worst)
+        if ties:
+          raise EngramError(
+            f'refusing to fit: {gap.message()}; {ties}: the soft twin and the hard leg break such ties '
+            'differently (a bag-of-words embedder such as embedder=hashing gives them), so they cannot agree; '
+            'fit with a dense embedder (e.g. embedder=minilm), or set fit.check_twins=false to fit anyway'
+          )
+        raise EngramError(
           f'refusing to fit: {gap.message()}{hint}; fix the soft twin (engram_jax.testing.'
           f'check_operator({gap.op!r}) runs the full check) or set fit.check_twins=false'
         )
+
+
+def cosine_ties(arrays, n_questions: Sequence[int], episodes: Sequence[int], *, top: int, row: int) -> str:
+  """Exact cosine ties among the ``top`` items of the questions of ``episodes`` (their rows first, in order, as the
+  twin check reads them), said in a few words ('' when none at the question of ``row``): where the question at
+  ``row`` of a failed twin check has tied items, the failure is theirs, not the twin's."""
+  at_row, n_tied, total = 0, 0, 0
+  for e in episodes:
+    a = arrays[e]
+    docs = np.asarray(a.docs, np.float64)[np.asarray(a.where, bool)]
+    cos = np.asarray(a.queries, np.float64)[: n_questions[e]] @ docs.T  # [Q, N]
+    best = -np.sort(-cos, axis=-1)[:, :top]
+    tied = np.any(best[:, 1:] == best[:, :-1], axis=-1) if best.shape[-1] > 1 else np.zeros(len(best), bool)
+    if 0 <= row - total < len(tied):
+      at_row = int(np.sum(best[row - total][1:] == best[row - total][:-1]))
+    n_tied += int(tied.sum())
+    total += len(tied)
+  if not at_row:
+    return ''
+  return (
+    f'the question at row {row} has {at_row} exact cosine ties among its top {top} items ({n_tied} of the {total} '
+    'questions checked have some)'
+  )
 
 
 def crossfit(
