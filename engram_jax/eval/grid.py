@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from engram_jax.core.batch import EpisodeArrays, episode_arrays, stack_arrays, stack_groups
+from engram_jax.core.errors import EngramError
 from engram_jax.core.types import Episode
 from engram_jax.eval import legcache, sharding
 from engram_jax.eval.evaluation import EpisodeMetric, leg_top_d, stacked_fusion, stacked_topk
@@ -107,31 +108,76 @@ def flatten_grid(node: Mapping[str, Any], prefix: str = '') -> dict[str, list[An
   scalar is a one-value axis.
 
   Raises:
-    ValueError: on an empty list of values.
+    EngramError: on an empty list of values, or a knob written twice (flat and nested).
   """
   out: dict[str, list[Any]] = {}
+
+  def add(path: str, values: list[Any]) -> None:
+    if path in out:
+      raise EngramError(f'grid knob {path} is given twice ({out[path]} and {values}); list its values once')
+    out[path] = values
+
   for key, value in node.items():
     path = f'{prefix}{key}'
     if isinstance(value, Mapping):
-      out.update(flatten_grid(value, f'{path}.'))
+      for p, v in flatten_grid(value, f'{path}.').items():
+        add(p, v)
       continue
     values = list(value) if isinstance(value, (list, tuple)) else [value]
     if not values:
-      raise ValueError(f'grid knob {path}: no values')
-    out[path] = values
+      raise EngramError(f'grid knob {path}: no values (an empty list gives an empty grid); give at least one')
+    add(path, values)
   return out
+
+
+def n_grid_points(grid: Mapping[str, Sequence[Any]]) -> int:
+  """The number of points of ``grid``'s cartesian product (1 for an empty grid), without building them."""
+  return int(np.prod([len(v) for v in grid.values()], dtype=object)) if grid else 1
 
 
 def grid_points(pipe: Pipeline, grid: Mapping[str, Sequence[Any]]) -> dict[str, np.ndarray]:
   """Every point of the cartesian product of ``grid`` (path -> values; the last path varies fastest), each value
-  canonicalised as the pipeline stores it (``lam=1`` is ``1.0``; validated: a bad path or value raises the one-line
-  ValueError of :func:`engram_jax.eval.pipeline.with_values`)."""
-  canon = {}
-  for path, values in grid.items():
-    split_path(pipe, path)
-    canon[path] = [knob_value(with_values(pipe, {path: v}), path) for v in values]
+  canonicalised as the pipeline stores it (``lam=1`` is ``1.0``; validated by :func:`grid_axes`)."""
+  canon = grid_axes(pipe, grid)
   rows = list(itertools.product(*canon.values())) if canon else [()]
   return {path: np.asarray([r[i] for r in rows]) for i, path in enumerate(canon)}
+
+
+def grid_axes(pipe: Pipeline, grid: Mapping[str, Sequence[Any]]) -> dict[str, list[Any]]:
+  """Each knob's values of ``grid`` canonicalised as the pipeline stores them (``lam=1`` is ``1.0``), without
+  building the points.
+
+  Raises:
+    EngramError: a bad path or value (the one-line error of :func:`engram_jax.eval.pipeline.with_values`), a string,
+      bool or null for a numeric knob, or a value listed twice (``[20, 20.0]``: the same points scored twice).
+  """
+  canon: dict[str, list[Any]] = {}
+  for path, values in grid.items():
+    split_path(pipe, path)
+    now = knob_value(pipe, path)
+    numeric = isinstance(now, (int, float)) and not isinstance(now, bool)
+    canon[path] = []
+    for v in values:
+      if numeric and (isinstance(v, (str, bool)) or v is None):
+        raise EngramError(
+          f'grid knob {path}: value {v!r} is not a number (the knob is numeric, {now!r} in pipeline {pipe.name}); '
+          'write numbers, e.g. [0.5, 1, 2]'
+        )
+      try:
+        canon[path].append(knob_value(with_values(pipe, {path: v}), path))
+      except EngramError:
+        raise
+      except (TypeError, ValueError) as e:
+        raise EngramError(f'grid knob {path}: value {v!r} is not valid ({e})') from None
+    seen: dict[str, Any] = {}
+    for v, c in zip(values, canon[path]):
+      if repr(c) in seen:
+        raise EngramError(
+          f'grid knob {path} lists {c!r} twice ({seen[repr(c)]!r} and {v!r}): the grid would score the same points '
+          'twice; list each value once'
+        )
+      seen[repr(c)] = v
+  return canon
 
 
 def _is_static(pipe: Pipeline, path: str) -> bool:

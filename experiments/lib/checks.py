@@ -66,6 +66,7 @@ EVAL_KEYS = (
   'pileup',
   'grid_chunk',
   'grid_ranked',
+  'grid_max_points',
 )
 # fewer training questions than this in a fold of a fit: warned (a fit on a handful of questions is noise)
 MIN_TRAIN_QUESTIONS = 20

@@ -10,7 +10,8 @@ knob values of one pipeline in one process (:func:`engram_jax.eval.grid.evaluate
 The metrics are the run's (``eval.metrics``), a dataset's own included (FactConsolidation's ``answer@k``, scored from
 every point's top-k in the same call). The grid may also be written nested, as Hydra builds it from ``+grid.legs.cos.weight=[0.5,1,2] +grid.k0=[20,60]``.
 ``eval.grid_chunk`` sets the points fused at once (memory), ``eval.grid_ranked`` how many leading points are tested
-against the best (null: 25 at a time until a batch holds no point on the plateau).
+against the best (null: 25 at a time until a batch holds no point on the plateau), ``eval.grid_max_points`` the
+largest grid run (a larger one is refused before any embedding, with its memory estimate: :func:`check_size`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from engram_jax.core.errors import EngramError
 from engram_jax.eval import evaluation, grid, timing
 from engram_jax.eval.pipeline import Pipeline
 from engram_jax.metrics import report
@@ -67,21 +69,66 @@ def plot(result: grid.GridResult, ranked: list[dict[str, Any]], *, metric: str, 
   return grid_figure.plot(view(result, metric), ranked, path)
 
 
-def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
-  """Evaluate the grid ``cfg.grid`` of the one selected pipeline on ``cfg.dataset`` and write the grid's files."""
-  timer = timing.RunTimer()
-  common.enable_compile_cache(cfg)
+GRID_MAX_POINTS = 100_000  # eval.grid_max_points when the key is absent (conf/eval/default.yaml sets it)
+
+
+def _bytes(n: int) -> str:
+  for unit, size in (('TB', 1 << 40), ('GB', 1 << 30), ('MB', 1 << 20), ('kB', 1 << 10)):
+    if n >= size:
+      return f'{n / size:.1f} {unit}'
+  return f'{n} B'
+
+
+def check_size(cfg: DictConfig, spec: dict[str, list[Any]], n_questions: int, metrics: list[str]) -> dict[str, int]:
+  """The grid's points and the memory of their per-question scores (``P x Q x metrics`` float64), refused in one line
+  above ``eval.grid_max_points`` (before any embedding); returns ``{'points', 'bytes'}``."""
+  limit = cfg.eval.get('grid_max_points', GRID_MAX_POINTS)
+  if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+    raise EngramError(f'eval.grid_max_points must be an integer >= 1, got {limit!r}')
+  n = grid.n_grid_points(spec)
+  nbytes = n * n_questions * len(metrics) * 8
+  if n > limit:
+    axes = ' x '.join(f'{len(v)} ({p})' for p, v in spec.items())
+    raise EngramError(
+      f'+grid has {n:,} points ({axes}), more than eval.grid_max_points={limit:,}: their per-question scores alone '
+      f'take about {_bytes(nbytes)} ({n:,} points x {n_questions} questions x {len(metrics)} metrics x 8 bytes), '
+      'before the fusion and the ranking; narrow the grid, or raise eval.grid_max_points if the machine holds it'
+    )
+  log.info('grid: %d points, per-question scores ~%s', n, _bytes(nbytes))
+  return {'points': n, 'bytes': nbytes}
+
+
+def check(cfg: DictConfig) -> tuple[str, Pipeline, dict[str, list[Any]]]:
+  """What a grid run can check from the config alone, before any data is read: one dataset, one hand-set pipeline,
+  every knob's values (numbers for numeric knobs, none listed twice, no empty list: :func:`engram_jax.eval.grid.
+  grid_axes`). Returns ``(pipeline name, pipeline, {knob path: values})``."""
+  if cfg.get('datasets'):
+    raise EngramError('a grid runs on one dataset (dataset=...), not on datasets')
   spec = grid.flatten_grid(OmegaConf.to_container(cfg.grid, resolve=True))
   pipes, expanded = common.build_pipelines(cfg)
   if len(pipes) != 1 or expanded:
-    raise ValueError(f'a grid takes one hand-set pipeline (no tune/replicate/fitted), got {sorted(pipes)}')
-  if cfg.get('datasets'):
-    raise ValueError('a grid runs on one dataset (dataset=...), not on datasets')
-  (name, pipe), ds = next(iter(pipes.items())), cfg.dataset
+    raise EngramError(
+      f'a grid takes one hand-set pipeline (no tune/replicate/fitted), got {sorted(pipes)}; select one, e.g. '
+      f'pipeline=[{next(iter(cfg.pipeline), "rrf_cos_bm25")}]'
+    )
+  (name, pipe) = next(iter(pipes.items()))
+  grid.grid_axes(pipe, spec)
+  return name, pipe, spec
+
+
+def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+  """Evaluate the grid ``cfg.grid`` of the one selected pipeline on ``cfg.dataset`` and write the grid's files."""
+  timer = timing.RunTimer()
+  name, pipe, spec = check(cfg)
+  common.enable_compile_cache(cfg)
+  ds = cfg.dataset
   metrics = checks.metrics_for(cfg, ds)
+  with timer.phase('load'):
+    episodes, _ = common.load_dataset(cfg, ds)
+  check_size(cfg, spec, sum(len(e.questions) for e in episodes), metrics)  # before any embedding
   # the helper imports matplotlib on the core this job leaves idle in its serial phases; stopped if the job fails
   with grid_figure.FigureWorker() as figure:
-    return _grid_files(cfg, out_dir, name, pipe, spec, metrics, figure, timer)
+    return _grid_files(cfg, out_dir, name, pipe, spec, metrics, figure, timer, episodes)
 
 
 def _grid_files(
@@ -93,12 +140,12 @@ def _grid_files(
   metrics: list[str],
   figure: grid_figure.FigureWorker,
   timer: timing.RunTimer,
+  episodes: list,
 ) -> dict[str, Any]:
-  """:func:`run` past its checks: evaluate the grid, write its files, the figure by ``figure``."""
+  """:func:`run` past its checks: evaluate the grid on the loaded ``episodes``, write its files, the figure by
+  ``figure``."""
   ds = cfg.dataset
   embed_fn = common.make_embedder(cfg)
-  with timer.phase('load'):
-    episodes, _ = common.load_dataset(cfg, ds)
   with timer.phase('embed'):
     embeddings = evaluation.embed_episodes(episodes, embed_fn)
   result = grid.evaluate_grid(
