@@ -11,7 +11,9 @@ questions they share (the count is reported; the header says whether all jobs sc
 ``--metric`` is a full name (``ndcg@10``) or a base name (``ndcg``: each job's own cutoff, so a sweep over
 ``eval.k`` lines up). Writes ``collect.md`` and ``collect.json`` into the multirun folder (the jobs' wall times,
 from ``run_info.json``, sit apart under ``timing``) and prints the table. Jobs without ``results.json`` (failed or
-still running) are listed, not fatal.
+still running) are listed, not fatal; a job whose folder is incomplete or mixed (:func:`engram_jax.core.runfolder.check`:
+killed while writing, or rerun into), a damaged ``results.json``, a grid job and a fit job are refused in one line
+naming the file, as are a single run folder and a folder without jobs.
 
 Several finished runs outside one multirun: ``experiments.compare``.
 """
@@ -27,6 +29,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import yaml
 
+from engram_jax.core import runfolder
+from engram_jax.core.errors import EngramError
 from engram_jax.metrics import report, stats
 from experiments import compare
 
@@ -51,15 +55,32 @@ def _order(name: str) -> tuple[int, int | str]:
   return (0, int(name)) if name.isdigit() else (1, name)
 
 
+def _overrides(path: Path) -> tuple[str, ...]:
+  try:
+    got = yaml.safe_load(path.read_text()) or []
+  except (OSError, yaml.YAMLError) as e:
+    raise EngramError(f'{path}: not a readable overrides file ({type(e).__name__}: {e})') from None
+  if not isinstance(got, list):
+    raise EngramError(f'{path}: not a list of overrides (got {type(got).__name__})')
+  return tuple(str(o) for o in got)
+
+
 def find_jobs(folder: Path) -> list[Job]:
   """The job folders of a multirun (each holds ``.hydra/overrides.yaml``), by job number."""
+  if not folder.is_dir():
+    raise EngramError(f'{folder}: no such folder (a Hydra multirun folder, hydra.sweep.dir)')
   jobs = []
   for sub in sorted((p for p in folder.iterdir() if p.is_dir()), key=lambda p: _order(p.name)):
     path = sub / '.hydra' / 'overrides.yaml'
     if path.is_file():
-      jobs.append(Job(sub.name, sub, tuple(str(o) for o in yaml.safe_load(path.read_text()) or [])))
+      jobs.append(Job(sub.name, sub, _overrides(path)))
+  if not jobs and runfolder.is_run_folder(folder):
+    raise EngramError(
+      f'{folder} is a single run folder, not a multirun (whose jobs are numbered subfolders): compare finished runs '
+      f'with python -m experiments.compare {folder / "results.json"} OTHER/results.json'
+    )
   if not jobs:
-    raise ValueError(f'{folder}: no job folders (with .hydra/overrides.yaml); is this a Hydra multirun folder?')
+    raise EngramError(f'{folder}: no job folders (with .hydra/overrides.yaml); is this a Hydra multirun folder?')
   return jobs
 
 
@@ -87,8 +108,34 @@ def _dataset_results(res: dict[str, Any], dataset: str | None, where: Path) -> d
   if 'datasets' not in res:
     return res
   if dataset is None:
-    raise ValueError(f'{where} holds several datasets {sorted(res["datasets"])}: pass --dataset')
+    raise EngramError(f'{where} holds several datasets {sorted(res["datasets"])}: pass --dataset')
+  if dataset not in res['datasets']:
+    raise EngramError(f'{where} has no dataset {dataset!r}; it holds {sorted(res["datasets"])}')
   return res['datasets'][dataset]
+
+
+def read_job(job: Job) -> dict[str, Any] | None:
+  """A job's ``results.json`` (None when it has none: failed or running), checked: the job's folder whole
+  (:func:`engram_jax.core.runfolder.check`), the file readable and an ``experiments.evaluate`` job's."""
+  path = job.folder / 'results.json'
+  if not path.is_file():
+    if (job.folder / 'grid.json').is_file() or (job.folder / 'grid.npz').is_file():
+      raise EngramError(
+        f'{job.folder}: a grid job (grid.json, no results.json): collect reads experiments.evaluate jobs; a grid '
+        'ranks its own points (grid.md), python -m experiments.research.plateau reads its grid.npz'
+      )
+    return None
+  runfolder.check(job.folder, ['results.json'])
+  try:
+    res = json.loads(path.read_text())
+  except (OSError, ValueError) as e:
+    raise EngramError(f'{path}: not a readable results.json ({type(e).__name__}: {e})') from None
+  if not isinstance(res, dict) or isinstance(res.get('per_question'), dict):
+    raise EngramError(
+      f'{path}: not a results.json of experiments.evaluate (a fit job?); compare fits with python -m '
+      'experiments.compare'
+    )
+  return res
 
 
 def load_rows(
@@ -105,10 +152,11 @@ def load_rows(
   rows, missing, timing = [], [], {}
   for job in jobs:
     path = job.folder / 'results.json'
-    if not path.is_file():
+    got = read_job(job)
+    if got is None:
       missing.append({'job': job.num, 'label': labels[job.num], 'why': 'no results.json (failed or running)'})
       continue
-    res = _dataset_results(json.loads(path.read_text()), dataset, path)
+    res = _dataset_results(got, dataset, path)
     metric = metric or res['metrics'][0].partition('@')[0]
     name = resolve_metric(metric, res['metrics'], res.get('k'))
     if name is None:
@@ -132,7 +180,7 @@ def load_rows(
     if info.is_file():
       timing[job.num] = float(json.loads(info.read_text())['timing']['wall_s'])
   if not rows:
-    raise ValueError(f'no finished job scored {metric}: {missing}')
+    raise EngramError(f'no finished job scored {metric}: {missing}')
   return rows, missing, timing, metric
 
 
@@ -148,18 +196,18 @@ def find_reference(rows: Sequence[Row], jobs: Sequence[Job], against: str | None
     hits = [j.num for j in jobs if want <= set(j.overrides)]
     if len(hits) != 1:
       labels = job_labels(jobs)
-      raise ValueError(
+      raise EngramError(
         f'--against {against!r} matches jobs {hits}; give a job number or overrides naming one job: {labels}'
       )
     job = hits[0]
   mine = [i for i, r in enumerate(rows) if r.job == job]
   if not mine:
-    raise ValueError(f'job {job} has no results to compare against')
+    raise EngramError(f'job {job} has no results to compare against')
   if pipeline is None:
     return mine[0]
   hit = [i for i in mine if rows[i].pipeline == pipeline]
   if not hit:
-    raise ValueError(f'job {job} has no pipeline {pipeline!r}; it has {[rows[i].pipeline for i in mine]}')
+    raise EngramError(f'job {job} has no pipeline {pipeline!r}; it has {[rows[i].pipeline for i in mine]}')
   return hit[0]
 
 
@@ -288,6 +336,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   p.add_argument('--seed', type=int, default=20261008)
   p.add_argument('--n-resamples', type=int, default=10_000)
   args = p.parse_args(argv)
+  stats.check_resamples(args.n_resamples, where='--n-resamples')
   table = collect(
     args.folder,
     metric=args.metric,
@@ -304,4 +353,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == '__main__':
-  main()
+  from experiments.lib.common import plain_errors
+
+  plain_errors(main)()

@@ -21,8 +21,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from engram_jax.core import runfolder
 from engram_jax.core.errors import EngramError
-from engram_jax.metrics import report
+from engram_jax.metrics import report, stats
 
 
 class Row(NamedTuple):
@@ -68,7 +69,8 @@ def _fit_rows(res: dict[str, Any], path: Path, file: int, dataset: str | None) -
 
 def read_rows(path: Path, file: int, dataset: str | None = None) -> list[Row]:
   """The rows of one results.json (``experiments.evaluate`` or ``experiments.fit``; a multi-dataset run needs
-  ``dataset``)."""
+  ``dataset``); refused when its run folder is incomplete or mixed (:func:`engram_jax.core.runfolder.check`)."""
+  runfolder.check_file(path)
   try:
     res = json.loads(Path(path).read_text())
   except (OSError, json.JSONDecodeError) as e:
@@ -169,6 +171,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
   p.add_argument('--seed', type=int, default=20261008)
   p.add_argument('--n-resamples', type=int, default=10_000)
   args = p.parse_args(argv)
+  stats.check_resamples(args.n_resamples, where='--n-resamples')
   rows = per_question_scores(args.results, args.dataset)
   if args.pairs:
     specs = []

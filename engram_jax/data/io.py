@@ -5,8 +5,9 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import string
 from collections import Counter
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -91,3 +92,38 @@ def reject_duplicates(values: Iterable[Hashable], *, what: str, where: str, note
 def type_name(value: Any) -> str:
   """The type name used in error messages (``'NoneType'``, ``'list'``, ...)."""
   return type(value).__name__
+
+
+def check_template(template: Any, *, names: Mapping[str, str], fields: Sequence[str], where: str) -> str:
+  """The ``str.format`` template of an item's text: a name of ``names`` (its template) or a template that names at
+  least one of ``fields`` and no other; a one-line :class:`EngramError` naming ``where`` otherwise. A template with no
+  field (a typo of a name, ``template=plain``) would render every item as the same text.
+
+  Example:
+    >>> from engram_jax.data.io import check_template
+    >>> check_template('speaker', names={'speaker': '{speaker}: {text}'}, fields=('speaker', 'text'), where='x')
+    '{speaker}: {text}'
+    >>> try:
+    ...   check_template('plain', names={'speaker': '{speaker}: {text}'}, fields=('speaker', 'text'), where='x')
+    ... except ValueError as e:
+    ...   print(str(e)[:60])
+    x: template 'plain' is neither a template name (speaker) nor
+  """
+  if isinstance(template, str) and template in names:
+    return names[template]
+  known = f'a template name ({", ".join(names)})'
+  if not isinstance(template, str):
+    raise EngramError(f'{where}: template must be {known} or a str.format template, got {type_name(template)}')
+  try:
+    used = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+  except ValueError as e:
+    raise EngramError(f'{where}: template {template!r} is not a str.format template ({e})') from None
+  base = [f.split('.')[0].split('[')[0] for f in used]
+  unknown = sorted({b or '{}' for b in base if b not in fields})
+  if not used or unknown:
+    said = f'names unknown fields {unknown}' if unknown else 'has no {field}, so every item would read the same'
+    raise EngramError(
+      f'{where}: template {template!r} is neither {known} nor a str.format template of its fields '
+      f'({", ".join("{" + f + "}" for f in fields)}): it {said}'
+    )
+  return template

@@ -44,7 +44,7 @@ from typing import Any
 
 from engram_jax.core.errors import EngramError
 from engram_jax.core.types import Episode, Item, LoadReport, Question
-from engram_jax.data.io import dataset_file, read_json, reject_duplicates, type_name
+from engram_jax.data.io import check_template, dataset_file, read_json, reject_duplicates, type_name
 from engram_jax.metrics import boundary
 
 TEMPLATES = {
@@ -52,6 +52,8 @@ TEMPLATES = {
   'speaker': '{speaker}: {text}',
   'dated': '[{date}] {speaker}: {text}{caption}',
 }
+# the fields an item's template may name (str.format)
+FIELDS = ('text', 'speaker', 'date', 'caption', 'session', 'dia_id')
 DEFAULT_CATEGORIES = {1: 'multi-hop', 2: 'temporal', 3: 'open-domain', 4: 'single-hop', 5: 'adversarial'}
 TURN_FIELDS = ('dia_id', 'speaker', 'text')
 _ID = re.compile(r'^D(\d+):(\d+)$')
@@ -348,12 +350,12 @@ def load_locomo(
       f'conversations must be a list of sample ids, got the string {conversations!r}; write '
       f'dataset.loader.conversations=[{conversations}]'
     )
+  template = check_template(template, names=TEMPLATES, fields=FIELDS, where='LoCoMo')
+  with_caption = renders_caption(template)
   path = dataset_file(root, 'locomo', filename)
   samples = _check_samples(read_json(path), str(path))
   if not samples:
     raise EngramError(f'{path}: holds no conversations (an empty list); nothing to load')
-  template = TEMPLATES.get(template, template)
-  with_caption = renders_caption(template)
   report = LoadReport('locomo')
   episodes = []
   for sample_id, conv, qa in samples:

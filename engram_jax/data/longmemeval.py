@@ -100,7 +100,7 @@ from typing import Any
 
 from engram_jax.core.errors import DataNotFoundError, EngramError
 from engram_jax.core.types import Episode, Item, LoadReport, Question
-from engram_jax.data.io import HOW_TO_GET, dataset_file, read_json, resolve_data_root, type_name
+from engram_jax.data.io import HOW_TO_GET, check_template, dataset_file, read_json, resolve_data_root, type_name
 from engram_jax.metrics import boundary, official
 
 FILES = {'s': 'longmemeval_s_cleaned_498of500.json.gz', 'oracle': 'longmemeval_oracle.json'}
@@ -111,6 +111,7 @@ NAMES = {
   'oracle': (FILES['oracle'], 'longmemeval_oracle.json.gz'),
 }
 TEMPLATES = {'content': '{content}', 'role': '{role}: {content}'}
+FIELDS = ('role', 'content')  # the fields a turn's template may name (str.format)
 LEVELS = ('turn', 'session')
 CORPORA = ('official', 'clean')
 REQUIRED_FIELDS = (
@@ -408,7 +409,7 @@ def episode_from_entry(
   if corpus not in CORPORA:
     raise EngramError(f'corpus must be one of {CORPORA}, got {corpus!r}')
   report = report if report is not None else LoadReport('longmemeval')
-  template = TEMPLATES.get(template, template)
+  template = check_template(template, names=TEMPLATES, fields=FIELDS, where='LongMemEval')
   roles = tuple(roles)
   qid = _check_entry(entry, e_i)
   sessions = ordered_sessions(entry, qid, report, corpus=corpus)
@@ -511,6 +512,7 @@ def load_longmemeval(
     >>> len(episodes) > 400, len(episodes[0].questions)
     (True, 1)
   """
+  check_template(template, names=TEMPLATES, fields=FIELDS, where='LongMemEval')  # before reading the file
   entries = read_longmemeval(root, split=split, file=file)
   episodes, report = episodes_from_entries(
     entries, level=level, template=template, roles=roles, corpus=corpus, dataset=f'longmemeval_{split}'

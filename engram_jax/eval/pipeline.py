@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -65,8 +66,8 @@ class LegSpec:
     where = f'leg {self.name}'
     if isinstance(self.depth, bool) or not isinstance(self.depth, (int, np.integer)) or self.depth < 1:
       raise EngramError(f'{where}: depth must be an integer >= 1 (leg depth), got {self.depth!r}')
-    if isinstance(self.weight, bool) or not isinstance(self.weight, (int, float)) or not self.weight >= 0:
-      raise EngramError(f'{where}: weight must be >= 0 (fusion weight), got {self.weight!r}')
+    if not registry.is_number(self.weight) or not 0 <= self.weight < math.inf:
+      raise EngramError(f'{where}: weight must be >= 0 and finite (fusion weight), got {self.weight!r}')
     full = operator.options(dict(self.options), where=where)
     object.__setattr__(self, 'options', tuple(full.items()))
     object.__setattr__(self, 'score', functools.partial(operator.leg, **full))
@@ -128,8 +129,8 @@ class Pipeline:
     names = [leg.name for leg in self.legs]
     if len(set(names)) != len(names):
       raise EngramError(f'pipeline {self.name}: leg names must be unique, got {names}')
-    if isinstance(self.k0, bool) or not isinstance(self.k0, (int, float)) or not self.k0 > 0:
-      raise EngramError(f'pipeline {self.name}: k0 must be > 0 (RRF rank offset), got {self.k0!r}')
+    if not registry.is_number(self.k0) or not 0 < self.k0 < math.inf:
+      raise EngramError(f'pipeline {self.name}: k0 must be > 0 and finite (RRF rank offset), got {self.k0!r}')
 
   def leg(self, name: str) -> LegSpec:
     for leg in self.legs:

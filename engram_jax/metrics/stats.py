@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from engram_jax.core.errors import EngramError
+
 
 @dataclasses.dataclass(frozen=True)
 class Interval:
@@ -50,6 +52,38 @@ def _check(values: np.ndarray) -> np.ndarray:
   if not np.all(np.isfinite(values)):
     raise ValueError('non-finite per-question values')
   return values
+
+
+# Fewest bootstrap / sign-flip resamples accepted: a 95% percentile interval of R replicates rests on its 0.025 R
+# most extreme ones in each tail, and a permutation p-value cannot fall below 2 / (R + 1); with a handful of
+# resamples the "interval" can exclude its own estimate (1 resample: [x, x] around another mean, p 1).
+MIN_RESAMPLES = 100
+
+
+def check_resamples(n_resamples: Any, *, where: str = 'n_resamples') -> int:
+  """``n_resamples`` as an int; a one-line :class:`EngramError` (a ValueError) naming ``where`` unless it is an
+  integer >= :data:`MIN_RESAMPLES`.
+
+  Example:
+    >>> from engram_jax.metrics import stats
+    >>> stats.check_resamples(2000)
+    2000
+    >>> try:
+    ...   stats.check_resamples(1)
+    ... except ValueError as e:
+    ...   print(str(e)[:40])
+    n_resamples must be an integer >= 100 (b
+  """
+  if (
+    isinstance(n_resamples, (bool, np.bool_))
+    or not isinstance(n_resamples, (int, np.integer))
+    or n_resamples < MIN_RESAMPLES
+  ):
+    raise EngramError(
+      f'{where} must be an integer >= {MIN_RESAMPLES} (bootstrap and sign-flip resamples: fewer give intervals '
+      f'and p-values of a handful of draws), got {n_resamples!r}'
+    )
+  return int(n_resamples)
 
 
 CHUNK = 1024  # most resamples drawn and reduced at a time
@@ -145,6 +179,7 @@ def bootstrap_draws(seed: int, q: int, n_resamples: int) -> tuple[np.ndarray, ..
   """The index blocks of :func:`bootstrap_means`: ``rng = default_rng(seed)``, then per block of ``c =``
   :func:`chunk_size` ``(q)`` resamples (the last shorter) ``rng.integers(0, q, size=(q, c), dtype=index_dtype(q))``.
   Cached in the process by ``(seed, q, n_resamples)`` (read-only arrays, at most 128 MB in all)."""
+  n_resamples = check_resamples(n_resamples)
 
   def make() -> tuple[np.ndarray, ...]:
     rng = np.random.default_rng(seed)
@@ -171,6 +206,7 @@ def bootstrap_means(values: np.ndarray, *, seed: int, n_resamples: int = 10_000)
   its mean) and sums over the questions, each lane on its own in question order: replicate = center + sum / Q,
   accurate to ~1e-7 of the values' spread (exact sums for values on a coarse binary grid, e.g. 0, 1/2, 1).
   """
+  n_resamples = check_resamples(n_resamples)
   v = _as_matrix(values)
   m, q = v.shape
   if q == 0 or m == 0:
@@ -268,6 +304,7 @@ def sign_flip_pvalues(diffs: np.ndarray, *, seed: int, n_resamples: int = 10_000
   (``(count + 1) / (R + 1)``), as ``scipy.stats.permutation_test`` does for random permutations. A row of zeros
   (or ``Q == 0``) gets p = 1.
   """
+  n_resamples = check_resamples(n_resamples)
   d = _as_matrix(diffs)
   p_rows, q = d.shape
   if q == 0 or p_rows == 0:

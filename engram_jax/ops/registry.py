@@ -37,6 +37,11 @@ TRANSFORMS = ('log', 'logit', 'softplus', 'identity')
 OPEN_DOMAIN = {'log': (0.0, math.inf), 'softplus': (0.0, math.inf), 'logit': (0.0, 1.0)}
 
 
+def is_number(value: Any) -> bool:
+  """True for a real number given as a Python or NumPy scalar (not a bool, not an array)."""
+  return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
 @dataclasses.dataclass(frozen=True)
 class Knob:
   """One knob of an operator.
@@ -110,9 +115,11 @@ class Knob:
   def validate(self, value: Any, where: str) -> None:
     """Raise a one-line ValueError naming ``where``, the knob, its allowed range and ``value``."""
     c = self.check
+    what = f' ({self.doc})' if self.doc else ''
+    if is_number(value) and not math.isfinite(value):  # every numeric knob, checked or not: inf / nan rank silently
+      raise EngramError(f'{where}: {self.name} must be a finite number{what}, got {value!r}')
     if c is None:
       return
-    what = f' ({self.doc})' if self.doc else ''
     if isinstance(c, tuple):
       if value not in c:
         raise EngramError(f'{where}: {self.name} must be one of {list(c)}{what}, got {value!r}')

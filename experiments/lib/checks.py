@@ -10,14 +10,17 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from engram_jax.core import validation
+from engram_jax.core import runfolder, validation
 from engram_jax.core.errors import EngramError
 from engram_jax.metrics import labels as metrics_lib
+from engram_jax.metrics import stats
 from experiments.lib.common import CONF, dataset_metrics
 
 log = logging.getLogger(__name__)
@@ -50,6 +53,7 @@ TOP_LEVEL_KEYS = (
   'protocol_ledger',
   'grid',  # +grid='{knob path: [values]}' (experiments/lib/grid.py)
   'fitted_variant',  # +fitted_variant=adapter: which variant of a fit's artifact fitted=RUN applies
+  'fitted_force',  # fitted_force=true: apply an artifact whose pipeline or embedder differs from the run's (recorded)
 )
 # the keys of the ``eval`` node that the code reads (conf/eval/default.yaml)
 EVAL_KEYS = (
@@ -189,17 +193,21 @@ def _check_loader(loader: Any, where: str) -> None:
     raise EngramError(f'{where}.loader.n_train must be >= 1 (an empty training split), got {n_train}')
 
 
+def check_int(value: Any, where: str, *, minimum: int, why: str = '') -> int:
+  """``value`` when it is an integer >= ``minimum``; a one-line error naming ``where`` otherwise (``eval.k=10.5``
+  would reach JAX as a shape, and ``int()`` would truncate it silently). ``why``: a reason, appended."""
+  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    raise EngramError(f'{where} must be an integer >= {minimum}{why}, got {value!r}')
+  return value
+
+
 def check_run_settings(cfg: DictConfig) -> None:
   """The settings every entry point shares: ``seed`` (a NumPy seed: an integer >= 0) and ``eval.n_resamples``
-  (bootstrap and permutation resamples: an integer >= 1)."""
+  (bootstrap and permutation resamples: an integer >= :data:`engram_jax.metrics.stats.MIN_RESAMPLES`)."""
   seed = cfg.get('seed')
   if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
     raise EngramError(f'seed must be an integer >= 0, got {seed!r}')
-  n = cfg.eval.get('n_resamples')
-  if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-    raise EngramError(
-      f'eval.n_resamples must be an integer >= 1 (resamples of the intervals and paired tests), got {n!r}'
-    )
+  stats.check_resamples(cfg.eval.get('n_resamples'), where='eval.n_resamples')
 
 
 def check_dataset_k(ds: DictConfig, k: int, where: str) -> None:
@@ -316,6 +324,7 @@ def check_fitted_file(cfg: DictConfig) -> None:
     except (OSError, ValueError) as e:
       raise EngramError(f'fitted={cfg.fitted}: {e}') from None
     return
+  runfolder.check_file(str(cfg.fitted))  # a fit's fitted.json: its run folder whole, the file the run's own
   try:
     fitted = json.loads(Path(cfg.fitted).read_text())
   except (OSError, json.JSONDecodeError) as e:
@@ -329,9 +338,7 @@ def check_evaluate(cfg: DictConfig) -> None:
   check_keys(cfg)
   check_reader(cfg)
   check_fitted_file(cfg)
-  k = int(cfg.eval.k)
-  if k < 1:
-    raise EngramError(f'eval.k must be an integer >= 1, got {cfg.eval.k}')
+  k = check_int(cfg.eval.k, 'eval.k', minimum=1)
   check_run_settings(cfg)
   datasets = datasets_of(cfg)
   if cfg.get('datasets') and 'dataset' in cfg:
@@ -371,6 +378,41 @@ def check_evaluate(cfg: DictConfig) -> None:
       check_metrics([tune.metric], k=k, supported=list(dataset_metrics(ds0)), where=f'pipeline {name} tune.metric')
 
 
+def check_learning_rate(node: Any, steps: int, where: str = 'fit.optimizer.learning_rate') -> None:
+  """The learning rate of a fit (``fit.optimizer.learning_rate``): a number, or an optax schedule node
+  (``_target_: optax.cosine_decay_schedule``, ...) evaluated at each of the ``steps`` steps. Every rate must be
+  finite and >= 0, and some rate > 0; a one-line error otherwise (a negative rate climbs the loss, a zero one
+  reports an unmoved fit as fitted, a NaN one fails deep in the fit)."""
+  if node is None:
+    return
+  if not isinstance(node, DictConfig):
+    if isinstance(node, bool) or not isinstance(node, (int, float)) or not 0 < node < math.inf:
+      raise EngramError(f'{where} must be a finite number > 0 (or an optax schedule), got {node!r}')
+    return
+  if '_target_' not in node:
+    return
+  from hydra.utils import instantiate
+
+  given = ', '.join(f'{k}={v!r}' for k, v in node.items() if k != '_target_' and not isinstance(v, (dict, DictConfig)))
+  try:
+    rates = np.asarray(instantiate(node)(np.arange(steps)), np.float64).reshape(-1)
+  except Exception as e:  # noqa: BLE001 (a schedule node we cannot evaluate: what builds the fit reports it)
+    log.debug('%s: not evaluated (%s)', where, e)
+    return
+  bad = np.flatnonzero(~np.isfinite(rates) | (rates < 0))
+  if bad.size:
+    i = int(bad[0])
+    raise EngramError(
+      f'{where} ({node._target_}: {given}) must be a finite rate >= 0 at every step, got {float(rates[i])} at '
+      f'step {i} ({bad.size} of {steps} steps): a negative rate climbs the loss, a NaN one fails the fit'
+    )
+  if not np.any(rates > 0):
+    raise EngramError(
+      f'{where} ({node._target_}: {given}) is 0 at every one of the {steps} steps: the fit would report its '
+      'starting values as fitted; set a rate > 0'
+    )
+
+
 def check_fit(cfg: DictConfig) -> None:
   """Everything ``experiments.fit`` can check before loading data."""
   from experiments.lib import fit_setup  # the fit.* keys read (imported here: evaluate never needs it)
@@ -381,8 +423,9 @@ def check_fit(cfg: DictConfig) -> None:
   check_run_settings(cfg)
   if f.split not in SPLITS:
     raise EngramError(f'fit.split must be one of {list(SPLITS)}, got {f.split!r}')
-  if f.split == 'crossfit' and int(f.folds) < 2:
-    raise EngramError(f'fit.folds must be >= 2 for cross-fitting, got {f.folds}')
+  check_int(cfg.eval.k, 'eval.k', minimum=1)
+  if f.split == 'crossfit':
+    check_int(f.folds, 'fit.folds', minimum=2, why=' for cross-fitting')
   if f.split == 'parts' and not f.get('train'):
     raise EngramError(
       'fit.split=parts fits on fit.train (a dataset node, e.g. the train part of the scored '
@@ -390,18 +433,20 @@ def check_fit(cfg: DictConfig) -> None:
     )
   if f.split == 'parts':
     _check_loader(f.train.get('loader'), 'fit.train')
-  if f.split == 'holdout' and int(f.n_test) < 1:
-    raise EngramError(f'fit.n_test must be >= 1 (an empty test split scores nothing), got {f.n_test}')
+  if f.split == 'holdout':
+    check_int(f.n_test, 'fit.n_test', minimum=1, why=' (an empty test split scores nothing)')
   for key in ('steps', 'batch_size', 'greedy_pool', 'candidates'):
-    if int(f[key]) < 1:
-      raise EngramError(f'fit.{key} must be an integer >= 1, got {f[key]}')
+    check_int(f.get(key), f'fit.{key}', minimum=1)
+  for key, null in (('solve_batch', 'every pool at once'), ('check_twins_questions', '512')):
+    if f.get(key) is not None:
+      check_int(f[key], f'fit.{key}', minimum=1, why=f' (or null: {null})')
+  check_learning_rate(f.optimizer.get('learning_rate') if isinstance(f.optimizer, DictConfig) else None, f.steps)
   validation.check_positive(OmegaConf.to_container(f.temperatures), where='fit.temperatures')
   anneal = list(f.get('anneal') or [1.0, 1.0])
   if len(anneal) != 2:
     raise EngramError(f'fit.anneal must be [start, end] (temperature factors of the first and last step), got {anneal}')
   validation.check_positive({'start': anneal[0], 'end': anneal[1]}, where='fit.anneal')
-  if int(f.get('gap_checks') or 0) < 0:
-    raise EngramError(f'fit.gap_checks must be >= 0 (0 = no soft-vs-hard gap), got {f.gap_checks}')
+  check_int(f.get('gap_checks') or 0, 'fit.gap_checks', minimum=0, why=' (0 = no soft-vs-hard gap)')
   check_metrics(
     list(cfg.dataset.get('metrics') or cfg.eval.metrics),
     k=int(cfg.eval.k),

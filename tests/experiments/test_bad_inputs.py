@@ -37,7 +37,7 @@ def _one_line(e):
   'overrides, match',
   [
     (['seed=-1'], r'seed must be an integer >= 0, got -1'),
-    (['eval.n_resamples=0'], r'eval.n_resamples must be an integer >= 1 .*got 0'),
+    (['eval.n_resamples=0'], r'eval.n_resamples must be an integer >= 100 .*got 0'),
     (['dataset.loader.conversations=[]'], r'dataset.loader.conversations is empty'),
     (
       ['dataset=fc_sh_32k', 'pipeline=[tide_dense]'],
@@ -56,7 +56,7 @@ def test_bad_evaluate_inputs_fail_before_any_work(overrides, match):
   'overrides, match',
   [
     (['seed=-1'], r'seed must be an integer >= 0'),
-    (['eval.n_resamples=0'], r'eval.n_resamples must be an integer >= 1'),
+    (['eval.n_resamples=0'], r'eval.n_resamples must be an integer >= 100'),
     (['dataset.loader.conversations=[]'], r'dataset.loader.conversations is empty'),
     (['dataset=longmemeval_s_turn', 'eval.k=20', 'pipeline=rrf_cos_bm25'], r'its metrics need eval.k >= 50'),
   ],
@@ -95,9 +95,9 @@ def test_empty_folds_are_refused_naming_the_fold():
 
 
 def test_an_empty_paired_comparison_is_nan_not_zero():
-  res = stats.paired_tests(np.zeros((2, 0)), np.zeros((2, 0)), seed=0, n_resamples=10)
+  res = stats.paired_tests(np.zeros((2, 0)), np.zeros((2, 0)), seed=0, n_resamples=100)
   assert all(np.isnan([r.delta, r.lo, r.hi, r.p]).all() and r.n == 0 for r in res)
-  zero = stats.paired_tests(np.ones((1, 3)), np.ones((1, 3)), seed=0, n_resamples=10)[0]
+  zero = stats.paired_tests(np.ones((1, 3)), np.ones((1, 3)), seed=0, n_resamples=100)[0]
   assert (zero.delta, zero.p) == (0.0, 1.0)  # a real zero difference stays a zero
 
 
@@ -161,7 +161,7 @@ def test_damaged_data_is_refused_before_retrieval(tmp_path, monkeypatch):
   base = [
     'embedder=hashing',
     f'paths.data_root={root}',
-    'eval.n_resamples=50',
+    'eval.n_resamples=100',
     'eval.progress=false',
     f'paths.cache_dir={tmp_path}/cache',
     'paths.compile_cache_dir=null',
@@ -186,7 +186,7 @@ def test_fit_refuses_an_empty_test_conversation_and_names_a_copied_one(tmp_path,
     'pipeline=rrf_cos_bm25',
     'fit.steps=1',
     'fit.batch_size=8',
-    'eval.n_resamples=50',
+    'eval.n_resamples=100',
     'eval.progress=false',
     'fit.baselines=[cosine]',
     f'paths.cache_dir={tmp_path}/cache',

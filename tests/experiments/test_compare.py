@@ -44,10 +44,10 @@ def test_the_same_pipeline_in_two_runs_is_paired_by_file_not_merged(tmp_path, ca
   a = _eval_run(tmp_path / 'a', 'locomo', {'cosine': [0.3] * 8})
   b = _eval_run(tmp_path / 'b', 'locomo', {'cosine': [0.2] * 8})
   with pytest.raises(ValueError, match=r"in several files \(\['cosine@1', 'cosine@2'\]\)"):
-    compare.main([str(a), str(b), '--pairs', 'cosine:cosine', '--n-resamples', '50'])
-  rows = compare.main([str(a), str(b), '--pairs', 'cosine@2:cosine@1', '--n-resamples', '50'])
+    compare.main([str(a), str(b), '--pairs', 'cosine:cosine', '--n-resamples', '100'])
+  rows = compare.main([str(a), str(b), '--pairs', 'cosine@2:cosine@1', '--n-resamples', '100'])
   assert rows[0]['delta'] == pytest.approx(-0.1)
-  rows = compare.main([str(a), str(b), '--n-resamples', '50'])
+  rows = compare.main([str(a), str(b), '--n-resamples', '100'])
   assert [(r['a'], r['b']) for r in rows] == [('cosine@2', 'cosine@1')] and rows[0]['delta'] == pytest.approx(-0.1)
   assert f'cosine@2 ({b}, locomo) minus cosine@1 ({a}, locomo)' in capsys.readouterr().out
 
@@ -56,10 +56,10 @@ def test_pairs_across_datasets_or_question_sets_are_refused(tmp_path):
   a = _eval_run(tmp_path / 'a', 'locomo', {'cosine': [0.3] * 8})
   fc = _eval_run(tmp_path / 'fc', 'fc_sh_6k', {'cosine': [0.2] * 8})
   with pytest.raises(ValueError, match="cosine@2 is on dataset 'fc_sh_6k' and cosine@1 on 'locomo'"):
-    compare.main([str(a), str(fc), '--n-resamples', '50'])
+    compare.main([str(a), str(fc), '--n-resamples', '100'])
   part = _eval_run(tmp_path / 'part', 'locomo', {'cosine': [0.2] * 5})
   with pytest.raises(ValueError, match=r'\(5 questions\) and cosine@1 \(8 questions\) score different question'):
-    compare.main([str(a), str(part), '--n-resamples', '50'])
+    compare.main([str(a), str(part), '--n-resamples', '100'])
 
 
 def test_a_fit_results_json_is_read(tmp_path):
@@ -84,12 +84,12 @@ def test_a_fit_results_json_is_read(tmp_path):
   )
   (fit / 'config_resolved.yaml').write_text('dataset:\n  name: locomo\n')
   rows = compare.main(
-    [str(fit / 'results.json'), '--pairs', 'p (fitted, out of fold):p (hand-set)', '--n-resamples', '50']
+    [str(fit / 'results.json'), '--pairs', 'p (fitted, out of fold):p (hand-set)', '--n-resamples', '100']
   )
   assert rows[0]['delta'] == pytest.approx(0.25) and rows[0]['n'] == 6
   ev = _eval_run(tmp_path / 'ev', 'locomo', {'cosine': [0.125] * 6})
   rows = compare.main(
-    [str(fit / 'results.json'), str(ev), '--pairs', 'cosine@2:cosine (hand-set)@1', '--n-resamples', '50']
+    [str(fit / 'results.json'), str(ev), '--pairs', 'cosine@2:cosine (hand-set)@1', '--n-resamples', '100']
   )
   assert rows[0]['delta'] == pytest.approx(0.125)
 

@@ -109,7 +109,7 @@ def test_bootstrap_means_is_the_documented_draw(q):
   """The replicates are the means of ``v[idx]`` for the documented draw (uint16 indices, uint32 past 65,536
   questions, in blocks of ``chunk_size(Q)`` resamples), to ~1e-7 of the values' spread (float32 deviations)."""
   v = np.random.default_rng(q).random((2, q)) * 10 - 3
-  r = 40 if q > 10_000 else 700
+  r = 100 if q > 10_000 else 700
   got = stats.bootstrap_means(v, seed=5, n_resamples=r)
   rng, c = np.random.default_rng(5), stats.chunk_size(q)
   dtype = np.uint16 if q <= 1 << 16 else np.uint32
@@ -143,7 +143,7 @@ def test_degenerate_rows():
   assert stats.bootstrap_ci(np.array([0.7]), seed=0) == stats.Interval(0.7, 0.7, 0.7)
   empty = stats.bootstrap_ci(np.zeros(0), seed=0)
   assert all(np.isnan([empty.mean, empty.lo, empty.hi]))
-  assert np.all(np.isnan(stats.bootstrap_means(np.zeros((2, 0)), seed=0, n_resamples=5)))
+  assert np.all(np.isnan(stats.bootstrap_means(np.zeros((2, 0)), seed=0, n_resamples=100)))
   a = np.random.default_rng(0).integers(0, 64, 60) / 64
   same = stats.paired_test(a, a.copy(), seed=0)
   assert (same.delta, same.lo, same.hi, same.p) == (0.0, 0.0, 0.0, 1.0)
