@@ -13,6 +13,7 @@ import pytest
 import tiny_data
 import yaml
 
+from engram_jax.core import runfolder
 from engram_jax.data import io
 from engram_jax.metrics import stats
 from experiments import collect
@@ -47,6 +48,7 @@ def _job(folder, num, overrides, per_pipeline, *, k=10, qids=QIDS, wall=1.0):
     json.dumps({'k': k, 'metrics': metrics, 'pipelines': summary, 'per_question': rows})
   )
   (job / 'run_info.json').write_text(json.dumps({'timing': {'wall_s': wall}}))
+  runfolder.mark(job, ['results.json', 'run_info.json'])  # a finished job's marker, as experiments.evaluate writes
   return job
 
 

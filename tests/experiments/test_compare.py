@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from engram_jax.core import runfolder
 from experiments import compare
 
 
@@ -35,6 +36,7 @@ def _eval_run(folder, dataset, rows):
   per_q = [{'id': f'q{i}', 'scores': {p: {'ndcg@10': v[i]} for p, v in rows.items()}} for i in range(n)]
   path = folder / 'results.json'
   path.write_text(json.dumps({'dataset': dataset, 'per_question': per_q}))
+  runfolder.mark(folder, ['results.json'])  # a finished run's marker, as experiments.evaluate writes
   return path
 
 
@@ -83,6 +85,7 @@ def test_a_fit_results_json_is_read(tmp_path):
     )
   )
   (fit / 'config_resolved.yaml').write_text('dataset:\n  name: locomo\n')
+  runfolder.mark(fit, ['results.json', 'config_resolved.yaml'])
   rows = compare.main(
     [str(fit / 'results.json'), '--pairs', 'p (fitted, out of fold):p (hand-set)', '--n-resamples', '100']
   )
