@@ -469,6 +469,7 @@ def markdown(cfg: DictConfig, plan, data: Data, parts, results: dict[str, Any]) 
     '| pipeline | ' + ' | '.join(f'{m} [95% CI]' for m in metrics) + ' |',
     '|---|' + '---|' * len(metrics),
   ]
+  lines[1:1] = protocol.markdown_lines(results.get('protocol'))  # a forced protocol run says so under its title
   lines += [common.md_mean_row(r, summary[r], metrics) for r in summary]
   lines += ['', '| paired difference | ' + ' | '.join(f'{m} delta [95% CI], p' for m in metrics) + ' |']
   lines += ['|---|' + '---|' * len(metrics)]

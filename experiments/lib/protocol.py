@@ -255,8 +255,40 @@ def check_data(info: dict[str, Any] | None, cfg: DictConfig, episodes, pins: Pat
       f'protocol {info["name"]}: {reason}; a confirmation runs on the pinned data (protocol_force=true runs it '
       'anyway, marked as forced)'
     )
+  refuse_tracked_ledger(info['name'], [*info['forced_because'], reason], info.get('ledger'), cfg)
   info['forced'] = True
   info['forced_because'].append(reason)
+
+
+def refuse_tracked_ledger(name: str, reasons: list[str], ledger: Path | str | None, cfg: DictConfig) -> None:
+  """A forced run (``reasons``) appends to the tracked ledger :data:`LEDGER` only when ``protocol_ledger`` names it:
+  left unset, a forced rerun would add a row to the committed record by default; a one-line error then asks for a
+  scratch ledger."""
+  if ledger is None or cfg.get('protocol_ledger') or Path(ledger).resolve() != LEDGER.resolve():
+    return
+  raise EngramError(
+    f'protocol {name}: a forced run ({"; ".join(reasons)}) would append its row to the tracked ledger {_rel(LEDGER)}; '
+    'give a scratch ledger (protocol_ledger=outputs/scratch_ledger.jsonl), or name the tracked one '
+    f'(protocol_ledger={_rel(LEDGER)}) to record it there, marked as forced'
+  )
+
+
+def markdown_lines(info: dict[str, Any] | None) -> list[str]:
+  """What a protocol run's results.md says under its title: forced (with every reason) or a confirmation; [] without
+  a protocol.
+
+  Example:
+    >>> markdown_lines({'name': 'p', 'forced': True, 'forced_because': ['already scored 1x'], 'sha256': 'ab' * 32})
+    ['', 'Protocol p: **forced** (already scored 1x): not a confirmation.']
+  """
+  if not info:
+    return []
+  if info.get('forced'):
+    return [
+      '',
+      f'Protocol {info["name"]}: **forced** ({"; ".join(info.get("forced_because") or [])}): not a confirmation.',
+    ]
+  return ['', f'Protocol {info["name"]}: a confirmation (file sha256 {str(info.get("sha256"))[:12]}, not forced).']
 
 
 def settings(cfg: DictConfig | dict) -> dict[str, Any]:
@@ -362,6 +394,8 @@ def check(
     + (['file not committed unmodified'] if committed is False else [])
     + ([f'changed settings: {changed}'] if changed else [])
   )
+  if force and reasons:
+    refuse_tracked_ledger(str(name), reasons, ledger, cfg)
   return {
     'name': str(name),
     'file': _rel(path),
