@@ -121,6 +121,9 @@ class LoadReport:
   # every question id the loader read from the data, before its own exclusions (None: it does not say); not
   # written to the report's files, used to count pilot ids that are missing from the data
   read_ids: frozenset[str] | None = dataclasses.field(default=None, compare=False, repr=False)
+  # the file read, when a loader chooses among several (LongMemEval: upstream's file wins over our copy); written to
+  # the report's files as ``file`` (absent when None)
+  source: str | None = None
 
   def add(self, reason: str, example: Any = None, n: int = 1) -> None:
     self.counts[reason] += n
@@ -130,10 +133,13 @@ class LoadReport:
         ex.append(example)
 
   def to_dict(self) -> dict[str, Any]:
-    return {'dataset': self.dataset, 'counts': dict(self.counts), 'examples': self.examples}
+    out = {'dataset': self.dataset, 'counts': dict(self.counts), 'examples': self.examples}
+    if self.source is not None:
+      out['file'] = self.source
+    return out
 
   def summary(self) -> str:
-    lines = [f'[{self.dataset}] load report:']
+    lines = [f'[{self.dataset}] load report' + (f' ({self.source}):' if self.source is not None else ':')]
     for k in sorted(self.counts):
       lines.append(f'  {k}: {self.counts[k]}' + (f'  e.g. {self.examples[k][:3]}' if k in self.examples else ''))
     return '\n'.join(lines)

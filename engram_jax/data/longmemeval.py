@@ -513,12 +513,24 @@ def load_longmemeval(
     (True, 1)
   """
   check_template(template, names=TEMPLATES, fields=FIELDS, where='LongMemEval')  # before reading the file
-  entries = read_longmemeval(root, split=split, file=file)
+  path = find_file(root, split, file)
+  entries = read_longmemeval(root, split=split, file=path)
   episodes, report = episodes_from_entries(
     entries, level=level, template=template, roles=roles, corpus=corpus, dataset=f'longmemeval_{split}'
   )
   report.read_ids = frozenset(str(e['question_id']) for e in entries)
+  report.source = source_name(root, path)
   return episodes, report
+
+
+def source_name(root: str | os.PathLike | None, path: Path) -> str:
+  """``path`` relative to the data root (``longmemeval/longmemeval_s_cleaned.json``) when it is under it, else the
+  absolute path: which file a run read, recorded in its load report (with both present, upstream's wins)."""
+  path = Path(path).resolve()
+  try:
+    return str(path.relative_to(resolve_data_root(root).resolve()))
+  except (ValueError, FileNotFoundError):
+    return str(path)
 
 
 def _turn2session(ep: Episode, ranked: list[int], k: int) -> official.RetrievalScores:
