@@ -146,6 +146,25 @@ def summarize(results: dict, *, command: str, wall_s: float, note: str = '', wal
   return {'command': command, 'wall_s': wall_s, 'wall_note': wall_note, 'note': note, 'datasets': datasets}
 
 
+def read_results(run_dir: Path) -> dict:
+  """``RUN_DIR/results.json`` of a finished ``experiments.evaluate`` run: its folder whole
+  (:func:`engram_jax.core.runfolder.check`), else one line (EngramError) naming what is wrong."""
+  from engram_jax.core import runfolder
+  from engram_jax.core.errors import EngramError
+
+  path = Path(run_dir) / 'results.json'
+  if not path.is_file():
+    raise EngramError(f'{run_dir}: no results.json (not a finished run of experiments.evaluate)')
+  runfolder.check(run_dir, ['results.json'])
+  try:
+    results = json.loads(path.read_text())
+  except ValueError as e:
+    raise EngramError(f'{path}: not a readable results.json ({type(e).__name__}: {e})') from None
+  if not isinstance(results, dict) or not ({'pipelines', 'datasets'} & set(results)):
+    raise EngramError(f'{path}: not a results.json of experiments.evaluate (a fit run?); the summaries are of tables')
+  return results
+
+
 def compare(expected: dict, fresh: dict) -> list[str]:
   """Every number of a committed summary that a fresh run's summary does not reproduce exactly (empty: all equal)."""
   diffs = []
@@ -471,13 +490,13 @@ def main(argv: list[str] | None = None) -> int:
     readme = ROOT / 'README.md'
     readme.write_text(with_headline(readme.read_text(), headline(summaries, ledger)))
   elif args.cmd == 'summarize':
-    results = json.loads((args.run_dir / 'results.json').read_text())
+    results = read_results(args.run_dir)
     RUNS.mkdir(exist_ok=True)
     out = summarize(results, command=args.command, wall_s=args.wall, note=args.note, wall_note=args.wall_note)
     (RUNS / f'{args.name}.json').write_text(json.dumps(out, indent=1) + '\n')
   else:
     expected = json.loads((RUNS / f'{args.name}.json').read_text())
-    fresh = summarize(json.loads((args.run_dir / 'results.json').read_text()), command='', wall_s=0)
+    fresh = summarize(read_results(args.run_dir), command='', wall_s=0)
     diffs = compare(expected, fresh)
     n = sum(len(m) for b in expected['datasets'].values() for m in b['rows'].values())
     print(f'{args.name}: {n} (pipeline, metric) cells compared, {len(diffs)} differ')
@@ -487,4 +506,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == '__main__':
-  sys.exit(main())
+  from experiments.lib.common import plain_errors
+
+  sys.exit(plain_errors(main)())

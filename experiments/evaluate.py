@@ -18,7 +18,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from engram_jax.core import runfolder
 from engram_jax.core.batch import episode_arrays
+from engram_jax.core.errors import EngramError
 from engram_jax.data import splits
 from engram_jax.eval import evaluation, grid, pipeline, timing
 from engram_jax.metrics import report
@@ -27,6 +29,8 @@ from experiments.lib import grid as grid_run
 from experiments.lib import pileup as analysis
 
 log = logging.getLogger(__name__)
+# what a run writes into its folder (an earlier run's copies are removed first: engram_jax.core.runfolder.begin)
+OUTPUTS = ('results.json', 'results.md', 'config_resolved.yaml', 'run_info.json')
 
 
 def fit_on_train(cfg: DictConfig, pipes: dict, expanded: dict, embed_fn, scored: dict[str, list]) -> dict:
@@ -200,6 +204,8 @@ def run_dataset(
       + ', '.join(f'{label} on {len(eps)} episodes' for label, eps in applied['episodes_by_fit'].items())
       + '\n'
     )
+    for why in applied.get('forced', []):
+      table += f'Applied with fitted_force=true although {why}.\n'
   if skip:
     table += f'\nNot run here (their parameters were fit on questions of this dataset): {sorted(skip)}\n'
   pileup = None
@@ -244,11 +250,30 @@ def _load_checked(cfg: DictConfig, ds: DictConfig, name: str):
   checks.check_scored_questions(episodes, f'dataset {name}')
   checks.check_distinct_corpora(episodes, f'dataset {name}')
   checks.check_loaded(cfg, name, episodes)  # k, reader.questions, fitted= episodes: before any embedding
+  if cfg.get('fitted') and Path(str(cfg.fitted)).is_dir():  # an artifact: a fit for every episode (fold or final)
+    from experiments.lib import fit_artifact
+
+    fit_artifact.check_episodes(cfg, fit_artifact.load(cfg), episodes, f'dataset {name}')
   return episodes, load_report
 
 
+def begin(cfg: DictConfig, out_dir: Path) -> runfolder.Run:
+  """Start writing the run folder ``out_dir`` (:func:`engram_jax.core.runfolder.begin`: an earlier run's marker,
+  then its results, removed first), refused when ``fitted=`` lies in it (the run would remove what it applies)."""
+  if cfg.get('fitted'):
+    src, out = Path(str(cfg.fitted)).resolve(), Path(out_dir).resolve()
+    if src == out or out in src.parents:
+      raise EngramError(
+        f"fitted={cfg.fitted} lies in this run's own output folder {out_dir}: the run would replace what it reads; "
+        'write the run elsewhere (hydra.run.dir=...)'
+      )
+  return runfolder.begin(out_dir, OUTPUTS)
+
+
 def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
-  """Evaluate ``cfg.pipeline`` on ``cfg.dataset`` (or on every entry of ``cfg.datasets``) and write the results."""
+  """Evaluate ``cfg.pipeline`` on ``cfg.dataset`` (or on every entry of ``cfg.datasets``) and write the results:
+  each file atomically, then the folder's marker (:mod:`engram_jax.core.runfolder`)."""
+  folder = begin(cfg, out_dir)
   checks.check_evaluate(cfg)
   timer = timing.RunTimer()
   compile_cache = common.enable_compile_cache(cfg)
@@ -291,7 +316,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     'results.md': text,
     'config_resolved.yaml': OmegaConf.to_yaml(cfg, resolve=True),
   }
-  report.write_files(out_dir, files)
+  folder.write_files(files)
   timer.add('report', time.perf_counter() - report_t0)
   spent = timer.stop()
   spent['n_questions'] = sum(r['n_questions'] for r in per_ds.values())
@@ -305,7 +330,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   }
   if tier1 is not None:
     run_info['reader'] = tier1.info
-  report.write_files(out_dir, {'run_info.json': json.dumps(run_info, indent=1)})
+  folder.write('run_info.json', json.dumps(run_info, indent=1))
+  folder.finish()  # the marker, last: every output above and Hydra's files of the run, by sha256
   print(text)
   print(timing.markdown(spent))
   log.info('wrote %s', out_dir / 'results.json')

@@ -5,7 +5,9 @@ experiments.evaluate's and engram_jax.eval.evaluation's.
 
 Writes to the Hydra run folder: fitted.json (``{"pipeline", "folds": {episode: {config path: value}}}``, the
 format ``experiments.evaluate fitted=...`` reads), loss_curve.json, split.json, results.json, results.md, the
-resolved config and ``artifact/`` (every learned part of every fit: :mod:`engram_jax.fit.artifact`).
+resolved config and ``artifact/`` (every learned part of every fit: :mod:`engram_jax.fit.artifact`), each file
+atomically, then ``run_complete.json`` last (the run's id and every file's sha256: :mod:`engram_jax.core.runfolder`);
+a rerun into a used folder removes the old marker first, then the outputs it replaces.
 """
 
 from __future__ import annotations
@@ -27,18 +29,29 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from engram_jax import fit
-from engram_jax.core import batch
+from engram_jax.core import batch, runfolder
 from engram_jax.core.errors import EngramError
 from engram_jax.data import splits
 from engram_jax.eval import evaluation, pipeline
 from engram_jax.fit import artifact
-from engram_jax.metrics import report, stats
+from engram_jax.metrics import stats
 from experiments.lib import checks, common, fit_adapter, fit_artifact, fit_conditioned, fit_setup, protocol
 
 log = logging.getLogger(__name__)
 
 
 COMPONENT_VARIANTS = ('conditioned', 'adapter', 'combined')  # the fits beside the scalar one (fit_setup.Plan.variants)
+# what a fit writes into its run folder (an earlier run's copies are removed first: engram_jax.core.runfolder.begin)
+OUTPUTS = (
+  'fitted.json',
+  'loss_curve.json',
+  *(f'loss_curve_{label}.json' for label in COMPONENT_VARIANTS),
+  'split.json',
+  'results.json',
+  'results.md',
+  'config_resolved.yaml',
+  'artifact',
+)
 
 
 def _interval(values: np.ndarray, seed: int, n_resamples: int) -> dict[str, float]:
@@ -337,7 +350,9 @@ def load(cfg: DictConfig, options: dict, metrics: list[str]) -> Data:
 
 def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   """Fit ``cfg.pipeline`` (one pipeline) on ``cfg.dataset`` and score it out of fold; write the results, the
-  Markdown, the artifact and the ledger row."""
+  Markdown, the artifact and the ledger row. The folder is whole or marked (:mod:`engram_jax.core.runfolder`): an
+  earlier run's marker and outputs are removed first, every file is written atomically, the marker last."""
+  folder = runfolder.begin(out_dir, OUTPUTS)
   t0 = time.perf_counter()
   names = list(cfg.pipeline)
   if len(names) != 1:
@@ -373,7 +388,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   timing.update(score_s=timing['wall_s'] - t_load - t_fit, fit_per_fold_s=[r.wall_s for r in parts['fitted']['fits']])
   results = make_results(cfg, plan, data, parts, before, list(baselines), protocol_info, timing)
   text = markdown(cfg, plan, data, parts, results)
-  write_outputs(cfg, out_dir, plan, data, parts, results, text)
+  write_outputs(cfg, folder, plan, data, parts, results, text)
+  folder.finish()  # the marker, last: every output above and Hydra's files of the run, by sha256
   print(text)
   if protocol_info:
     record_ledger(protocol_info, out_dir, results)
@@ -544,8 +560,10 @@ def split_record(cfg: DictConfig, data: Data) -> dict[str, Any]:
   }
 
 
-def write_outputs(cfg: DictConfig, out_dir: Path, plan, data: Data, parts, results, text: str) -> None:
-  """fitted.json, loss curves, split.json, results.json / .md, the resolved config and the artifact."""
+def write_outputs(cfg: DictConfig, folder: runfolder.Run, plan, data: Data, parts, results, text: str) -> None:
+  """fitted.json, loss curves, split.json, results.json / .md, the resolved config and the artifact, each written
+  atomically into the run's folder (:func:`engram_jax.core.runfolder.begin`; the caller writes the marker)."""
+  out_dir = folder.folder
   folds = data.folds
   files = {
     'fitted.json': json.dumps({'pipeline': plan.name, 'folds': results['fitted']}, indent=1),
@@ -560,7 +578,7 @@ def write_outputs(cfg: DictConfig, out_dir: Path, plan, data: Data, parts, resul
       files[f'loss_curve_{label}.json'] = json.dumps(
         {','.join(f): r.losses for f, r in zip(folds, parts[label]['fits'])}
       )
-  report.write_files(out_dir, files)
+  folder.write_files(files)
   array_pipes = [plan.name, *(b for b in cfg.fit.baselines if b != plan.name)]
   fit_artifact.write(cfg, out_dir / 'artifact', plan, data, parts, results.get('protocol'), array_pipes)
   log.info('wrote %s', out_dir / 'fitted.json')

@@ -5,7 +5,11 @@ A folder (``experiments.fit`` writes ``<run>/artifact/<variant>/``, variant ``fi
 the embedder's spec, every fit's knob values, scored and training episodes, training question ids and their
 fingerprint, the protocol hash, the git commit and the package versions) and one safetensors file per fit
 (``fold_00.safetensors`` ... and ``final.safetensors``: the scalar knobs' unconstrained values under ``knobs/<path>``,
-each component's parameters under ``<component>/<key path>``, with their shapes and dtypes). The hard scorer
+each component's parameters under ``<component>/<key path>``, with their shapes, dtypes and each file's sha256). Every
+file is written atomically (:func:`engram_jax.core.runfolder.write_file`), the manifest last; :func:`load` refuses in
+one line (:class:`~engram_jax.core.errors.EngramError`, naming the file) an artifact whose run folder is incomplete or
+mixed (:func:`engram_jax.core.runfolder.check`), a tensor file whose bytes, keys, shapes or dtypes differ from the
+manifest, and an unreadable manifest or tensor file. The hard scorer
 (:func:`score`) is the one ``experiments.fit`` scores its out-of-fold questions with, so applying a loaded fold to
 that fold's episodes reproduces them exactly.
 """
@@ -21,10 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import safetensors
+import safetensors.numpy
 from flax import traverse_util
-from safetensors.numpy import load_file, save_file
 
+from engram_jax.core import runfolder
 from engram_jax.core.batch import EpisodeArrays, episode_arrays
+from engram_jax.core.errors import EngramError
 from engram_jax.core.types import Episode
 from engram_jax.eval import evaluation
 from engram_jax.eval.pipeline import Pipeline, build_options, make_pipeline, with_values
@@ -136,13 +143,16 @@ class Artifact:
     """The fit to apply to episode ``episode_id``: the fold that scored it out of fold, else the final fit.
 
     Raises:
-      ValueError: the episode is in no fold and the artifact has no final fit.
+      EngramError: the episode is in no fold and the artifact has no final fit.
     """
     for entry in self.manifest['fits']:
       if episode_id in entry['scored_episodes']:
         return entry['label'], self.fits[entry['label']]
     if 'final' not in self.fits:
-      raise ValueError(f'{self.path}: episode {episode_id!r} is in no fold and the artifact has no final fit')
+      raise EngramError(
+        f'{self.path}: episode {episode_id!r} is in none of its folds and the artifact has no final fit (fit with '
+        'fit.final=true to apply it to other episodes)'
+      )
     return 'final', self.fits['final']
 
   def scorer(self, label: str = 'final') -> Callable[..., dict[str, np.ndarray]]:
@@ -190,11 +200,13 @@ def save(
   entries = []
   for label, res in fits.items():
     flat = tensors(res)
-    save_file({k: np.ascontiguousarray(v) for k, v in flat.items()}, str(path / f'{label}.safetensors'))
+    data = safetensors.numpy.save({k: np.ascontiguousarray(v) for k, v in flat.items()})
+    runfolder.write_file(path / f'{label}.safetensors', data)
     entries.append(
       {
         'label': label,
         'file': f'{label}.safetensors',
+        'sha256': hashlib.sha256(data).hexdigest(),
         'values': res.values,
         'scored_episodes': list(scored[label]),
         'train_episodes': list(train_episodes[label]),
@@ -212,12 +224,43 @@ def save(
     'packages': package_versions(),
     **dict(info or {}),
   }
-  (path / 'manifest.json').write_text(json.dumps(manifest, indent=1, default=str))
+  runfolder.write_file(path / 'manifest.json', json.dumps(manifest, indent=1, default=str))  # last: it vouches
   return path
 
 
-def load(path: Path | str) -> Artifact:
-  """Load an artifact folder (or the ``fitted`` / first variant of a run folder's ``artifact/``).
+def _read_tensors(path: Path, entry: Mapping[str, Any]) -> dict[str, np.ndarray]:
+  """One fit's tensor file, checked against its manifest entry (sha256 when recorded, keys, shapes, dtypes)."""
+  file = path / entry['file']
+  try:
+    data = file.read_bytes()
+  except OSError as e:
+    raise EngramError(f'{file}: the artifact tensor file cannot be read ({e.strerror or e})') from None
+  digest = entry.get('sha256')  # artifacts written before the sha256 was recorded have none
+  if digest is not None and hashlib.sha256(data).hexdigest() != digest:
+    raise EngramError(f'{file}: its bytes do not match the sha256 in manifest.json (damaged, or from another fit)')
+  try:
+    flat = safetensors.numpy.load(data)
+  except (safetensors.SafetensorError, ValueError) as e:
+    raise EngramError(f'{file}: not a readable safetensors file ({type(e).__name__}: {e})') from None
+  want = entry.get('tensors') or {}
+  if set(flat) != set(want):
+    raise EngramError(
+      f'{file}: holds tensors {sorted(flat)}, manifest.json lists {sorted(want)} (damaged, or from another fit)'
+    )
+  for key, spec in want.items():
+    got = (list(flat[key].shape), str(flat[key].dtype))
+    shape = list(spec['shape']) or [1]  # a scalar is stored as [1] (np.ascontiguousarray), recorded as []
+    if got != (shape, str(spec['dtype'])):
+      raise EngramError(
+        f'{file}: tensor {key} is {got[1]}{got[0]}, manifest.json says {spec["dtype"]}{list(spec["shape"])}'
+      )
+  return flat
+
+
+def load(path: Path | str, variant: str | None = None) -> Artifact:
+  """Load an artifact folder (or the declared / ``variant`` variant of a run folder's ``artifact/``), checked: a run
+  folder must be whole (:func:`engram_jax.core.runfolder.check`: its marker vouches for every file read), every
+  tensor file must match its manifest entry; a damaged or inconsistent file is one line naming it.
 
   >>> from engram_jax.fit import load_artifact
   >>> load_artifact('/nonexistent')
@@ -225,15 +268,28 @@ def load(path: Path | str) -> Artifact:
   ...
   FileNotFoundError: no artifact manifest.json under /nonexistent
   """
-  path = resolve(path)
-  manifest = json.loads((path / 'manifest.json').read_text())
-  if manifest.get('format') != FORMAT:
-    raise ValueError(f'{path}: not an {FORMAT} artifact (format {manifest.get("format")!r})')
-  node = manifest['pipeline']
-  pipe = pipeline_from_node(node['name'], node['node'])
-  problem, _, every = make_problem(pipe, node['params'], k=int(node['k']))
-  components = tuple(component_of(s) for s in manifest['components'])
-  fits = {e['label']: from_tensors(load_file(str(path / e['file'])), e['values']) for e in manifest['fits']}
+  run = runfolder.run_folder_of(path)
+  marker = runfolder.check(run) if run is not None else None  # before any file of the run is read
+  path = resolve(path, variant)
+  file = path / 'manifest.json'
+  try:
+    manifest = json.loads(file.read_text())
+  except (OSError, ValueError) as e:
+    raise EngramError(f'{file}: not a readable artifact manifest ({type(e).__name__}: {e})') from None
+  if not isinstance(manifest, dict) or manifest.get('format') != FORMAT:
+    got = manifest.get('format') if isinstance(manifest, dict) else type(manifest).__name__
+    raise EngramError(f'{file}: not an {FORMAT} artifact manifest (format {got!r})')
+  try:
+    if marker is not None:
+      read = [file, *(path / e['file'] for e in manifest['fits'])]
+      runfolder.check(run, [p.relative_to(run).as_posix() for p in read])
+    node = manifest['pipeline']
+    pipe = pipeline_from_node(node['name'], node['node'])
+    problem, _, every = make_problem(pipe, node['params'], k=int(node['k']))
+    components = tuple(component_of(s) for s in manifest['components'])
+    fits = {e['label']: from_tensors(_read_tensors(path, e), e['values']) for e in manifest['fits']}
+  except (KeyError, TypeError, AttributeError) as e:
+    raise EngramError(f'{file}: a damaged artifact manifest ({type(e).__name__}: {e} missing or malformed)') from None
   return Artifact(
     path=path, manifest=manifest, pipe=pipe, problem=problem, every=every, components=components, fits=fits
   )
@@ -247,7 +303,12 @@ def resolve(path: Path | str, variant: str | None = None) -> Path:
     return path
   root = path / 'artifact'
   if root.is_dir():
-    order = json.loads((root / 'variants.json').read_text()) if (root / 'variants.json').is_file() else []
+    order = []
+    if (root / 'variants.json').is_file():
+      try:
+        order = json.loads((root / 'variants.json').read_text())
+      except ValueError as e:
+        raise EngramError(f'{root / "variants.json"}: not readable ({type(e).__name__}: {e})') from None
     name = variant or (order[-1] if order else 'fitted')
     if (root / name / 'manifest.json').is_file():
       return root / name

@@ -253,9 +253,7 @@ def build_pipelines(cfg: DictConfig) -> tuple[dict[str, pipeline.Pipeline], dict
   if cfg.get('fitted') and Path(cfg.fitted).is_dir():  # an artifact: applied after evaluation (fit_artifact.apply)
     from experiments.lib import fit_artifact
 
-    art = fit_artifact.artifact.load(fit_artifact.artifact.resolve(cfg.fitted, cfg.get('fitted_variant')))
-    if art.pipe.name not in cfg.pipeline:
-      raise ValueError(f'the fitted artifact is for pipeline {art.pipe.name!r}, which is not selected')
+    fit_artifact.check(cfg)  # the run folder whole, the pipeline selected and unchanged, the fit's embedder
   elif cfg.get('fitted'):
     fitted = json.loads(Path(cfg.fitted).read_text())
   if fitted is not None and fitted['pipeline'] not in cfg.pipeline:
