@@ -163,6 +163,19 @@ def compare(pairs: list[tuple[Row, Row]], *, seed: int, n_resamples: int) -> lis
   return rows
 
 
+def check_distinct_files(paths: list[Path]) -> None:
+  """The same results file given twice is refused: compared with itself, every row gives +0.0000 and p 1."""
+  seen: dict[Path, int] = {}
+  for i, p in enumerate(paths, 1):
+    key = Path(p).resolve()
+    if key in seen:
+      raise EngramError(
+        f'{p} is given twice (files {seen[key]} and {i}): a file compared with itself gives delta 0 and p 1 on every '
+        'row; give two runs (or one file, to compare its pipelines with its first)'
+      )
+    seen[key] = i
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument('results', nargs='+', type=Path)
@@ -172,6 +185,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
   p.add_argument('--n-resamples', type=int, default=10_000)
   args = p.parse_args(argv)
   stats.check_resamples(args.n_resamples, where='--n-resamples')
+  check_distinct_files(args.results)
   rows = per_question_scores(args.results, args.dataset)
   if args.pairs:
     specs = []
@@ -184,7 +198,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
   else:
     pairs = default_pairs(rows)
   for a, b in pairs:
+    if a is b:
+      raise EngramError(f'--pairs compares {a.label} with itself (delta 0 and p 1 by construction); name two rows')
     print(f'{a.label} ({a.path}, {a.dataset}) minus {b.label} ({b.path}, {b.dataset})')
+    if a.scores == b.scores:
+      print(f'note: {a.label} and {b.label} have identical per-question scores (delta 0, p 1: the same run twice?)')
   out = compare(pairs, seed=args.seed, n_resamples=args.n_resamples)
   print('| A | B | metric | n | delta (A - B) | 95% CI | p | McNemar p |\n|---|---|---|---|---|---|---|---|')
   for r in out:
