@@ -474,19 +474,25 @@ def check_fit(cfg: DictConfig) -> None:
 
 
 def check_fit_folds(cfg: DictConfig) -> None:
-  """Cross-fitting deals the episodes into ``fit.folds`` folds: an explicit episode list
-  (``dataset.loader.conversations``) must name at least that many (checked before loading; the episodes read are
-  checked again before embedding)."""
+  """Cross-fitting deals the episodes into ``fit.folds`` folds, a hold-out split keeps ``fit.n_test`` of them for
+  testing: an explicit episode list (``dataset.loader.conversations``) must name enough (checked before loading; the
+  episodes read are checked again before embedding)."""
   f = cfg.fit
   loader = cfg.dataset.get('loader')
   conv = loader.get('conversations') if loader is not None else None
-  if f.split != 'crossfit' or conv is None or isinstance(conv, str):
+  if f.split not in ('crossfit', 'holdout') or conv is None or isinstance(conv, str):
     return
-  n, folds = len(set(conv)), f.folds
-  if isinstance(folds, int) and not isinstance(folds, bool) and folds > n:
+  n, folds, n_test = len(set(conv)), f.get('folds'), f.get('n_test')
+  named = f'dataset.loader.conversations names {n} episode(s) ({", ".join(map(str, conv))})'
+  if f.split == 'crossfit' and isinstance(folds, int) and not isinstance(folds, bool) and folds > n:
     raise EngramError(
-      f'fit.folds={folds}, but dataset.loader.conversations names {n} episode(s) ({", ".join(map(str, conv))}): '
-      f'cross-fitting needs one episode per fold at least; set fit.folds between 2 and {n}, or name more episodes'
+      f'fit.folds must be between 2 and {n} (one episode per fold at least), got {folds}: {named}; name more '
+      'episodes, or fewer folds'
+    )
+  if f.split == 'holdout' and isinstance(n_test, int) and not isinstance(n_test, bool) and n_test >= n:
+    raise EngramError(
+      f'fit.n_test must be between 1 and {n - 1} (a hold-out split needs a training episode too), got {n_test}: '
+      f'{named}; name more episodes, or fewer test ones'
     )
 
 

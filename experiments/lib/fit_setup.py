@@ -24,6 +24,7 @@ from engram_jax.eval import pipeline
 from engram_jax.fit import adapter as A
 from engram_jax.fit import conditioned as C
 from engram_jax.fit import twins
+from experiments.lib.common import one_line
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +195,16 @@ def adapter_of(cfg: DictConfig) -> tuple[A.Adapter, str] | None:
   return adapter, grad
 
 
+def optimizer_of(cfg: DictConfig) -> optax.GradientTransformation:
+  """``fit.optimizer`` instantiated; a node Hydra cannot build (a misspelt ``_target_``, a bad argument) is one line."""
+  from hydra.errors import InstantiationException
+
+  try:
+    return instantiate(cfg.fit.optimizer)
+  except InstantiationException as e:
+    raise EngramError(f'fit.optimizer: {one_line(str(e))}') from None
+
+
 def build(cfg: DictConfig, pipe: pipeline.Pipeline, name: str | None = None) -> Plan:
   """The fit of ``pipe`` (config entry ``name``, default ``pipe.name``) that ``cfg.fit`` declares; config errors
   are raised here, before any data is loaded."""
@@ -224,7 +235,7 @@ def build(cfg: DictConfig, pipe: pipeline.Pipeline, name: str | None = None) -> 
     problem=problem,
     knobs=knobs,
     every=every,
-    optimizer=instantiate(cfg.fit.optimizer),
+    optimizer=optimizer_of(cfg),
     steps=int(cfg.fit.steps),
     batch_size=int(cfg.fit.batch_size),
     seed=int(cfg.fit.seed),
