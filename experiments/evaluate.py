@@ -114,6 +114,10 @@ def run_dataset(
       {'dataset': ds, 'data_root': cfg.paths.data_root, 'embedder': cfg.embedder, 'cache_dir': cfg.paths.cache_dir},
       lambda: evaluation.embed_episodes(episodes, embed_fn),
     )
+  if cfg.get('fitted') and Path(str(cfg.fitted)).is_dir():  # the artifact's dimension, before any retrieval
+    from experiments.lib import fit_artifact
+
+    fit_artifact.check_dimension(cfg, fit_artifact.load(cfg), embeddings, [])
   only = {
     v: {ep for ep, vv in extra.items() if vv == v}
     for kind, variants, extra in expanded.values()

@@ -125,12 +125,14 @@ def differences(here: Any, there: Any, limit: int = 4) -> list[str]:
   """``path: X here, Y in the artifact`` for each leaf where two config nodes differ (at most ``limit``, then a
   count)."""
   a, b = _flat(here), _flat(there)
+  unset = object()
   diffs = []
   for key in sorted(set(a) | set(b)):
-    x, y = a.get(key, '(unset)'), b.get(key, '(unset)')
+    x, y = a.get(key, unset), b.get(key, unset)
     same = x == y or (isinstance(x, (int, float)) and isinstance(y, (int, float)) and float(x) == float(y))
     if not same:
-      diffs.append(f'{key}: {x!r} here, {y!r} in the artifact')
+      x, y = ('unset' if v is unset else repr(v) for v in (x, y))
+      diffs.append(f'{key}: {x} here, {y} in the artifact')
   return diffs[:limit] + ([f'... ({len(diffs)} in all)'] if len(diffs) > limit else [])
 
 
