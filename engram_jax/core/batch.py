@@ -13,9 +13,14 @@ import numpy as np
 from jax import Array
 
 from engram_jax.core import features, pytree
+from engram_jax.core.errors import EngramError
 from engram_jax.core.lexicon import Lexicon, build_lexicon, get_tokenizer
 from engram_jax.core.padding import bucket
 from engram_jax.core.types import Episode
+
+# An embedding row is unit-norm when | ||v|| - 1 | < NORM_TOL (the embedding cache's tolerance, engram_jax.data.embed):
+# every dense operator scores by dot products, which are cosines only for unit vectors.
+NORM_TOL = 1e-3
 
 
 @pytree.dataclass
@@ -48,6 +53,34 @@ class EpisodeArrays:
   query_features: Array | None = None  # [Q, F] question text features (engram_jax.core.features; 0 for padding)
 
 
+def check_unit_norm(emb: np.ndarray, what: str) -> None:
+  """Every row of ``emb [R, D]`` has norm 1 within :data:`NORM_TOL`; a one-line ValueError naming ``what``, how many
+  rows are off and the worst norm otherwise (vectors of norm 1..40 scored as cosines turn recall@5 1.0 into 0.0).
+
+  Example:
+    >>> import numpy as np
+    >>> from engram_jax.core.batch import check_unit_norm
+    >>> check_unit_norm(np.eye(3, 4), 'items')
+    >>> try:
+    ...   check_unit_norm(np.eye(3, 4) * [[1], [2], [40]], 'items')
+    ... except ValueError as e:
+    ...   print(str(e)[:66])
+    items: 2 of 3 rows are not unit-norm (worst: row 2, norm 40; toler
+  """
+  if not len(emb):
+    return
+  norms = np.linalg.norm(np.asarray(emb, np.float64), axis=-1)
+  off = np.abs(norms - 1.0) >= NORM_TOL
+  if off.any():
+    worst = int(np.argmax(np.abs(norms - 1.0)))
+    raise EngramError(
+      f'{what}: {int(off.sum())} of {len(norms)} rows are not unit-norm (worst: row {worst}, norm '
+      f'{norms[worst]:.4g}; tolerance {NORM_TOL}, norms {norms.min():.4g}..{norms.max():.4g}): the dense operators '
+      'score by dot products, which are cosines only for unit vectors; normalise them (x / ||x||) or pass '
+      'unit_norm=False'
+    )
+
+
 def episode_arrays(
   episode: Episode,
   doc_emb: np.ndarray,
@@ -59,6 +92,7 @@ def episode_arrays(
   l_multiple: int = 16,
   t_multiple: int = 8,
   tokenizers: Sequence[str] = ('words',),
+  unit_norm: bool = True,
 ) -> EpisodeArrays:
   """Pad one episode to bucketed shapes.
 
@@ -70,9 +104,12 @@ def episode_arrays(
       (``lexicons[name]``); ``'words'`` is always built.
     n_multiple, q_multiple, v_multiple, l_multiple, t_multiple: bucket multiples of N, Q, V, L (distinct terms
       per item) and T (distinct terms per question).
+    unit_norm: True (the default): every embedding row must be unit-norm (within :data:`NORM_TOL`), as every
+      embedder of :mod:`engram_jax.data.embed` returns them; False for embeddings meant unnormalised.
 
   Raises:
-    ValueError: on NaN/inf embeddings, shape mismatches (naming the episode) or an unknown tokenizer.
+    ValueError: on NaN/inf embeddings, rows not of unit norm (counted, with the worst; ``unit_norm``), shape
+      mismatches (naming the episode) or an unknown tokenizer.
 
   Example:
     >>> import numpy as np
@@ -96,6 +133,8 @@ def episode_arrays(
       raise ValueError(
         f'Episode {episode.id}: {int(bad.sum())} {name} embeddings contain NaN/inf (first at row {int(np.argmax(bad))})'
       )
+    if unit_norm:
+      check_unit_norm(e, f'Episode {episode.id}: {name} embeddings')
   nb, qb = bucket(n, n_multiple), bucket(q, q_multiple)
   docs = np.zeros((nb, doc_emb.shape[1]), np.float32)
   docs[:n] = doc_emb

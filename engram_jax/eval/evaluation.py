@@ -98,6 +98,7 @@ def evaluate(
   max_waste: float = 2.0,
   devices: int | None = 1,
   leg_cache: LegCache | None = None,
+  unit_norm: bool = True,
 ) -> EvalResult:
   """Run each pipeline on each episode, assert equal ``k``, and score every question.
 
@@ -131,8 +132,13 @@ def evaluate(
   ``only[name]`` restricts pipeline ``name`` to those episode ids (its other questions get NaN scores and
   no retrieved ids; used for per-episode fitted variants, see :func:`merge_by_episode`).
 
+  ``unit_norm`` (default True): item and question embeddings must be finite and unit-norm
+  (:func:`engram_jax.core.batch.episode_arrays`; rows off by more than ``NORM_TOL`` are counted and refused), as
+  every embedder of :mod:`engram_jax.data.embed` returns them; False for embeddings meant unnormalised.
+
   Raises:
-    ValueError: if ``k`` exceeds an episode's number of items, or a metric's cutoff exceeds ``k``.
+    ValueError: if ``k`` exceeds an episode's number of items, a metric's cutoff exceeds ``k``, or an embedding is
+      NaN/inf or (``unit_norm``) not of unit norm.
 
   Example:
     >>> import numpy as np
@@ -158,7 +164,7 @@ def evaluate(
     options = build_options(pipelines.values())  # e.g. the term counts of every BM25 tokenizer a leg asks for
 
     def build():
-      return [episode_arrays(ep, d, q, **options) for ep, (d, q) in zip(episodes, embeddings)]
+      return [episode_arrays(ep, d, q, **options, unit_norm=unit_norm) for ep, (d, q) in zip(episodes, embeddings)]
 
     if leg_cache is None:
       arrays = build()

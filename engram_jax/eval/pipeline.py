@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
-from engram_jax.core import ranking
+from engram_jax.core import ranking, validation
 from engram_jax.core.batch import EpisodeArrays
 from engram_jax.core.errors import EngramError
 from engram_jax.ops import registry, rrf
@@ -66,7 +66,7 @@ class LegSpec:
     where = f'leg {self.name}'
     if isinstance(self.depth, bool) or not isinstance(self.depth, (int, np.integer)) or self.depth < 1:
       raise EngramError(f'{where}: depth must be an integer >= 1 (leg depth), got {self.depth!r}')
-    if not registry.is_number(self.weight) or not 0 <= self.weight < math.inf:
+    if not validation.is_number(self.weight) or not 0 <= self.weight < math.inf:
       raise EngramError(f'{where}: weight must be >= 0 and finite (fusion weight), got {self.weight!r}')
     full = operator.options(dict(self.options), where=where)
     object.__setattr__(self, 'options', tuple(full.items()))
@@ -129,7 +129,7 @@ class Pipeline:
     names = [leg.name for leg in self.legs]
     if len(set(names)) != len(names):
       raise EngramError(f'pipeline {self.name}: leg names must be unique, got {names}')
-    if not registry.is_number(self.k0) or not 0 < self.k0 < math.inf:
+    if not validation.is_number(self.k0) or not 0 < self.k0 < math.inf:
       raise EngramError(f'pipeline {self.name}: k0 must be > 0 and finite (RRF rank offset), got {self.k0!r}')
 
   def leg(self, name: str) -> LegSpec:

@@ -33,6 +33,7 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
+from engram_jax.core import validation
 from engram_jax.core.batch import EpisodeArrays
 
 # The tokenizers and the Lexicon live in engram_jax.core.lexicon (built by engram_jax.core.batch, which imports no operator);
@@ -48,7 +49,7 @@ from engram_jax.core.lexicon import (  # noqa: F401
   tokenize,
 )
 from engram_jax.ops import pools
-from engram_jax.ops.registry import Knob, Operator, SoftTwin, knob_defaults, register
+from engram_jax.ops.registry import Knob, Operator, SoftTwin, check_knobs, knob_defaults, register
 
 # The declaration of BM25's knobs: the one place their defaults are written (signatures below read _D).
 KNOBS = (
@@ -171,6 +172,8 @@ def bm25_scores(
     >>> [round(s, 3) for s in bm25_scores(query_tf, doc_tf).tolist()]  # only items holding term 0 score
     [0.668, 0.0, 0.0]
   """
+  validation.check_embeddings('bm25_scores', query_tf, doc_tf, names=('query_tf', 'doc_tf'))
+  check_knobs('bm25', 'bm25_scores', k1=k1, b=b, epsilon=epsilon)
   doc_tf = jnp.asarray(doc_tf)
   real = jnp.ones(doc_tf.shape[0], bool) if where is None else jnp.asarray(where, bool)
   tf = doc_tf * real[:, None]

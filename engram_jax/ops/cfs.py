@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from jax import Array
 from jax.typing import ArrayLike
 
-from engram_jax.core import relax
+from engram_jax.core import relax, validation
 from engram_jax.core.batch import EpisodeArrays
 from engram_jax.ops import pools
 from engram_jax.ops.greedy import (
@@ -28,7 +28,7 @@ from engram_jax.ops.greedy import (
   soft_greedy,
   soft_pool_inputs,
 )
-from engram_jax.ops.registry import Knob, Operator, SoftTwin, knob_defaults, register
+from engram_jax.ops.registry import Knob, Operator, SoftTwin, check_knobs, knob_defaults, register
 
 # The declaration of CFS's knobs: the one place their defaults are written (signatures below read _D).
 KNOBS = (
@@ -92,6 +92,8 @@ def cfs_select(
     >>> print(cfs_select(jnp.array([0.8, 0.6]), docs, k=3, beta=2.0, sigma=0.4).indices)
     [2 0 1]
   """
+  validation.check_embeddings('cfs_select', query, docs)
+  check_knobs('cfs', 'cfs_select', k=k, beta=beta, sigma=sigma, floor=floor, pool=pool)
 
   def one(q, d, wh, g):
     rel, valid, idx, sq, sims = pool_inputs(q, d, wh, g, pool)
@@ -182,6 +184,9 @@ def soft_cfs_select(
     >>> bool((soft.probs.argmax(-1) == cfs_select(jnp.array([0.8, 0.6]), docs, k=3, beta=2.0, sigma=0.4).indices).all())
     True
   """
+  validation.check_embeddings('soft_cfs_select', query, docs)
+  check_knobs('cfs', 'soft_cfs_select', k=k, beta=beta, sigma=sigma, floor=floor, pool=pool)
+  validation.check_value(temperature, 'temperature', where='soft_cfs_select', check='>0')
 
   def one(q, d, wh, g):
     rel, gp, valid, idx = soft_pool_inputs(q, d, wh, g, pool)

@@ -31,12 +31,12 @@ import jax.numpy as jnp
 from jax import Array
 from jax.typing import ArrayLike
 
-from engram_jax.core import ranking
+from engram_jax.core import ranking, validation
 from engram_jax.core.batch import EpisodeArrays
 from engram_jax.ops import nnls_implicit, pools
 from engram_jax.ops.greedy import episode_gram, map_queries
 from engram_jax.ops.nnls import nnls_ridge_pg, power_lmax, ridge_step  # noqa: F401  (re-exported: the CFS-R solve)
-from engram_jax.ops.registry import Knob, Operator, SoftTwin, Stages, knob_defaults, register
+from engram_jax.ops.registry import Knob, Operator, SoftTwin, Stages, check_knobs, knob_defaults, register
 
 # The declaration of CFS-R's knobs: the one place their defaults are written (signatures below read _D; the
 # time-aware variants in engram_jax.ops.tcfsr reuse the first four).
@@ -209,6 +209,8 @@ def cfsr_scores(
     >>> int(jnp.isfinite(s).sum()), sorted(jnp.argsort(-s)[:2].tolist())
     (5, [3, 7])
   """
+  validation.check_embeddings('cfsr_scores', query, docs)
+  check_knobs('cfsr', 'cfsr_scores', pool=pool, iterations=iterations, lam=lam, w=w)
 
   def one(q, d, wh, g):
     n = d.shape[0]
@@ -217,8 +219,6 @@ def cfsr_scores(
     a = nnls_ridge_pg(gp, b, lam=lam, iterations=iterations, valid=valid, power_iterations=power_iterations)
     return scatter_pool(cfsr_blend(a, b, valid, w=w), idx, n)
 
-  if pool < 1 or iterations < 0:
-    raise ValueError(f'pool must be >= 1 and iterations >= 0, got {pool}, {iterations}')
   return map_live_queries(one, query, docs, where, gram, live=query_where, batch_size=batch_size)
 
 

@@ -16,11 +16,11 @@ import jax.numpy as jnp
 from jax import Array
 from jax.typing import ArrayLike
 
-from engram_jax.core import ranking
+from engram_jax.core import ranking, validation
 from engram_jax.core.batch import EpisodeArrays
 from engram_jax.ops.bm25 import bm25_leg
 from engram_jax.ops.cosine import cosine_scores
-from engram_jax.ops.registry import Knob, Operator, knob_defaults, register
+from engram_jax.ops.registry import Knob, Operator, check_knobs, knob_defaults, register
 
 # mem0/utils/scoring.py get_bm25_params: (upper bound on query terms, midpoint, steepness).
 MEM0_BM25_PARAMS = ((3, 5.0, 0.7), (6, 7.0, 0.6), (9, 9.0, 0.5), (15, 10.0, 0.5), (None, 12.0, 0.5))
@@ -64,6 +64,8 @@ def perturbed_cosine(query: Array, docs: Array, *, key: Array, eps: ArrayLike, w
     >>> bool(jnp.allclose(s, cosine_scores(q, docs)))  # eps = 0 is cosine
     True
   """
+  validation.check_embeddings('perturbed_cosine', query, docs)
+  check_knobs('cos2', 'perturbed_cosine', eps=eps)
   s = cosine_scores(query, docs, where=where)
   return s + jnp.asarray(eps, s.dtype) * item_noise(key, s.shape, s.dtype)
 
@@ -149,6 +151,8 @@ def additive_fuse(
     >>> [round(s, 3) for s in additive_fuse(semantic, bm25, jnp.array(2), pool=3).tolist()]
     [0.45, 0.349, -inf]
   """
+  validation.check_scores('additive_fuse', semantic=semantic, bm25=bm25)
+  check_knobs('mem0', 'additive_fuse', threshold=threshold, pool=pool)
   semantic = jnp.asarray(semantic)
   bm25 = jnp.asarray(bm25, semantic.dtype)
   n = semantic.shape[-1]

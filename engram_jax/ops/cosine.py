@@ -8,6 +8,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import Array
 
+from engram_jax.core import validation
 from engram_jax.core.batch import EpisodeArrays
 from engram_jax.ops.registry import Operator, register
 
@@ -33,6 +34,7 @@ def cosine_scores(query: Array, docs: Array, *, where: Array | None = None) -> A
     >>> print(cosine_scores(jnp.array([0.6, 0.8, 0.0]), docs, where=jnp.array([True, True, False])))
     [ 0.6  0.8 -inf]
   """
+  validation.check_embeddings('cosine_scores', query, docs)
   s = jnp.einsum('...d,nd->...n', query, docs)
   if where is not None:
     s = jnp.where(where, s, -jnp.inf)

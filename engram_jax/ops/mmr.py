@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from jax import Array
 from jax.typing import ArrayLike
 
-from engram_jax.core import relax
+from engram_jax.core import relax, validation
 from engram_jax.core.batch import EpisodeArrays
 from engram_jax.ops import pools
 from engram_jax.ops.greedy import (
@@ -29,7 +29,7 @@ from engram_jax.ops.greedy import (
   soft_greedy,
   soft_pool_inputs,
 )
-from engram_jax.ops.registry import Knob, Operator, SoftTwin, knob_defaults, register
+from engram_jax.ops.registry import Knob, Operator, SoftTwin, check_knobs, knob_defaults, register
 
 # The declaration of MMR's knobs: the one place their defaults are written (signatures below read _D).
 KNOBS = (
@@ -82,6 +82,8 @@ def mmr_select(
     >>> print(sel.indices)  # item 1 first (most relevant); item 0, a near-copy of it, loses to item 2
     [1 2]
   """
+  validation.check_embeddings('mmr_select', query, docs)
+  check_knobs('mmr', 'mmr_select', k=k, lam=lam, pool=pool)
 
   def one(q, d, wh, g):
     rel, valid, idx, _, sims = pool_inputs(q, d, wh, g, pool)
@@ -152,6 +154,9 @@ def soft_mmr_select(
     >>> print(soft.probs.argmax(-1), mmr_select(jnp.array([0.8, 0.6]), docs, k=2, lam=0.5).indices)  # cold: the hard picks
     [1 2] [1 2]
   """
+  validation.check_embeddings('soft_mmr_select', query, docs)
+  check_knobs('mmr', 'soft_mmr_select', k=k, lam=lam, pool=pool)
+  validation.check_value(temperature, 'temperature', where='soft_mmr_select', check='>0')
 
   def one(q, d, wh, g):
     rel, gp, valid, idx = soft_pool_inputs(q, d, wh, g, pool)

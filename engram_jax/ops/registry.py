@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from engram_jax.core import validation
 from engram_jax.core.errors import EngramError
 
 # Leg-level keys of a pipeline YAML leg node; an operator's knobs may not use them.
@@ -35,11 +36,6 @@ TRANSFORMS = ('log', 'logit', 'softplus', 'identity')
 # The open range of each bounded transform's values: a fittable knob's default must lie inside (Knob refuses a default
 # on the boundary, e.g. 0 under log, where the unconstrained value is -inf).
 OPEN_DOMAIN = {'log': (0.0, math.inf), 'softplus': (0.0, math.inf), 'logit': (0.0, 1.0)}
-
-
-def is_number(value: Any) -> bool:
-  """True for a real number given as a Python or NumPy scalar (not a bool, not an array)."""
-  return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,42 +108,24 @@ class Knob:
       return int(value)
     return value
 
-  def validate(self, value: Any, where: str) -> None:
-    """Raise a one-line ValueError naming ``where``, the knob, its allowed range and ``value``."""
+  def validate(self, value: Any, where: str, *, name: str | None = None) -> None:
+    """Raise a one-line ValueError naming ``where``, the knob (or ``name``: the argument it is given as), its
+    allowed range and ``value``. Every number must be finite, checked or not; a traced value is not checked
+    (:func:`engram_jax.core.validation.check_value`)."""
     c = self.check
+    name = name or self.name
     what = f' ({self.doc})' if self.doc else ''
-    if is_number(value) and not math.isfinite(value):  # every numeric knob, checked or not: inf / nan rank silently
-      raise EngramError(f'{where}: {self.name} must be a finite number{what}, got {value!r}')
-    if c is None:
-      return
     if isinstance(c, tuple):
       if value not in c:
-        raise EngramError(f'{where}: {self.name} must be one of {list(c)}{what}, got {value!r}')
+        raise EngramError(f'{where}: {name} must be one of {list(c)}{what}, got {value!r}')
       return
-    if value is None and not self.static:
-      raise EngramError(f'{where}: {self.name} must be a number{what}, got None')
     if value is None:
+      if c is not None and not self.static:
+        raise EngramError(f'{where}: {name} must be a number{what}, got None')
       return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-      raise EngramError(f'{where}: {self.name} must be a number{what}, got {value!r}')
-    ok = {
-      '>0': value > 0,
-      '>=0': value >= 0,
-      '[0,1]': 0 <= value <= 1,
-      'int>=1': value >= 1 and float(value).is_integer(),
-      'int>=0': value >= 0 and float(value).is_integer(),
-    }
-    if c not in ok:
-      raise ValueError(f'knob {self.name}: unknown check {c!r}')
-    if not ok[c]:
-      allowed = {
-        '>0': '> 0',
-        '>=0': '>= 0',
-        '[0,1]': 'in [0, 1]',
-        'int>=1': 'an integer >= 1',
-        'int>=0': 'an integer >= 0',
-      }[c]
-      raise EngramError(f'{where}: {self.name} must be {allowed}{what}, got {value!r}')
+    if c is None and not (validation.is_number(value) or hasattr(value, 'dtype')):
+      return  # unchecked and not a number (e.g. a batch size's None, a tokenizer's name)
+    validation.check_value(value, name, where=where, check=c, doc=self.doc)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,6 +243,26 @@ def knob_defaults(knobs: Sequence[Knob]) -> dict[str, Any]:
 
 
 OPERATORS: dict[str, Operator] = {}
+
+
+def check_knobs(op: str, where: str, *, names: Mapping[str, str] | None = None, **values: Any) -> None:
+  """The boundary check of a public operator function (``where``): each knob value it was called with, against
+  the declaration of the registered operator ``op`` (``names``: argument -> knob, where the function calls a knob
+  otherwise). Traced values (under ``jit``, ``grad``, ``vmap``) are not checked; Python numbers and concrete arrays
+  are (:meth:`Knob.validate`), so ``cfsr_scores(q, docs, lam=-1.0)`` is a one-line error, not a ranking.
+
+  Example:
+    >>> from engram_jax.ops.registry import check_knobs
+    >>> check_knobs('cfsr', 'cfsr_scores', pool=20, lam=0.005, w=0.9)
+    >>> try:
+    ...   check_knobs('cfsr', 'cfsr_scores', pool=20, lam=-1.0)
+    ... except ValueError as e:
+    ...   print(e)
+    cfsr_scores: lam must be > 0 (ridge strength), got -1.0
+  """
+  operator = get(op)
+  for arg, value in values.items():
+    operator.knob((names or {}).get(arg, arg)).validate(value, where, name=arg)
 
 
 def register(op: Operator, *, replace: bool = False) -> Operator:

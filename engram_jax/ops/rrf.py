@@ -8,8 +8,17 @@ import jax.numpy as jnp
 from jax import Array
 from jax.typing import ArrayLike
 
-from engram_jax.core import ranking, relax
+from engram_jax.core import ranking, relax, validation
 from engram_jax.ops.greedy import SoftSelection
+
+
+def check_fusion(where: str, weights: ArrayLike, depths: Sequence[int], k0: ArrayLike) -> None:
+  """The fusion's knobs at a public function's boundary, as a pipeline checks them (concrete values only:
+  :func:`engram_jax.core.validation.check_value`): finite weights >= 0, integer depths >= 1, a finite ``k0 > 0``."""
+  validation.check_value(weights, 'weights', where=where, check='>=0', doc='leg weights')
+  validation.check_value(k0, 'k0', where=where, check='>0', doc='RRF rank offset')
+  for i, d in enumerate(depths):
+    validation.check_value(d, f'depths[{i}]', where=where, check='int>=1', doc='leg depth')
 
 
 def rrf_fuse(
@@ -41,6 +50,8 @@ def rrf_fuse(
     >>> [round(s * 61 * 62, 1) for s in rrf_fuse(legs, weights=jnp.array([1.0, 1.0]), depths=[3, 1], k0=60.0).tolist()]  # x 61*62; leg 2 counts its top-1 only
     [62.0, 122.0, 61.0]
   """
+  validation.check_scores('rrf_fuse', leg_scores=leg_scores)
+  check_fusion('rrf_fuse', weights, depths, k0)
   leg_scores = jnp.asarray(leg_scores)
   n_legs, n = leg_scores.shape[0], leg_scores.shape[-1]
   if len(depths) != n_legs:
@@ -122,6 +133,7 @@ def soft_rrf_fuse(
     >>> bool(jnp.allclose(soft, hard, atol=1e-5))  # cold, the twin is the hard fusion
     True
   """
+  check_fusion('soft_rrf_fuse', weights, depths, k0)
   legs = list(leg_scores)
   n_legs = len(legs)
   if len(depths) != n_legs:

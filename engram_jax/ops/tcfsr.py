@@ -46,12 +46,13 @@ import jax.numpy as jnp
 from jax import Array
 from jax.typing import ArrayLike
 
+from engram_jax.core import validation
 from engram_jax.core.batch import EpisodeArrays
 from engram_jax.ops import cfsr, pools
 from engram_jax.ops.cfsr import cosine_pool, minmax, nnls_ridge_pg
 from engram_jax.ops.greedy import episode_gram, map_queries
 from engram_jax.ops.pools import write_time
-from engram_jax.ops.registry import Knob, Operator, SoftTwin, knob_defaults, register
+from engram_jax.ops.registry import Knob, Operator, SoftTwin, check_knobs, knob_defaults, register
 
 
 def cfsr_knobs() -> tuple[Knob, ...]:
@@ -143,15 +144,18 @@ def blend_pool(sol: PoolSolve, w: ArrayLike) -> Array:
   return w_ * minmax(sol.a, sol.valid) + (1.0 - w_) * minmax(sol.cos, sol.valid)
 
 
-def check_corpus(docs: Array, positions: Array, pool: int, iterations: int) -> None:
+def check_corpus(where: str, op: str, query: Array, docs: Array, positions: Array, **knobs) -> None:
+  """The boundary check of a temporal CFS-R function (``where``): one shared corpus ``docs [N, D]`` with its
+  ``positions [N]``, the query and items finite and non-empty (concrete arrays only), and ``knobs`` within the
+  declaration of the registered operator ``op`` (:func:`engram_jax.ops.registry.check_knobs`)."""
   if jnp.ndim(docs) != 2:
     raise ValueError(
       f'Shape mismatch: temporal CFS-R scores one shared corpus docs [N, D], got {jnp.shape(docs)}; vmap over episodes'
     )
   if jnp.shape(positions) != jnp.shape(docs)[:1]:
     raise ValueError(f'Shape mismatch: positions {jnp.shape(positions)} vs N={jnp.shape(docs)[0]}')
-  if pool < 1 or iterations < 0:
-    raise ValueError(f'pool must be >= 1 and iterations >= 0, got {pool}, {iterations}')
+  validation.check_embeddings(where, query, docs)
+  check_knobs(op, where, **knobs)
 
 
 def _run(one, query, docs, positions, where, gram, batch_size, per_query=(), query_where=None):
@@ -220,7 +224,18 @@ def tcfsr_prior_scores(
     >>> bool(jnp.allclose(tcfsr_prior_scores(query, docs, jnp.arange(20), pool=5, gamma=0.0), cfsr_scores(query, docs, pool=5)))
     True
   """
-  check_corpus(docs, positions, pool, iterations)
+  check_corpus(
+    'tcfsr_prior_scores',
+    'tcfsr_prior',
+    query,
+    docs,
+    positions,
+    pool=pool,
+    iterations=iterations,
+    lam=lam,
+    w=w,
+    gamma=gamma,
+  )
   per_query = jnp.ndim(gamma) > 0
 
   def one(q, d, wh, g, t_all, *gamma_q):
@@ -277,7 +292,19 @@ def tcfsr_basis_scores(
     >>> s.shape, int(jnp.isfinite(s).sum())
     ((20,), 5)
   """
-  check_corpus(docs, positions, pool, iterations)
+  check_corpus(
+    'tcfsr_basis_scores',
+    'tcfsr_basis',
+    query,
+    docs,
+    positions,
+    pool=pool,
+    iterations=iterations,
+    lam=lam,
+    w=w,
+    alpha=alpha,
+    anchor=anchor,
+  )
 
   def one(q, d, wh, g, t_all):
     sol = solve_pool(
@@ -357,7 +384,11 @@ def _gated(
   temperature,
   query_where=None,
 ):
-  check_corpus(docs, positions, pool, iterations)
+  where_ = 'tcfsr_gated_scores' if temperature is None else 'soft_tcfsr_gated_scores'
+  knobs = dict(pool=pool, iterations=iterations, lam=lam, w=w, gamma=gamma, theta=theta, delta=delta, rho0=rho0)
+  check_corpus(where_, 'tcfsr_gated', query, docs, positions, **knobs)
+  if temperature is not None:
+    validation.check_value(temperature, 'temperature', where=where_, check='>0')
 
   def one(q, d, wh, g, t_all):
     sol = solve_pool(q, d, wh, g, t_all, pool=pool, iterations=iterations, lam=lam, power_iterations=power_iterations)

@@ -39,7 +39,7 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from engram_jax.core import features
+from engram_jax.core import features, validation
 from engram_jax.core.batch import EpisodeArrays
 from engram_jax.ops import pools
 from engram_jax.ops.cfsr import nnls_ridge_pg
@@ -155,7 +155,9 @@ def tcfsr_learned_scores(
     >>> s.shape
     (2, 20)
   """
-  check_corpus(docs, positions, pool, iterations)
+  knobs = dict(pool=pool, iterations=iterations, lam=lam, w=w, gamma=gamma, theta=theta, delta=delta)
+  check_corpus('tcfsr_learned_scores', 'tcfsr_learned', query, docs, positions, **knobs)
+  validation.check_value(weights, 'weights', where='tcfsr_learned_scores', check=None, doc='gate weights')
   if query_features.shape[:-1] != query.shape[:-1]:
     raise ValueError(f'Shape mismatch: query_features {query_features.shape} vs queries {query.shape}')
   n = docs.shape[0]

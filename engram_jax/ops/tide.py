@@ -17,12 +17,12 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from engram_jax.core import ranking
+from engram_jax.core import ranking, validation
 from engram_jax.core.batch import EpisodeArrays
 from engram_jax.ops import bm25 as bm25_ops
 from engram_jax.ops import pools
 from engram_jax.ops.cosine import cosine_scores
-from engram_jax.ops.registry import Knob, Operator, SoftTwin, knob_defaults, register
+from engram_jax.ops.registry import Knob, Operator, SoftTwin, check_knobs, knob_defaults, register
 
 BASES = ('cosine', 'bm25')
 
@@ -84,13 +84,13 @@ def tide_scores(base: Array, positions: Array, *, weight: ArrayLike, depth: int,
     >>> [round(s, 3) for s in tide_scores(base, jnp.arange(4), weight=0.3, depth=3).tolist()]  # item 3 is outside the top-3
     [0.9, 0.6, 1.0, -inf]
   """
+  validation.check_scores('tide_scores', base=base)
+  check_knobs('tide', 'tide_scores', names={'weight': 'recency', 'depth': 'pool'}, weight=weight, depth=depth)
   base = jnp.asarray(base)
   n = base.shape[-1]
   real = jnp.ones((n,), bool) if where is None else jnp.asarray(where, bool)
   real = jnp.broadcast_to(real, base.shape)
   d = min(depth, n)
-  if d < 1:
-    raise ValueError(f'depth must be >= 1, got {depth}')
   idx, vals = ranking.top_k(base, k=d, where=real)
   cand = _scatter_flags(idx, jnp.isfinite(vals), n)  # [..., N]: nothing [..., d, N]
   n_real = jnp.sum(real, axis=-1, keepdims=True)
