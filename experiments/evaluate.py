@@ -279,6 +279,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   each file atomically, then the folder's marker (:mod:`engram_jax.core.runfolder`)."""
   folder = begin(cfg, out_dir)
   checks.check_evaluate(cfg)
+  checks.check_reader_packages(cfg)  # a Tier-1 reader's packages on this machine: before loading and retrieval
   timer = timing.RunTimer()
   compile_cache = common.enable_compile_cache(cfg)
   datasets = checks.datasets_of(cfg)

