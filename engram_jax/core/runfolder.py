@@ -237,10 +237,10 @@ def check(folder: Path | str, files: Sequence[str] = ()) -> dict[str, Any]:
 
 
 def check_file(path: Path | str) -> None:
-  """Before reading the file ``path``: when it lies in a run folder (:func:`run_folder_of`), that run must be whole
-  and vouch for it (:func:`check`); a file outside any run folder is read as it is."""
+  """Before reading the file ``path``: when it lies in a run folder (:func:`run_folder_of`; also when it is missing
+  there), that run must be whole and vouch for it (:func:`check`); a file outside any run folder is read as it is."""
   path = Path(path)
-  run = run_folder_of(path) if path.is_file() else None
+  run = run_folder_of(path) if path.is_file() else path.parent if is_run_folder(path.parent) else None
   if run is not None:
     check(run, [path.resolve().relative_to(run.resolve()).as_posix()])
 

@@ -320,6 +320,9 @@ def check_fitted_file(cfg: DictConfig) -> None:
   if Path(str(cfg.fitted)).is_dir():
     from engram_jax.fit import artifact  # here: flax and safetensors only when an artifact is asked for
 
+    run = runfolder.run_folder_of(str(cfg.fitted))
+    if run is not None:  # a fit's run folder: whole, before any of its files is read
+      runfolder.check(run)
     try:
       artifact.resolve(str(cfg.fitted), cfg.get('fitted_variant'))
     except (OSError, ValueError) as e:

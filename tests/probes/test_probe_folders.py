@@ -6,6 +6,8 @@ an evaluate rerun into a used folder, SIGKILLed at each of their writes in turn)
 The run folders here are written by the library (:func:`engram_jax.fit.artifact.save`,
 :mod:`engram_jax.core.runfolder`) as ``experiments.fit`` writes them, without fitting: a hand-set ``k0`` per fold."""
 
+import contextlib
+import io as io_
 import json
 import os
 import shutil
@@ -468,6 +470,12 @@ def _cli(module, args, env=None, timeout=600):
   )
 
 
+def describe(name, value):
+  if name == 'collect SWEEP' and value.get('missing'):
+    return f'reads the other jobs, lists job {value["missing"]} as failed or running'
+  return 'reads the old run'
+
+
 def _outcome(call):
   """``('reads', value)`` or ``('refused', the one-line message)``."""
   try:
@@ -490,10 +498,11 @@ FIT = [
 ]
 
 
-def _kill_at_each_write(module, run, args, readers, tmp_path):
+def _kill_at_each_write(module, run, args, readers, tmp_path, *, also=lambda name, value, old: False):
   """Rerun ``module args`` into the used folder ``run`` killed (SIGKILL) before its 1st, 2nd, ... step that changes
   the folder (:data:`engram_jax.core.runfolder.FAULT_ENV`), restoring the old run each time, until a run finishes;
-  after each kill every reader must refuse in one line or read what it read of the old run. Returns one record per
+  after each kill every reader must refuse in one line, read what it read of the old run, or give a value ``also``
+  accepts (collect: the job listed as failed or running). Returns one record per
   kill: ``(step, path, {reader: outcome})``."""
   old = tmp_path / 'old_copy'
   shutil.copytree(run, old)
@@ -514,7 +523,7 @@ def _kill_at_each_write(module, run, args, readers, tmp_path):
     step = log.read_text().splitlines()[-1].split('\t')[1]
     got = {name: _outcome(call) for name, call in readers.items()}
     for name, (kind, value) in got.items():
-      assert kind == 'refused' or value == before[name][1], (n, step, name, value)
+      assert kind == 'refused' or value == before[name][1] or also(name, value, before[name][1]), (n, step, name, value)
     records.append((n, Path(step).relative_to(run).as_posix(), got))
   raise AssertionError('the run never finished')
 
@@ -531,7 +540,8 @@ def test_a_fit_killed_at_each_write_into_a_used_folder_leaves_a_folder_every_rea
     cfg = _compose(
       tmp_path, [f'pipeline=[{PIPE}]', f'fitted={fitted}', 'dataset.loader.conversations=[conv-30,conv-26]']
     )
-    res = evaluate_exp.run(cfg, tmp_path / 'eval')
+    with contextlib.redirect_stdout(io_.StringIO()):  # its table: not in the fault report
+      res = evaluate_exp.run(cfg, tmp_path / 'eval')
     return [q['scores'][PIPE]['ndcg@10'] for q in res['per_question']]
 
   readers = {
@@ -554,28 +564,42 @@ def test_a_fit_killed_at_each_write_into_a_used_folder_leaves_a_folder_every_rea
   with capsys.disabled():
     print(f'\nfit rerun into a used folder, killed before each of its {len(records)} steps:')
     for n, path, got in records:
-      said = {name: value if kind == 'refused' else 'reads the old run' for name, (kind, value) in got.items()}
-      print(f'{n:2d} {path}: ' + json.dumps(said))
+      said = {name: value if kind == 'refused' else describe(name, value) for name, (kind, value) in got.items()}
+      print(f'{n:2d} {path}: ' + json.dumps(said).replace(str(run), 'RUN'))
 
 
 @pytest.mark.slow
 @needs_data
 def test_an_evaluate_job_killed_at_each_write_leaves_a_folder_collect_and_compare_refuse(tmp_path, capsys):
   sweep = tmp_path / 'sweep'
-  args = ['embedder=hashing', 'dataset.loader.conversations=[conv-26]', 'pipeline=[cosine,bm25]', 'eval.progress=false']
-  proc = _cli('experiments.evaluate', ['-m', *args, 'eval.k=5,10', f'hydra.sweep.dir={sweep}'])
+  args = ['embedder=hashing', 'dataset.loader.conversations=[conv-26]', 'eval.progress=false']
+  proc = _cli('experiments.evaluate', ['-m', *args, 'pipeline=[cosine],[bm25]', f'hydra.sweep.dir={sweep}'])
   assert proc.returncode == 0, proc.stderr[-3000:]
   job = sweep / '1'
+
+  def table(t):
+    return {
+      'rows': {f'{r["job"]}/{r["pipeline"]}': r['mean'] for r in t['rows']},
+      'missing': [m['job'] for m in t['missing']],
+    }
+
   readers = {
-    'collect SWEEP': lambda: [r['mean'] for r in collect.collect(sweep, n_resamples=100)['rows']],
+    'collect SWEEP': lambda: table(collect.collect(sweep, n_resamples=100)),
     'compare JOB/results.json': lambda: [r.scores for r in compare.read_rows(job / 'results.json', 1)],
     'docs_site check NAME JOB': lambda: docs_site.read_results(job)['pipelines'],
   }
-  records, before, after = _kill_at_each_write('experiments.evaluate', job, [*args, 'eval.k=7'], readers, tmp_path)
+
+  def job_missing(name, value, old):  # a job without results.json: listed as failed or running, the others as before
+    rows = {k: v for k, v in old['rows'].items() if not k.startswith('1/')}
+    return name == 'collect SWEEP' and value == {'rows': rows, 'missing': ['1']}
+
+  records, before, after = _kill_at_each_write(
+    'experiments.evaluate', job, [*args, 'pipeline=[cosine]'], readers, tmp_path, also=job_missing
+  )
   assert [p for _, p, _ in records][:1] == [runfolder.MARKER] and records[-1][1] == runfolder.MARKER
   assert after['collect SWEEP'][0] == 'reads' and after['collect SWEEP'] != before['collect SWEEP']
   with capsys.disabled():
     print(f'\nevaluate job rerun into a used folder, killed before each of its {len(records)} steps:')
     for n, path, got in records:
-      said = {name: value if kind == 'refused' else 'reads the old run' for name, (kind, value) in got.items()}
-      print(f'{n:2d} {path}: ' + json.dumps(said))
+      said = {name: value if kind == 'refused' else describe(name, value) for name, (kind, value) in got.items()}
+      print(f'{n:2d} {path}: ' + json.dumps(said).replace(str(job), 'JOB'))
