@@ -25,6 +25,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import queue
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -253,6 +254,40 @@ def fitted_values(problem: Problem, vals: Mapping[str, Array]) -> dict[str, floa
   return out
 
 
+def init_state(
+  knobs: Knobs,
+  grouped: optax.GradientTransformation,
+  *,
+  components: Sequence[Component] = (),
+  inputs: Mapping[str, Any],
+  seed: int,
+) -> TrainState:
+  """A fit's state at step 0: the knobs' hand-set raw values, each component initialised with ``seed``, the grouped
+  optimizer's state (:func:`group_optimizer`)."""
+  params = {KNOBS: dict(knobs.raw), **{c.name: c.init(inputs[c.name], seed) for c in components}}
+  return TrainState(params=params, opt_state=grouped.init(params), step=jnp.zeros((), jnp.int32))
+
+
+# jaxlib's CPU kernels that split a batch across XLA's intra-op pool and block a pool thread until it is done
+# (LAPACK: Cholesky, LU, QR, triangular solves, eigh, SVD, ...): two such calls from programs running at once on two
+# CPU devices can each hold a pool thread while waiting for the other's (see engram_jax.ops.nnls_implicit)
+_BLOCKING_KERNEL = re.compile(r'custom_call\s*@(lapack_\w+)|call_target_name\s*=\s*"(lapack_\w+)"')
+
+
+def host_blocking_kernels(lowered_text: str) -> list[str]:
+  """The jaxlib LAPACK kernels (sorted, unique) a lowered program calls (``jax.jit(f).lower(...).as_text()``): a
+  program that calls one must not run concurrently with another on the CPU devices of one process.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> host_blocking_kernels(jax.jit(jnp.linalg.cholesky).lower(jnp.eye(3)).as_text())  # doctest: +ELLIPSIS
+    ['lapack_...potrf...']
+    >>> host_blocking_kernels(jax.jit(jnp.sum).lower(jnp.eye(3)).as_text())
+    []
+  """
+  return sorted({a or b for a, b in _BLOCKING_KERNEL.findall(lowered_text)})
+
+
 def fit(
   problem: Problem,
   knobs: Knobs,
@@ -303,8 +338,7 @@ def fit(
   max_gold = max_gold_of(rows) if max_gold is None else max_gold
   step_fn = step_fn or make_step(problem, grouped, max_gold=max_gold, components=components)
   fixed_j = {p: jnp.asarray(v, jnp.float32) for p, v in fixed.items()}
-  params = {KNOBS: dict(knobs.raw), **{c.name: c.init(inputs[c.name], seed) for c in components}}
-  state = TrainState(params=params, opt_state=grouped.init(params), step=jnp.zeros((), jnp.int32))
+  state = init_state(knobs, grouped, components=components, inputs=inputs, seed=seed)
   rng = np.random.default_rng(seed)
   train = np.asarray(train)
   losses, scales, watched = [], [], []
@@ -390,7 +424,8 @@ def crossfit(
   components = tuple(components)
   row_episodes = np.asarray(row_episodes)
   max_gold = max_gold_of(rows)
-  step_fn = make_step(problem, group_optimizer(optimizer, components), max_gold=max_gold, components=components)
+  grouped = group_optimizer(optimizer, components)
+  step_fn = make_step(problem, grouped, max_gold=max_gold, components=components)
   splits = []
   for fold in folds:
     scored = np.flatnonzero(np.isin(row_episodes, list(fold)))
@@ -426,6 +461,17 @@ def crossfit(
     return res
 
   devices = list(devices or [])
+  if len(devices) > 1 and len(folds) > 1 and any(d.platform == 'cpu' for d in devices):
+    # the step's trace and lowering are cached: the folds' first calls reuse them
+    state = init_state(knobs, grouped, components=components, inputs=dict(inputs or {}), seed=seed)
+    fixed_j = {p: jnp.asarray(v, jnp.float32) for p, v in fixed.items()}
+    idx, w = minibatch(np.random.default_rng(seed), splits[0], batch_size)  # the types a fold's steps pass
+    text = step_fn.lower(state, fixed_j, rows, dict(inputs or {}), jnp.asarray(idx), jnp.asarray(w), jnp.float32(1))
+    blocking = host_blocking_kernels(text.as_text())
+    if blocking:
+      if log:
+        log(f'folds run one after another: the step calls {blocking}, which can deadlock on concurrent CPU devices')
+      devices = []
   if len(devices) <= 1 or len(folds) <= 1:
     return [one(f, rows, inputs) for f in range(len(folds))]
   return _parallel_folds(one, len(folds), devices, rows, inputs)

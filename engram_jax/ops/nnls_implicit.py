@@ -19,6 +19,14 @@ I)^{-1} \bar a_S` (:math:`u_{\bar S} = 0`), and then :math:`\bar b = u`, :math:`
 ``[P, P]`` matrix per problem: the rows and columns outside :math:`S` are replaced by the identity, so shapes never
 depend on the support (Cholesky; the matrix is positive definite for :math:`\lambda > 0`).
 
+The Cholesky factor and the two triangular solves are plain XLA loops (:func:`spd_solve`), not
+``jax.scipy.linalg.cho_solve``: on CPU, jaxlib 0.10's LAPACK kernels split a batch of matrices across XLA's intra-op
+thread pool and block a pool thread until the pieces are done, so two programs that reach such a kernel at the same
+time (a cross-fit's folds on two CPU devices, one pool thread each) each hold a pool thread while waiting for work
+queued behind the other: a deadlock (every thread asleep, seen in 8 of 10 two-device adapter fits). A program
+without a LAPACK call cannot take part in it; :func:`engram_jax.fit.train.host_blocking_kernels` finds such calls in
+a lowered program.
+
 Cost: the forward solve plus one ``P x P`` Cholesky per pool; memory: the solution and the Gram (no stored
 iterates), against unrolled reverse mode storing every one of ``iterations`` iterates. It equals the unrolled
 gradient when the iterations have converged (the support is then exact); with few iterations it is the gradient of
@@ -41,6 +49,40 @@ def _forward(g: Array, b: Array, lam: Array, valid: Array, iterations: int, powe
   return nnls_ridge_pg(g, b, lam=lam, iterations=iterations, valid=valid, power_iterations=power_iterations)
 
 
+def spd_solve(m: Array, rhs: Array) -> Array:
+  r"""``x = m^{-1} rhs`` for a symmetric positive definite ``m [P, P]`` and ``rhs [P]``: the Cholesky factor
+  :math:`m = L L^\top` column by column, then :math:`L y = rhs` and :math:`L^\top x = y`, each a ``fori_loop`` of
+  ``P`` steps in plain XLA ops (no LAPACK custom call, see the module docstring; ``vmap`` batches it).
+
+  Cost: :math:`P^3 + 2 P^2` multiply-adds (a ``P x P`` matrix-vector product per column) against LAPACK's
+  :math:`P^3 / 3`; for CFS-R's pools (the support of one solution, padded to the pool) that is small beside the
+  forward solve's iterations.
+
+  Example:
+    >>> import numpy as np, jax.numpy as jnp
+    >>> m = jnp.array([[4.0, 2.0], [2.0, 3.0]])
+    >>> np.allclose(spd_solve(m, jnp.array([1.0, 2.0])), np.linalg.solve(np.asarray(m), [1.0, 2.0]))
+    True
+  """
+  p = m.shape[-1]
+  idx = jnp.arange(p)
+
+  def column(j, l):  # column j of L; columns >= j of l are still zero, so l @ l[j] sums over k < j
+    v = m[:, j] - l @ l[j]
+    d = jnp.sqrt(v[j])
+    return l.at[:, j].set(jnp.where(idx > j, v / d, jnp.where(idx == j, d, 0.0)))
+
+  l = jax.lax.fori_loop(0, p, column, jnp.zeros_like(m))
+  diag = jnp.diagonal(l)
+  y = jax.lax.fori_loop(0, p, lambda j, y: y.at[j].set((rhs[j] - l[j] @ y) / diag[j]), jnp.zeros_like(rhs))
+
+  def back(i, x):  # x[k] is set for k > j only, so l[:, j] @ x sums over k > j
+    j = p - 1 - i
+    return x.at[j].set((y[j] - l[:, j] @ x) / diag[j])
+
+  return jax.lax.fori_loop(0, p, back, jnp.zeros_like(rhs))
+
+
 def kkt_vjp(g: Array, a: Array, lam: Array, valid: Array, ct: Array) -> tuple[Array, Array, Array]:
   r"""The implicit VJP of one NNLS solution ``a [P]`` (of Gram ``g [P, P]``, ridge ``lam``) for cotangent ``ct [P]``.
 
@@ -51,8 +93,7 @@ def kkt_vjp(g: Array, a: Array, lam: Array, valid: Array, ct: Array) -> tuple[Ar
   both = s[:, None] & s[None, :]
   m = jnp.where(both, g, 0.0) + jnp.diag(jnp.where(s, lam, 1.0))
   rhs = jnp.where(s, ct, 0.0)
-  u = jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(m, lower=True), rhs)
-  u = jnp.where(s, u, 0.0)
+  u = jnp.where(s, spd_solve(m, rhs), 0.0)
   return -jnp.outer(u, a), u, -(u @ a)
 
 
