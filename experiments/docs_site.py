@@ -153,9 +153,10 @@ def read_results(run_dir: Path) -> dict:
   from engram_jax.core.errors import EngramError
 
   path = Path(run_dir) / 'results.json'
+  if runfolder.is_run_folder(run_dir):
+    runfolder.check(run_dir, ['results.json'])
   if not path.is_file():
     raise EngramError(f'{run_dir}: no results.json (not a finished run of experiments.evaluate)')
-  runfolder.check(run_dir, ['results.json'])
   try:
     results = json.loads(path.read_text())
   except ValueError as e:
