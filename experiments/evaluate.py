@@ -22,7 +22,7 @@ from engram_jax.core import runfolder
 from engram_jax.core.batch import episode_arrays
 from engram_jax.core.errors import EngramError
 from engram_jax.data import splits
-from engram_jax.eval import evaluation, grid, pipeline, timing
+from engram_jax.eval import evaluation, grid, pipeline, timing, trec
 from engram_jax.metrics import report
 from experiments.lib import answer, checks, common
 from experiments.lib import grid as grid_run
@@ -30,7 +30,7 @@ from experiments.lib import pileup as analysis
 
 log = logging.getLogger(__name__)
 # what a run writes into its folder (an earlier run's copies are removed first: engram_jax.core.runfolder.begin)
-OUTPUTS = ('results.json', 'results.md', 'config_resolved.yaml', 'run_info.json')
+OUTPUTS = ('results.json', 'results.md', 'config_resolved.yaml', 'run_info.json', 'runs', 'qrels')
 
 
 def fit_on_train(cfg: DictConfig, pipes: dict, expanded: dict, embed_fn, scored: dict[str, list]) -> dict:
@@ -248,6 +248,19 @@ def run_dataset(
   return results, table
 
 
+def trec_files(name: str, results: dict[str, Any], episodes) -> dict[str, str]:
+  """Dataset ``name``'s files for trec_eval, ir_measures or ranx (:mod:`engram_jax.eval.trec`): per pipeline the
+  run of what it scored (``runs/<name>/<pipeline>.trec``, each question's top-k as in ``results['per_question']``)
+  and the qrels of the scored questions (``qrels/<name>.qrels``)."""
+  rows = results['per_question']
+  qids = trec.trec_qids([r['episode'] for r in rows], [r['id'] for r in rows])
+  gold = {(e.id, q.id): q.gold for e in episodes for q in e.questions}
+  files = {f'qrels/{name}.qrels': trec.trec_qrels(qids, [gold[r['episode'], r['id']] for r in rows])}
+  for pipe in rows[0]['retrieved'] if rows else []:
+    files[f'runs/{name}/{pipe}.trec'] = trec.trec_run(qids, [r['retrieved'][pipe] for r in rows], tag=pipe)
+  return files
+
+
 def _load_checked(cfg: DictConfig, ds: DictConfig, name: str):
   """:func:`common.load_dataset`, refused when it has no question to score or two episodes with equal content."""
   episodes, load_report = common.load_dataset(cfg, ds)
@@ -321,6 +334,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     'results.md': text,
     'config_resolved.yaml': OmegaConf.to_yaml(cfg, resolve=True),
   }
+  for name in datasets:  # the runs and qrels in TREC format, beside results.json (not in it)
+    files.update(trec_files(name, per_ds[name], loaded[name][0]))
   folder.write_files(files)
   timer.add('report', time.perf_counter() - report_t0)
   spent = timer.stop()

@@ -4,7 +4,8 @@
 Modules: :mod:`~engram_jax.eval.pipeline`, :mod:`~engram_jax.eval.evaluation`, :mod:`~engram_jax.eval.legcache`
 (legs computed once per sweep), :mod:`~engram_jax.eval.sharding` (the episode axis over devices),
 :mod:`~engram_jax.eval.compile_cache` (a persistent compilation cache that parallel jobs share),
-:mod:`~engram_jax.eval.timing` (where a run's time goes).
+:mod:`~engram_jax.eval.timing` (where a run's time goes), :mod:`~engram_jax.eval.trec` (what a run scored, as TREC runs and
+qrels).
 """
 
 import lazy_loader
@@ -15,5 +16,6 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
     'pipeline': ['Pipeline', 'make_pipeline', 'pipeline_scores', 'pipeline_topk'],
     'evaluation': ['EvalResult', 'evaluate'],
     'grid': ['GridResult', 'evaluate_grid'],
+    'trec': ['trec_qids', 'trec_qrels', 'trec_run'],
   },
 )
