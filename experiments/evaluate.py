@@ -111,7 +111,13 @@ def run_dataset(
     embeddings = common.memo(
       cfg,
       'embeddings',
-      {'dataset': ds, 'data_root': cfg.paths.data_root, 'embedder': cfg.embedder, 'cache_dir': cfg.paths.cache_dir},
+      {
+        'dataset': ds,
+        'data_root': cfg.paths.data_root,
+        'embedder': cfg.embedder,
+        'cache_dir': cfg.paths.cache_dir,
+        'content': getattr(embed_fn, 'content_key', None),  # a vectors file: its sha256, not its path
+      },
       lambda: evaluation.embed_episodes(episodes, embed_fn),
     )
   if cfg.get('fitted') and Path(str(cfg.fitted)).is_dir():  # the artifact's dimension, before any retrieval
@@ -308,6 +314,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
       )
       for name, ds in datasets.items()
     }
+  for episodes, _ in loaded.values():  # a vectors file's ids, before any embedding or retrieval
+    common.check_embeddable(embed_fn, episodes)
   with timer.phase('fit_on_train'):
     fits = fit_on_train(cfg, pipes, expanded, embed_fn, {n: eps for n, (eps, _) in loaded.items()})
   per_ds, tables = {}, []

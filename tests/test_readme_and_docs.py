@@ -45,7 +45,7 @@ CONF = ROOT / 'conf'
 PAGES = [ROOT / 'README.md'] + sorted(p for p in (ROOT / 'docs').glob('*.md') if p.name != 'extending.md')
 FENCE = re.compile(r'^```(\w*)\n(.*?)^```', re.S | re.M)
 HYDRA_APPS = {'experiments.evaluate': 'config', 'experiments.fit': 'fit'}
-ALLOWED_PROGRAMS = {'mkdir', 'cd', 'bash', 'git'}
+ALLOWED_PROGRAMS = {'mkdir', 'cd', 'bash', 'git', 'cmp'}
 PLACEHOLDER = re.compile(r'^[A-Z][A-Z_]*(/.*)?$')  # RUN_DIR, SWEEP_DIR, RUN/results.json: the reader's own path
 
 

@@ -58,7 +58,11 @@ def embed_episodes(
 ) -> list[tuple[np.ndarray, np.ndarray]]:
   """Embed every item and question text once; returns ``[(docs [N, D], queries [Q, D])]`` per episode. When
   ``embed`` has a ``queries`` attribute (an encoder with a query prompt), the questions are embedded by it and the
-  items by ``embed``."""
+  items by ``embed``; when it has a ``by_id`` attribute (vectors read from a file, :mod:`engram_jax.data.vectors`),
+  ``embed.by_id(episodes)`` gives the vectors, matched by the episodes' ids, and no text is embedded."""
+  by_id = getattr(embed, 'by_id', None)
+  if by_id is not None:
+    return by_id(episodes)
   queries = getattr(embed, 'queries', None)
   if queries is not None:
     docs = embed([it.text for ep in episodes for it in ep.items])

@@ -21,12 +21,14 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from engram_jax.core.errors import EngramError
 from engram_jax.core.types import Episode, LoadReport
-from engram_jax.data import embed
+from engram_jax.data import embed, vectors
 from engram_jax.eval import compile_cache, legcache, pipeline
 
 log = logging.getLogger(__name__)
 CONF = Path(__file__).resolve().parents[2] / 'conf'
 PIPELINE_EXTRAS = ('tune', 'replicate', 'skip_datasets')
+# conf/embedder/vectors.yaml's label, ${vectors_model_id:${.path}}: the file's own model_id, resolved from the file
+OmegaConf.register_new_resolver('vectors_model_id', vectors.file_model_id, replace=True)
 
 
 FULL_ERROR_ENV = 'ENGRAM_FULL_ERROR'
@@ -299,6 +301,8 @@ def make_embedder(cfg: DictConfig):
   if hasattr(encoder, 'folder'):
     encoder.folder  # a model that is not there: one line, before any work
   reports: list[dict[str, Any]] = []
+  if hasattr(encoder, 'lookup'):  # vectors read from a file by id (engram_jax.data.vectors): nothing is embedded
+    return _vectors_embedder(cfg, encoder, reports)
 
   def encode_with(enc):
     def embed_fn(texts):
@@ -319,6 +323,35 @@ def make_embedder(cfg: DictConfig):
     embed_fn.queries = encode_with(queries)
   embed_fn.cache_reports = reports
   return embed_fn
+
+
+def _vectors_embedder(cfg: DictConfig, encoder: Any, reports: list[dict[str, Any]]):
+  """``make_embedder`` of a vectors file: read and checked now (one line before any work), matched by id
+  (``embed_fn.by_id``, used by :func:`engram_jax.eval.evaluation.embed_episodes`; ``embed_fn.check`` refuses missing
+  ids right after loading)."""
+  encoder.file
+
+  def embed_fn(texts):
+    return encoder(texts)  # refused in one line: a vectors file holds vectors by id, not by text
+
+  def by_id(episodes):
+    embeddings, report = encoder.lookup(episodes)
+    reports.append(report)
+    return embeddings
+
+  embed_fn.by_id = by_id
+  embed_fn.check = encoder.lookup
+  embed_fn.content_key = encoder.file.sha256  # what determines the vectors: the file's content, not its path
+  embed_fn.cache_reports = reports
+  return embed_fn
+
+
+def check_embeddable(embed_fn, episodes) -> None:
+  """Refuse, in one line, episodes the embedder cannot embed (a vectors file that lacks their ids); other
+  embedders embed any text."""
+  check = getattr(embed_fn, 'check', None)
+  if check is not None:
+    check(episodes)
 
 
 def dataset_metrics(ds: Mapping[str, Any] | DictConfig) -> dict[str, Any]:
