@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from engram_jax.core import ranking
 from engram_jax.core.batch import EpisodeArrays, episode_arrays, stack_arrays, stack_groups
+from engram_jax.core.errors import EngramError
 from engram_jax.core.types import Episode, Question
 from engram_jax.data import splits
 from engram_jax.eval import legcache, sharding
@@ -520,7 +521,7 @@ def crossfit_choose(
   for f in dict.fromkeys(folds.tolist()):
     scored, train = folds == f, folds != f
     if not train.any():
-      raise ValueError('cross-fitting needs at least two folds')
+      raise EngramError(f'cross-fitting needs at least two folds (episodes), got {len(set(folds.tolist()))}')
     splits.assert_disjoint(ids[train].tolist(), ids[scored].tolist())
     g = int(np.argmax(vals[:, train].mean(axis=1)))
     choice[scored] = g

@@ -292,6 +292,15 @@ def check_loaded(cfg: DictConfig, name: str, episodes) -> None:
       f'than {k}); set eval.k <= {e.n_items}'
     )
   n_q = sum(len(e.questions) for e in episodes)
+  asked = [e for e in episodes if e.questions]
+  for pname in cfg.pipeline:  # a tune without training sets is cross-fitted by episode: one needs two
+    node = cfg.pipeline[pname]
+    if node.get('tune') and not node.tune.get('train') and name not in (node.get('skip_datasets') or []):
+      if len(asked) < 2:
+        raise EngramError(
+          f'{where}: pipeline {pname} chooses {node.tune.param} by leave-one-episode-out cross-fitting, which needs '
+          f'at least two episodes with questions, got {len(asked)}; name more episodes or leave {pname} out'
+        )
   if cfg.get('reader') and cfg.reader.get('name', 'none') != 'none':
     n = cfg.reader.get('questions')
     if n is not None and n > n_q:

@@ -351,3 +351,19 @@ def test_compare_of_a_file_with_itself_is_refused_or_noted(tmp_path, capsys):
   rows = compare.main([a, b, '--n-resamples', '100'])
   assert rows[0]['delta'] == 0.0
   assert 'note: cosine@2 and cosine@1 have identical per-question scores' in capsys.readouterr().out
+
+
+@real
+def test_a_cross_fitted_tune_on_one_episode_is_one_line_before_embedding():
+  """experiment=cfsr_table on one conversation: its tuned MMR row cross-fits by conversation (was a ValueError
+  traceback after retrieval)."""
+  cfg = _compose(['experiment=cfsr_table', 'embedder=hashing', 'dataset.loader.conversations=[conv-26]'])
+  episodes, _ = common.load_dataset(cfg, cfg.dataset)
+  _raises(
+    lambda: checks.check_loaded(cfg, 'locomo', episodes),
+    r'rrf_cos_bm25_mmr_tuned chooses legs.mmr.lam by '
+    r'leave-one-episode-out cross-fitting, which needs at least two episodes with questions, got 1',
+  )
+  from engram_jax.eval import evaluation
+
+  _raises(lambda: evaluation.crossfit_choose([np.zeros(2)], ['a', 'a'], ['q1', 'q2']), 'at least two folds')
