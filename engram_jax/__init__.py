@@ -53,6 +53,7 @@ _PUBLIC = {
   'fit.problem': ['make_problem', 'build_rows'],
   'fit.train': ['crossfit'],
   'fit.artifact': ['load_artifact'],
+  'fit.retrieve': ['Retrieved', 'retrieve'],
 }
 
 __getattr__, __dir__, __all__ = lazy_loader.attach(

@@ -4,7 +4,8 @@ seeded disjoint splits; every fit saved as an artifact that any run can apply.
 One engine: :func:`make_problem` (the soft problem of a pipeline), :func:`build_rows` (what no fitted knob moves,
 precomputed per question), :func:`fit` (the one training loop) and :func:`crossfit` (the one cross-fit), with
 learned :class:`Component` s beside the scalar knobs (:class:`Adapter`, :class:`Conditioning`); :func:`load_artifact`
-reads a fit's folder back as a callable pipeline.
+reads a fit's folder back as a callable pipeline;
+:func:`retrieve` ranks one's own items for label-free questions with it (or with a hand-set pipeline).
 
 Modules: :mod:`~engram_jax.fit.knobs` (transforms), :mod:`~engram_jax.fit.problem` (the soft problem and its rows),
 :mod:`~engram_jax.fit.train` (the loss, the jitted step, the loop, the cross-fit, components),
@@ -35,6 +36,7 @@ from engram_jax.fit.problem import (
   soft_scores,
   soft_scores_per_question,
 )
+from engram_jax.fit.retrieve import Retrieved, retrieve
 from engram_jax.fit.train import (
   KNOBS,
   Component,
@@ -74,4 +76,6 @@ __all__ = [
   'Conditioning',
   'Artifact',
   'load_artifact',
+  'retrieve',
+  'Retrieved',
 ]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import importlib.metadata
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -82,7 +83,10 @@ def component_of(spec: Mapping[str, Any]) -> Any:
   8
   """
   spec = dict(spec)
-  cls = COMPONENTS[spec.pop('name')]
+  name = spec.pop('name')
+  if name not in COMPONENTS:
+    raise EngramError(f'unknown component {name!r}; registered: {sorted(COMPONENTS)}')
+  cls = COMPONENTS[name]
   fields = {f.name for f in dataclasses.fields(cls)}
   return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in spec.items() if k in fields})
 
@@ -155,10 +159,22 @@ class Artifact:
       )
     return 'final', self.fits['final']
 
+  def result(self, label: str = 'final') -> FitResult:
+    """Fit ``label`` (``'final'``, ``'fold_00'``, ...); a one-line error naming the fits it has otherwise.
+
+    Raises:
+      EngramError: the artifact has no fit ``label`` (``'final'``: the fit ran without ``fit.final=true``).
+    """
+    if label not in self.fits:
+      hint = ' (fit with fit.final=true for a final fit on every episode)' if label == 'final' else ''
+      raise EngramError(f'{self.path}: the artifact has no fit {label!r}; it has {sorted(self.fits)}{hint}')
+    return self.fits[label]
+
   def scorer(self, label: str = 'final') -> Callable[..., dict[str, np.ndarray]]:
     """A callable pipeline: ``(episodes, embeddings, *, k=10, metrics=('ndcg@10',), seed=0) -> {metric: [Q]}``,
-    fit ``label`` applied (every learned part: knobs, adapter, conditioned knobs)."""
-    res = self.fits[label]
+    fit ``label`` applied (every learned part: knobs, adapter, conditioned knobs). Label-free questions:
+    :func:`engram_jax.fit.retrieve.retrieve`."""
+    res = self.result(label)
 
     def run(episodes, embeddings, *, k: int = 10, metrics: Sequence[str] = ('ndcg@10',), seed: int = 0, **kw):
       return score(
@@ -182,9 +198,12 @@ def save(
   train_questions: Mapping[str, Sequence[str]],
   train_episodes: Mapping[str, Sequence[str]],
   info: Mapping[str, Any] | None = None,
+  modules: Sequence[str] = (),
 ) -> Path:
   """Write an artifact folder (``fits``: label -> fit; ``scored`` / ``train_*``: label -> ids; ``info``: embedder,
-  dataset, protocol hash, git commit, ...). Returns ``path``.
+  dataset, protocol hash, git commit, ...). Returns ``path``. The manifest's ``modules`` lists what :func:`load`
+  imports first: ``modules`` (a run's ``ops_modules``) and the modules defining the pipeline's operators and the
+  components that are not the package's own (:func:`needed_modules`).
 
   >>> import tempfile; from engram_jax.fit.train import FitResult
   >>> res = FitResult(values={'k0': 60.0}, losses=[], train_rows=1, wall_s=0.0, raw={'k0': np.float32(4.09)})
@@ -220,12 +239,38 @@ def save(
     'format': FORMAT,
     'pipeline': {'name': pipe_name, 'node': dict(pipe_node), 'params': list(params), 'k': int(k)},
     'components': [component_spec(c) for c in components],
+    'modules': needed_modules(pipeline_from_node(pipe_name, pipe_node), components, modules),
     'fits': entries,
     'packages': package_versions(),
     **dict(info or {}),
   }
   runfolder.write_file(path / 'manifest.json', json.dumps(manifest, indent=1, default=str))  # last: it vouches
   return path
+
+
+def needed_modules(pipe: Pipeline, components: Sequence[Any] = (), extra: Sequence[str] = ()) -> list[str]:
+  """The modules to import before ``pipe`` and ``components`` can be rebuilt elsewhere: ``extra`` and the defining
+  module of every operator and component that is not ``engram_jax``'s own (``__main__`` left out: not importable).
+
+  >>> from engram_jax import make_pipeline
+  >>> needed_modules(make_pipeline(legs={'bm25': {'op': 'bm25'}}), extra=['mypkg.recent'])
+  ['mypkg.recent']
+  """
+  found = [leg.operator.leg.__module__ for leg in pipe.legs] + [type(c).__module__ for c in components]
+  own = [m for m in found if m != '__main__' and m != 'engram_jax' and not m.startswith('engram_jax.')]
+  return list(dict.fromkeys([*extra, *own]))
+
+
+def import_modules(modules: Sequence[str], where: Path | str) -> None:
+  """Import each module an artifact records (it registers operators or components); one line naming it if not."""
+  for name in modules:
+    try:
+      importlib.import_module(name)
+    except Exception as e:  # noqa: BLE001 - any failure of an import is the same refusal
+      raise EngramError(
+        f'{where}: the artifact needs module {name!r}, which cannot be imported ({type(e).__name__}: {e}); '
+        'install it or put it on PYTHONPATH'
+      ) from None
 
 
 def _read_tensors(path: Path, entry: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -283,8 +328,12 @@ def load(path: Path | str, variant: str | None = None) -> Artifact:
     if marker is not None:
       read = [file, *(path / e['file'] for e in manifest['fits'])]
       runfolder.check(run, [p.relative_to(run).as_posix() for p in read])
+    import_modules(manifest.get('modules') or [], file)
     node = manifest['pipeline']
-    pipe = pipeline_from_node(node['name'], node['node'])
+    try:
+      pipe = pipeline_from_node(node['name'], node['node'])
+    except EngramError as e:
+      raise EngramError(f'{file}: {e} (modules the artifact imports: {manifest.get("modules") or []})') from None
     problem, _, every = make_problem(pipe, node['params'], k=int(node['k']))
     components = tuple(component_of(s) for s in manifest['components'])
     fits = {e['label']: from_tensors(_read_tensors(path, e), e['values']) for e in manifest['fits']}

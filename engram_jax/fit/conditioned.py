@@ -306,7 +306,7 @@ soft_scores = soft_scores_per_question  # the conditioned soft pipeline (per-que
 # ---- hard scoring with per-question fusion knobs ----------------------------------------------------------------
 
 
-def hard_topk(
+def hard_scores(
   pipe: Pipeline,
   problem: Problem,
   spec: Conditioning,
@@ -316,11 +316,9 @@ def hard_topk(
   feats: Array,
   query: Array,
   key: Array,
-  *,
-  k: int,
 ) -> Array:
-  """Top-``k`` ``[Q, k]`` of the hard pipeline on one padded episode with per-question fusion knobs: each leg's hard
-  scores at the fit's scalar knob values, fused by :func:`engram_jax.ops.rrf.rrf_fuse` question by question.
+  """Final scores ``[Q, N]`` of the hard pipeline on one padded episode with per-question fusion knobs: each leg's
+  hard scores at the fit's scalar knob values, fused by :func:`engram_jax.ops.rrf.rrf_fuse` question by question.
   ``feats [Q, F]`` / ``query [Q, D]`` cover the padded question axis (padding rows are ignored)."""
   fitted = with_values(pipe, res.values)
   fixed_j = {p: jnp.asarray(v, jnp.float32) for p, v in fixed.items()}
@@ -335,6 +333,24 @@ def hard_topk(
     fused = jax.vmap(
       lambda s, w, k_: rrf.rrf_fuse(s, weights=w, depths=depths, where=ep.where, k0=k_), in_axes=(1, 0, 0)
     )(legs, weights, k0)
+  return fused
+
+
+def hard_topk(
+  pipe: Pipeline,
+  problem: Problem,
+  spec: Conditioning,
+  res: FitResult,
+  fixed: Mapping[str, float],
+  ep: EpisodeArrays,
+  feats: Array,
+  query: Array,
+  key: Array,
+  *,
+  k: int,
+) -> Array:
+  """Top-``k`` ``[Q, k]`` of :func:`hard_scores` under the shared tie rule (``-1`` past the real items)."""
+  fused = hard_scores(pipe, problem, spec, res, fixed, ep, feats, query, key)
   idx, v = ranking.top_k(fused, k=k, where=ep.where)
   return jnp.where(jnp.isneginf(v), -1, idx)
 

@@ -85,6 +85,7 @@ def write(
         train_questions=train_q,
         train_episodes=train_e,
         info=info,
+        modules=list(cfg.get('ops_modules') or []),
       )
     )
   runfolder.write_file(root / 'variants.json', json.dumps(list(parts)))
