@@ -392,9 +392,11 @@ def vectors_encoder(
   return VectorsEncoder(str(path) if path else '', bool(normalize), dim)
 
 
-def _rows(
+def file_rows(
   episodes: Sequence[Episode], embeddings: Sequence[tuple[np.ndarray, np.ndarray]], kind: str
 ) -> tuple[list[tuple[str, str]], list[str], np.ndarray]:
+  """The rows of a vectors file for ``kind`` ('item' or 'question'): ``(episode id, id)`` keys, texts and vectors
+  ``[R, D]`` in episode order, an (episode, id) read twice kept once when its vector agrees."""
   keys, texts, vecs, seen = [], [], [], {}
   for ep, (docs, queries) in zip(episodes, embeddings, strict=True):
     entries = ep.items if kind == 'item' else ep.questions
@@ -444,7 +446,7 @@ def write_vectors(
   arrays: dict[str, np.ndarray] = {'model_id': np.asarray(str(model_id))}
   counts = {}
   for kind in KINDS:
-    keys, texts, vecs = _rows(episodes, embeddings, kind)
+    keys, texts, vecs = file_rows(episodes, embeddings, kind)
     arrays[f'{kind}s'] = vecs
     arrays[f'{kind}_episodes'] = np.asarray([e for e, _ in keys], dtype=str)
     arrays[f'{kind}_ids'] = np.asarray([i for _, i in keys], dtype=str)

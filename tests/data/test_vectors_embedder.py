@@ -38,7 +38,7 @@ def _arrays(dim=16):
   episodes, embeddings = _data(dim)
   arrays = {'model_id': np.asarray('toy')}
   for kind in vectors.KINDS:
-    keys, texts, vecs = vectors._rows(episodes, embeddings, kind)
+    keys, texts, vecs = vectors.file_rows(episodes, embeddings, kind)
     arrays[f'{kind}s'] = vecs
     arrays[f'{kind}_episodes'] = np.asarray([e for e, _ in keys], dtype=str)
     arrays[f'{kind}_ids'] = np.asarray([i for _, i in keys], dtype=str)
