@@ -24,6 +24,7 @@ from engram_jax.core.errors import EngramError
 from engram_jax.data import splits
 from engram_jax.eval import evaluation, grid, pipeline, timing, trec
 from engram_jax.metrics import report
+from engram_jax.ops import trec_run
 from experiments.lib import answer, checks, common
 from experiments.lib import grid as grid_run
 from experiments.lib import pileup as analysis
@@ -358,6 +359,18 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   }
   if tier1 is not None:
     run_info['reader'] = tier1.info
+  ext = [dict(leg.options)['path'] for p in pipes.values() for leg in p.legs if leg.op == 'trec_run']
+  if ext:  # the external runs of trec_run legs: questions missing, unknown doc ids, unmatched qids (counted)
+    run_info['external_runs'] = trec_run.reports(ext)
+    for path, r in run_info['external_runs'].items():
+      log.info(
+        'external run %s: %d of %d questions missing (skipped), %d unknown doc ids, %d run qids unmatched',
+        path,
+        r['questions_missing'],
+        r['questions'],
+        r['unknown_docids'],
+        r['run_qids_unmatched'],
+      )
   folder.write('run_info.json', json.dumps(run_info, indent=1))
   folder.finish()  # the marker, last: every output above and Hydra's files of the run, by sha256
   print(text)

@@ -7,7 +7,7 @@ for the real entries: item and question embeddings, write positions, BM25 term c
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 from jax import Array
@@ -51,6 +51,9 @@ class EpisodeArrays:
   labels: Array  # [Q, N] True for gold items
   lexicons: dict[str, Lexicon] = dataclasses.field(default_factory=dict)  # tokenizer -> its term statistics
   query_features: Array | None = None  # [Q, F] question text features (engram_jax.core.features; 0 for padding)
+  leg_inputs: dict[str, Array] = dataclasses.field(default_factory=dict)  # name -> [Q, N] per-question item values
+  # a leg reads (-inf = none, and on padding), built on the host by episode_arrays(inputs=...): e.g. an external
+  # TREC run's order (engram_jax.ops.trec_run)
 
 
 def check_unit_norm(emb: np.ndarray, what: str) -> None:
@@ -93,6 +96,7 @@ def episode_arrays(
   t_multiple: int = 8,
   tokenizers: Sequence[str] = ('words',),
   unit_norm: bool = True,
+  inputs: Mapping[str, Callable[[Episode], np.ndarray]] | None = None,
 ) -> EpisodeArrays:
   """Pad one episode to bucketed shapes.
 
@@ -106,6 +110,9 @@ def episode_arrays(
       per item) and T (distinct terms per question).
     unit_norm: True (the default): every embedding row must be unit-norm (within :data:`NORM_TOL`), as every
       embedder of :mod:`engram_jax.data.embed` returns them; False for embeddings meant unnormalised.
+    inputs: ``{name: builder}``: ``builder(episode) -> [Q_real, N_real]`` per-question item values that a leg reads
+      as ``leg_inputs[name]`` (padded with ``-inf``): what an operator's ``needs`` asks for under ``'inputs'``
+      (:func:`engram_jax.eval.pipeline.build_options`), e.g. an external run's order (:mod:`engram_jax.ops.trec_run`).
 
   Raises:
     ValueError: on NaN/inf embeddings, rows not of unit norm (counted, with the worst; ``unit_norm``), shape
@@ -160,6 +167,13 @@ def episode_arrays(
     )
   query_features = np.zeros((qb, len(features.FEATURES)), np.float32)
   query_features[:q] = features.question_features([x.text for x in episode.questions])
+  leg_inputs = {}
+  for name, build in (inputs or {}).items():
+    values = np.asarray(build(episode), np.float32)
+    if values.shape != (q, n):
+      raise ValueError(f'Episode {episode.id}: leg input {name!r} has shape {values.shape}, expected {(q, n)}')
+    leg_inputs[name] = np.full((qb, nb), -np.inf, np.float32)
+    leg_inputs[name][:q, :n] = values
   return EpisodeArrays(
     docs=docs,
     where=np.arange(nb) < n,
@@ -170,6 +184,7 @@ def episode_arrays(
     labels=labels,
     lexicons=lexicons,
     query_features=query_features,
+    leg_inputs=leg_inputs,
   )
 
 
@@ -194,6 +209,9 @@ def stack_arrays(arrays: Sequence[EpisodeArrays]) -> EpisodeArrays:
   names = list(arrays[0].lexicons)
   if any(list(a.lexicons) != names for a in arrays):
     raise ValueError('stack_arrays: episodes were built with different tokenizers')
+  inputs = sorted(arrays[0].leg_inputs)
+  if any(sorted(a.leg_inputs) != inputs for a in arrays):
+    raise ValueError('stack_arrays: episodes were built with different leg inputs')
   n = max(a.docs.shape[0] for a in arrays)
 
   def stack(field: str, fill=0) -> np.ndarray:
@@ -218,6 +236,7 @@ def stack_arrays(arrays: Sequence[EpisodeArrays]) -> EpisodeArrays:
     labels=stack('labels', False),
     lexicons={t: stack_lexicon(t) for t in names},
     query_features=None if arrays[0].query_features is None else stack('query_features'),
+    leg_inputs={name: _stack_padded([a.leg_inputs[name] for a in arrays], -np.inf) for name in inputs},
   )
 
 

@@ -209,14 +209,21 @@ def with_values(pipe: Pipeline, values: Mapping[str, Any], *, name: str | None =
 
 def build_options(pipelines: Iterable[Pipeline]) -> dict[str, Any]:
   """What :func:`engram_jax.core.batch.episode_arrays` must build for these pipelines' legs (e.g. the BM25 tokenizers),
-  merged over every leg whose operator declares ``needs``."""
+  merged over every leg whose operator declares ``needs``: ``'tokenizers'`` and, where a leg reads precomputed
+  per-question values (an external run, :mod:`engram_jax.ops.trec_run`), ``'inputs'`` (name -> builder)."""
   tokenizers = ['words']
+  inputs: dict[str, Any] = {}
   for p in pipelines:
     for leg in p.legs:
       needs = leg.operator.needs
       if needs is not None:
-        tokenizers += list(needs(dict(leg.options)).get('tokenizers', ()))
-  return {'tokenizers': tuple(dict.fromkeys(tokenizers))}
+        asked = needs(dict(leg.options))
+        tokenizers += list(asked.get('tokenizers', ()))
+        inputs.update(asked.get('inputs', {}))
+  out: dict[str, Any] = {'tokenizers': tuple(dict.fromkeys(tokenizers))}
+  if inputs:
+    out['inputs'] = dict(sorted(inputs.items()))
+  return out
 
 
 # ---- running -----------------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Families: :mod:`~engram_jax.ops.cosine`, :mod:`~engram_jax.ops.bm25`, :mod:`~engram_jax.ops.mmr`,
 :mod:`~engram_jax.ops.cfs`, :mod:`~engram_jax.ops.cfsr`, :mod:`~engram_jax.ops.tide`, :mod:`~engram_jax.ops.tcfsr`
-(time-aware CFS-R: prior, basis, gated), :mod:`~engram_jax.ops.tcfsr_learned` (a learned question-aware gate) and :mod:`~engram_jax.ops.controls` (cos2, mem0); fusion is
+(time-aware CFS-R: prior, basis, gated), :mod:`~engram_jax.ops.tcfsr_learned` (a learned question-aware gate) and :mod:`~engram_jax.ops.controls` (cos2, mem0), :mod:`~engram_jax.ops.trec_run` (an external TREC run as a leg); fusion is
 :mod:`~engram_jax.ops.rrf`. Importing this package registers every built-in operator.
 """
 
@@ -17,6 +17,7 @@ from engram_jax.ops import (  # noqa: F401
   tcfsr,
   tcfsr_learned,
   tide,  # (importing registers)
+  trec_run,
 )
 from engram_jax.ops.bm25 import bm25_scores
 from engram_jax.ops.cfs import cfs_select, soft_cfs_select

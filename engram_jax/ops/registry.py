@@ -188,6 +188,9 @@ class Operator:
     needs: optional ``options -> {build option: value}`` for :func:`engram_jax.core.batch.episode_arrays` (e.g. the
       term counts of a BM25 tokenizer).
     stages: optional :class:`Stages`: the leg split where a sweep can share its first part.
+    check_options: optional ``(episodes, folder) -> {knob: value}``: the knob values under which
+      :func:`engram_jax.testing.check_operator` runs the leg on its random episodes, for an operator whose defaults
+      cannot run alone (``trec_run`` reads a file: it writes one for those episodes under ``folder``).
 
   Example:
     >>> import engram_jax.ops as ops
@@ -203,6 +206,7 @@ class Operator:
   doc: str = ''
   needs: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
   stages: Stages | None = None
+  check_options: Callable[[Sequence[Any], str], Mapping[str, Any]] | None = None
 
   def knob(self, name: str) -> Knob:
     for k in self.knobs:

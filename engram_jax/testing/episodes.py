@@ -9,7 +9,7 @@ Reproducible from a seed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -68,10 +68,12 @@ def random_padded_episodes(
   n_questions: Sequence[int] = (3, 4, 3),
   dim: int = 16,
   tokenizers: Sequence[str] = ('words',),
+  inputs: Mapping[str, Callable[[Episode], np.ndarray]] | None = None,
 ) -> tuple[list[Episode], list[EpisodeArrays]]:
   """Episodes of ``sizes`` items and ``n_questions`` questions each, padded as :func:`engram_jax.core.batch.episode_arrays`
   pads, into one shape (N to 64, Q to 4, V to 64: one compilation per operator setting), so every episode has
-  padded items and (with fewer than 4 questions) padded questions."""
+  padded items and (with fewer than 4 questions) padded questions. ``inputs``: the leg inputs to build
+  (:func:`engram_jax.core.batch.episode_arrays`; the episodes drawn are the same for a seed, whatever ``inputs``)."""
   if not (32 < min(sizes) and max(sizes) <= 64 and 2 < min(n_questions) and max(n_questions) <= 4):
     raise ValueError(
       f'random_padded_episodes: 33..64 items and 3..4 questions per episode (one padded shape), got '
@@ -80,11 +82,12 @@ def random_padded_episodes(
   if len(sizes) != len(n_questions) or min(n_questions) < 2:
     raise ValueError(f'random_padded_episodes: one question count (>= 2) per size, got {sizes}, {n_questions}')
   rng = np.random.default_rng(seed)
-  episodes, arrays = [], []
-  for e, (n, q) in enumerate(zip(sizes, n_questions)):
-    ep, docs, queries = random_episode(rng, n, q, dim=dim, name=f'r{seed}-{e}')
-    episodes.append(ep)
-    arrays.append(
-      batch.episode_arrays(ep, docs, queries, n_multiple=64, q_multiple=4, v_multiple=64, tokenizers=tokenizers)
+  drawn = [random_episode(rng, n, q, dim=dim, name=f'r{seed}-{e}') for e, (n, q) in enumerate(zip(sizes, n_questions))]
+  episodes = [ep for ep, _, _ in drawn]
+  arrays = [
+    batch.episode_arrays(
+      ep, docs, queries, n_multiple=64, q_multiple=4, v_multiple=64, tokenizers=tokenizers, inputs=inputs
     )
+    for ep, docs, queries in drawn
+  ]
   return episodes, arrays

@@ -38,6 +38,7 @@ largest difference.
 from __future__ import annotations
 
 import inspect
+import tempfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -276,12 +277,17 @@ def check_operator(name: str, *, seed: int = 0) -> None:
   """
   op = registry.get(name)
   check_declaration(op)
-  tokenizers = pipeline.build_options([pipeline.make_pipeline(legs={name: {'op': name}})])['tokenizers']
-  episodes, arrays = random_padded_episodes(seed, tokenizers=tokenizers)
+  given: dict[str, Any] = {}
+  with tempfile.TemporaryDirectory() as folder:
+    if op.check_options is not None:  # an operator whose defaults cannot run alone (a file to read): its own options
+      given.update(op.check_options(random_padded_episodes(seed)[0], folder))
+    built = pipeline.build_options([pipeline.make_pipeline(legs={name: {'op': name, **given}})])
+    episodes, arrays = random_padded_episodes(seed, tokenizers=built['tokenizers'], inputs=built.get('inputs'))
+  options = op.options(given, where=f'check_operator({name!r})')
   n_questions = [len(e.questions) for e in episodes]
-  check_leg(op, arrays, op.defaults, n_questions, seed=seed)
+  check_leg(op, arrays, options, n_questions, seed=seed)
   if op.stages is not None:
-    check_stages(op, arrays, op.defaults, seed=seed)
+    check_stages(op, arrays, options, seed=seed)
   if op.soft is None:
     return
 

@@ -321,7 +321,9 @@ def time_operators(
   Raises:
     ValueError: an unknown operator name (listing the registered ones) or an invalid knob value.
   """
-  names = [*OPERATORS, FUSION] if names is None else list(names)
+  if names is None:  # every operator that runs on its defaults (trec_run reads a run file: named with --set only)
+    names = [*(n for n, op in OPERATORS.items() if op.check_options is None), FUSION]
+  names = list(names)
   unknown = [n for n in names if n not in OPERATORS and n != FUSION]
   if unknown:
     raise ValueError(f'unknown operators {unknown}; registered: {sorted(OPERATORS)} (and {FUSION!r}, the fusion)')

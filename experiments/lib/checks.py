@@ -54,6 +54,7 @@ TOP_LEVEL_KEYS = (
   'grid',  # +grid='{knob path: [values]}' (experiments/lib/grid.py)
   'fitted_variant',  # +fitted_variant=adapter: which variant of a fit's artifact fitted=RUN applies
   'fitted_force',  # fitted_force=true: apply an artifact whose pipeline or embedder differs from the run's (recorded)
+  'ext_run',  # ext_run=FILE: the TREC run of the trec_run legs of conf/pipeline/*ext.yaml (docs/formats.md)
 )
 # the keys of the ``eval`` node that the code reads (conf/eval/default.yaml)
 EVAL_KEYS = (
