@@ -38,6 +38,7 @@ _PUBLIC = {
   # the registry and the contract every operator passes
   'ops.registry': ['Knob', 'Operator', 'SoftTwin', 'register'],
   'testing.operators': ['check_operator'],
+  'testing.components': ['check_component'],
   # data model
   'core.types': ['Episode', 'Item', 'Question'],
   'core.batch': ['EpisodeArrays', 'episode_arrays'],

@@ -16,6 +16,7 @@ The entry points also use the modules' other functions (``from engram_jax.fit im
 
 from engram_jax.fit.adapter import Adapter
 from engram_jax.fit.artifact import Artifact, load_artifact
+from engram_jax.fit.components import register_component
 from engram_jax.fit.conditioned import Conditioning
 from engram_jax.fit.folds import check_disjoint, episode_folds, holdout_split
 from engram_jax.fit.knobs import FORWARD, Knobs, inverse
@@ -74,6 +75,7 @@ __all__ = [
   'Component',
   'Adapter',
   'Conditioning',
+  'register_component',
   'Artifact',
   'load_artifact',
   'retrieve',

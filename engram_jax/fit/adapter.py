@@ -42,9 +42,11 @@ from jax.typing import ArrayLike
 
 from engram_jax.core.batch import EpisodeArrays
 from engram_jax.core.types import Episode
+from engram_jax.fit.components import register_component
 from engram_jax.fit.problem import Problem, Rows
 
 
+@register_component
 @dataclasses.dataclass(frozen=True)
 class Adapter:
   """The query adapter as a component of a fit (:class:`engram_jax.fit.train.Component`): its rank and its learning
@@ -111,6 +113,20 @@ class Adapter:
   ) -> tuple[dict, Rows]:
     del raw
     return vals, adapted_rows(problem, rows, inputs, params)
+
+  # ---- the hard half (engram_jax.fit.components) ----
+
+  conditions: ClassVar[tuple[str, ...]] = ()  # it writes no knob
+
+  def hard_queries(self, params: Mapping[str, Any], queries: np.ndarray) -> np.ndarray:
+    return adapt_queries(params, queries)
+
+  def hard_inputs(self, base: EpisodeArrays, n_questions: int) -> None:
+    del base, n_questions
+
+  def hard_values(self, problem: Problem, params: Any, raw: Mapping[str, Array], vals: dict, inputs: Any) -> dict:
+    del problem, params, raw, inputs
+    return vals
 
 
 @struct.dataclass

@@ -36,14 +36,16 @@ from engram_jax.core.errors import EngramError
 from engram_jax.core.types import Episode
 from engram_jax.eval import evaluation
 from engram_jax.eval.pipeline import Pipeline, build_options, make_pipeline, with_values
-from engram_jax.fit import adapter as A
-from engram_jax.fit import conditioned as C
+from engram_jax.fit import adapter as _adapter  # noqa: F401 - registers the built-in components
+from engram_jax.fit import components as registry
+from engram_jax.fit import conditioned as _conditioned  # noqa: F401
+from engram_jax.fit.components import component_of, component_spec
 from engram_jax.fit.problem import Problem, make_problem
 from engram_jax.fit.train import KNOBS, FitResult
 
 FORMAT = 'engram_jax.fitted/1'
 PACKAGES = ('engram_jax', 'jax', 'jaxlib', 'flax', 'optax', 'numpy', 'safetensors')
-COMPONENTS = {'adapter': A.Adapter, 'conditioned': C.Conditioning}
+COMPONENTS = registry.COMPONENTS  # name -> component class (engram_jax.fit.components)
 
 
 def fingerprint(question_ids: Sequence[str]) -> str:
@@ -68,27 +70,6 @@ def package_versions(names: Sequence[str] = PACKAGES) -> dict[str, str | None]:
     except importlib.metadata.PackageNotFoundError:
       out[n] = None
   return out
-
-
-def component_spec(c: Any) -> dict[str, Any]:
-  """A component's spec as JSON (its kind under ``name``)."""
-  spec = {'name': c.name, **dataclasses.asdict(c)}
-  return {k: list(v) if isinstance(v, tuple) else v for k, v in spec.items()}
-
-
-def component_of(spec: Mapping[str, Any]) -> Any:
-  """The component a :func:`component_spec` describes.
-
-  >>> component_of({'name': 'adapter', 'rank': 8, 'lr_scale': 0.1}).rank
-  8
-  """
-  spec = dict(spec)
-  name = spec.pop('name')
-  if name not in COMPONENTS:
-    raise EngramError(f'unknown component {name!r}; registered: {sorted(COMPONENTS)}')
-  cls = COMPONENTS[name]
-  fields = {f.name for f in dataclasses.fields(cls)}
-  return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in spec.items() if k in fields})
 
 
 def tensors(res: FitResult) -> dict[str, np.ndarray]:
@@ -392,25 +373,19 @@ def score(
   knobs (per-question fusion, :func:`engram_jax.fit.conditioned.score_episodes`; with an adapter too, the module
   reads the base queries' features, as in the fit). ``arrays``: the episodes' padded
   arrays when no adapter changes the queries (else rebuilt)."""
-  kinds = {c.name: c for c in components}
   fitted = with_values(pipe, res.values)
-  feature_arrays = None  # with an adapter, the conditioned module still reads the base queries (as in its fit)
-  if 'adapter' in kinds:
-    if 'conditioned' in kinds:
-      options = build_options([pipe])
-      feature_arrays = arrays or [episode_arrays(e, d, q, **options) for e, (d, q) in zip(episodes, embeddings)]
-    embeddings = [(d, A.adapt_queries(res.learned['adapter'], q)) for d, q in embeddings]
-    arrays = None
-  if 'conditioned' not in kinds:
+  moved = [(d, registry.hard_queries(components, res.learned, q)) for d, q in embeddings]
+  changed = any(m[1] is not e[1] for m, e in zip(moved, embeddings))
+  if not registry.per_question(components):
     r = evaluation.evaluate(
       episodes,
-      embeddings,
+      moved,
       {pipe.name: fitted},
       k=k,
       metrics=list(metrics),
       seed=seed,
       progress=False,
-      arrays=arrays,
+      arrays=None if changed else arrays,
       episode_metrics=episode_metrics,
     )
     eps = np.asarray(r.episode_ids)
@@ -418,25 +393,25 @@ def score(
       ids = r.retrieved[pipe.name]
       retrieved.extend(ids[i] for e in episodes for i in np.flatnonzero(eps == e.id))
     return {m: np.concatenate([np.asarray(r.scores[pipe.name][m])[eps == e.id] for e in episodes]) for m in metrics}
-  if arrays is None:
-    options = build_options([pipe])
-    arrays = [episode_arrays(e, d, q, **options) for e, (d, q) in zip(episodes, embeddings)]
+  options = build_options([pipe])
+  base = arrays or [episode_arrays(e, d, q, **options) for e, (d, q) in zip(episodes, embeddings)]
+  legs_see = [episode_arrays(e, d, q, **options) for e, (d, q) in zip(episodes, moved)] if changed else base
   if retrieved is not None:
     retrieved.extend([] for e in episodes for _ in e.questions)
-  return C.score_episodes(
+  return registry.score_episodes(
     pipe,
     problem,
-    kinds['conditioned'],
+    components,
     res,
     every,
     episodes,
-    arrays,
+    legs_see,
     k=k,
     metrics=list(metrics),
     seed=seed,
     indices=range(len(episodes)),
     episode_metrics=episode_metrics,
-    feature_arrays=feature_arrays,
+    feature_arrays=base if changed else None,
   )
 
 

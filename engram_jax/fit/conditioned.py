@@ -56,12 +56,13 @@ from jax import Array
 from engram_jax.core import ranking
 from engram_jax.core.batch import EpisodeArrays
 from engram_jax.core.types import Episode
-from engram_jax.eval.pipeline import Pipeline, legs_scores, split_path, with_values
+from engram_jax.eval.pipeline import Pipeline, split_path
+from engram_jax.fit import components as registry
+from engram_jax.fit.components import register_component
 from engram_jax.fit.knobs import FORWARD, Knobs
 from engram_jax.fit.problem import Problem, Rows, per_question_fusion, soft_scores_per_question
 from engram_jax.fit.train import FitResult
-from engram_jax.metrics import labels as metrics_lib
-from engram_jax.ops import pools, rrf
+from engram_jax.ops import pools
 from engram_jax.ops.registry import knob_defaults
 from engram_jax.ops.tcfsr import GATED_KNOBS, PoolSolve, masked_pool, revision_features
 
@@ -71,6 +72,7 @@ _REVISION = knob_defaults(GATED_KNOBS)
 POOL_STATS = ('top_cos', 'mean_top10_cos', 'gap_top1_top10')
 
 
+@register_component
 @dataclasses.dataclass(frozen=True)
 class Conditioning:
   """Which knobs are conditioned on the question, on what, and the module's size (all from config).
@@ -159,6 +161,26 @@ class Conditioning:
     self, problem: Problem, params: Any, raw: Mapping[str, Array], vals: dict, rows: Rows, inputs: Inputs
   ) -> tuple[dict, Rows]:
     return conditioned_values(problem, self, raw, vals, params, inputs.feats, inputs.query), rows
+
+  # ---- the hard half (engram_jax.fit.components) ----
+
+  @property
+  def conditions(self) -> tuple[str, ...]:
+    return tuple(self.knobs)
+
+  def hard_queries(self, params: Any, queries: np.ndarray) -> np.ndarray:
+    del params
+    return queries
+
+  def hard_inputs(self, base: EpisodeArrays, n_questions: int) -> tuple[Array, Array]:
+    """``(feats, query)`` over the padded question axis (zeros past the real questions), from the base arrays."""
+    f, _ = episode_inputs(self, base, n_questions)
+    f = np.concatenate([f, np.zeros((base.queries.shape[0] - n_questions, f.shape[1]), np.float32)])
+    return jnp.asarray(f), jnp.asarray(base.queries, jnp.float32)
+
+  def hard_values(self, problem: Problem, params: Any, raw: Mapping[str, Array], vals: dict, inputs: Any) -> dict:
+    feats, query = inputs
+    return conditioned_values(problem, self, raw, vals, params, feats, query)
 
 
 class KnobNet(nn.Module):
@@ -318,22 +340,10 @@ def hard_scores(
   key: Array,
 ) -> Array:
   """Final scores ``[Q, N]`` of the hard pipeline on one padded episode with per-question fusion knobs: each leg's
-  hard scores at the fit's scalar knob values, fused by :func:`engram_jax.ops.rrf.rrf_fuse` question by question.
+  hard scores at the fit's scalar knob values, fused by :func:`engram_jax.ops.rrf.rrf_fuse` question by question
+  (:func:`engram_jax.fit.components.hard_scores` with this one component).
   ``feats [Q, F]`` / ``query [Q, D]`` cover the padded question axis (padding rows are ignored)."""
-  fitted = with_values(pipe, res.values)
-  fixed_j = {p: jnp.asarray(v, jnp.float32) for p, v in fixed.items()}
-  vals = question_values(problem, spec, res.raw, fixed_j, res.learned[spec.name], feats, query)
-  operator_knobs = {p: vals[p] for p in spec.knobs if split_path(pipe, p)[1] not in (None, 'weight')}
-  legs = jnp.stack(legs_scores(fitted, ep, key, operator_knobs))
-  if fitted.fusion == 'none':
-    fused = jnp.where(ep.where, legs[0], -jnp.inf)
-  else:
-    weights, k0 = per_question_fusion(problem, vals, legs.shape[1])
-    depths = [s.depth for s in fitted.legs]
-    fused = jax.vmap(
-      lambda s, w, k_: rrf.rrf_fuse(s, weights=w, depths=depths, where=ep.where, k0=k_), in_axes=(1, 0, 0)
-    )(legs, weights, k0)
-  return fused
+  return registry.hard_scores(pipe, problem, (spec,), res, fixed, ep, {spec.name: (feats, query)}, key)
 
 
 def hard_topk(
@@ -393,26 +403,7 @@ def score_episodes(
   indices, k)``, as ``evaluate`` takes them, e.g. FactConsolidation's ``answer@k``). ``feature_arrays``: the arrays
   the module's features and query are read from when they are not ``arrays`` (a fit with a query adapter: the legs
   see the adapted queries, the module the base ones, as in its soft fit)."""
-  episode_metrics = dict(episode_metrics or {})
-  parsed = {m: metrics_lib.parse_metric(m, tuple(episode_metrics)) for m in metrics}  # unknown names: before work
-  run = jax.jit(lambda ep, feats, query, key: hard_topk(pipe, problem, spec, res, fixed, ep, feats, query, key, k=k))
-  out: dict[str, list] = {m: [] for m in metrics}
-  base = jax.random.key(seed)
-  for i, e, a, fa in zip(indices, episodes, arrays, feature_arrays or arrays):
-    nq = len(e.questions)
-    f, q = episode_inputs(spec, fa, nq)
-    qb = a.queries.shape[0]
-    if fa.queries.shape[0] != qb:
-      raise ValueError(f'episode {e.id}: feature arrays pad {fa.queries.shape[0]} questions, arrays {qb}')
-    f = np.concatenate([f, np.zeros((qb - nq, f.shape[1]), np.float32)])
-    q = np.asarray(fa.queries, np.float32)
-    topk = np.asarray(run(a, jnp.asarray(f), jnp.asarray(q), jax.random.fold_in(base, i)))[:nq]
-    labels = np.asarray(a.labels)[:nq]
-    for m in metrics:
-      base_m, cut = parsed[m]
-      if base_m in episode_metrics:
-        vals = [episode_metrics[base_m](e, q_, row, cut) for q_, row in zip(e.questions, topk.tolist())]
-        out[m].append(np.asarray(vals, np.float64))
-      else:
-        out[m].append(np.asarray(metrics_lib.METRICS[base_m](topk, labels, k=cut), np.float64))
-  return {m: np.concatenate(v) for m, v in out.items()}
+  return registry.score_episodes(
+    pipe, problem, (spec,), res, fixed, episodes, arrays, k=k, metrics=metrics, seed=seed, indices=indices,
+    episode_metrics=episode_metrics, feature_arrays=feature_arrays,
+  )  # fmt: skip

@@ -27,14 +27,21 @@ from engram_jax.core.batch import episode_arrays
 from engram_jax.core.errors import EngramError
 from engram_jax.core.types import Episode, Item, Question
 from engram_jax.eval.pipeline import Pipeline, build_options, pipeline_scores, with_values
-from engram_jax.fit import adapter as A
-from engram_jax.fit import conditioned as C
+from engram_jax.fit import components as registry
 from engram_jax.fit.artifact import Artifact, load
 
 
 class Retrieved(NamedTuple):
   """One question's ranking: ``ids`` ``[k]`` item ids, best first (fewer when the memory holds fewer items), and
-  ``scores`` ``[k]`` float32, the pipeline's final (fused) scores at them."""
+  ``scores`` ``[k]`` float32, the pipeline's final (fused) scores at them.
+
+  Example:
+    >>> import numpy as np
+    >>> from engram_jax import Retrieved
+    >>> r = Retrieved(ids=['D1:3', 'D1:1'], scores=np.array([0.031, 0.016], np.float32))
+    >>> r.ids[0]
+    'D1:3'
+  """
 
   ids: list[str]
   scores: np.ndarray
@@ -165,22 +172,20 @@ def retrieve(
 
 
 def _artifact_scores(art: Artifact, res, episode: Episode, docs, queries, key):
-  """Final scores ``[Q_pad, N_pad]`` of the artifact's fit ``res`` (as :func:`engram_jax.fit.artifact.score`)."""
-  kinds = {c.name: c for c in art.components}
+  """Final scores ``[Q_pad, N_pad]`` of the artifact's fit ``res`` (as :func:`engram_jax.fit.artifact.score`: each
+  component's hard half, in order)."""
   options = build_options([art.pipe])
   base = episode_arrays(episode, docs, queries, **options)
-  arrays = base
-  if 'adapter' in kinds:
-    want = np.shape(res.learned['adapter']['u'])[0]
-    if docs.shape[1] != want:
-      raise EngramError(f'{art.path}: its adapter takes {want}-d vectors, these are {docs.shape[1]}-d')
-    arrays = episode_arrays(episode, docs, A.adapt_queries(res.learned['adapter'], queries), **options)
-  if 'conditioned' in kinds:
-    spec = kinds['conditioned']
-    nq = len(episode.questions)
-    f, _ = C.episode_inputs(spec, base, nq)
-    f = np.concatenate([f, np.zeros((base.queries.shape[0] - nq, f.shape[1]), np.float32)])
-    run = jax.jit(lambda a, f_, q_, k_: C.hard_scores(art.pipe, art.problem, spec, res, art.every, a, f_, q_, k_))
-    return run(arrays, jnp.asarray(f), jnp.asarray(base.queries, jnp.float32), key), arrays.where
+  try:
+    moved = registry.hard_queries(art.components, res.learned, queries)
+  except (TypeError, ValueError) as e:
+    raise EngramError(f'{art.path}: its components cannot take these {docs.shape[1]}-d vectors ({e})') from None
+  arrays = base if moved is queries else episode_arrays(episode, docs, moved, **options)
+  if registry.per_question(art.components):
+    inputs = registry.hard_inputs(art.components, base, len(episode.questions))
+    run = jax.jit(
+      lambda a, i, k_: registry.hard_scores(art.pipe, art.problem, art.components, res, art.every, a, i, k_)
+    )
+    return run(arrays, inputs, key), arrays.where
   fitted = with_values(art.pipe, res.values)
   return jax.jit(lambda a, k_: pipeline_scores(fitted, a, k_))(arrays, key), arrays.where

@@ -1,0 +1,220 @@
+r"""The component registry: a learned component's name -> its class, which declares both halves.
+
+A component (:class:`engram_jax.fit.train.Component`) is a frozen dataclass whose fields are its config keys (with
+their defaults) and whose ``name`` keys this registry. Its soft half changes the soft problem in the fit
+(``inputs`` / ``init`` / ``apply``); its hard half says how scoring applies the saved parameters:
+
+* ``hard_queries(params, queries [Q, D]) -> [Q, D]``: the queries the legs see (the adapter adapts them);
+* ``hard_inputs(base, n_questions)``: what its hard values read from one padded episode's base arrays (``None``);
+* ``hard_values(problem, params, raw, vals, inputs) -> vals``: the knob values after it, scalars or ``[Q]`` per
+  question (the conditioned knobs); each component applies to the values the previous one left;
+* ``conditions``: the knob paths it writes (two components writing one knob are refused in one line:
+  :func:`check_composition`).
+
+What it saves is its parameter pytree (``<name>/<key path>`` in the artifact). :func:`hard_scores` and
+:func:`score_episodes` iterate the components; nothing here branches on a component's name. Built-in components
+register on import (``engram_jax.fit.adapter``, ``engram_jax.fit.conditioned``); an out-of-tree one calls
+:func:`register_component` at import time and is recorded in an artifact's ``modules``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+
+from engram_jax.core import ranking
+from engram_jax.core.batch import EpisodeArrays
+from engram_jax.core.errors import EngramError
+from engram_jax.core.types import Episode
+from engram_jax.eval.pipeline import Pipeline, legs_scores, split_path, with_values
+from engram_jax.fit.knobs import Knobs
+from engram_jax.fit.problem import Problem, per_question_fusion
+from engram_jax.metrics import labels as metrics_lib
+from engram_jax.ops import rrf
+
+COMPONENTS: dict[str, type] = {}
+
+
+def register_component(cls: type, *, replace: bool = False) -> type:
+  """Register a component class under its ``name`` (usable as a class decorator); a second class under one name is
+  an error unless ``replace``.
+
+  Example:
+    >>> import dataclasses
+    >>> from engram_jax.fit import Conditioning, register_component
+    >>> from engram_jax.fit.components import COMPONENTS, check_composition
+    >>> @register_component
+    ... @dataclasses.dataclass(frozen=True)
+    ... class Mine(Conditioning):  # a component with its own name (a real one declares its own halves)
+    ...   name = 'mine'
+    >>> sorted(COMPONENTS)
+    ['adapter', 'conditioned', 'mine']
+    >>> del COMPONENTS['mine']  # (tests register for a with-block: registered_component)
+  """
+  name = getattr(cls, 'name', None)
+  if not isinstance(name, str) or not name:
+    raise ValueError(f'component {cls.__name__} declares no name')
+  if name in COMPONENTS and not replace and COMPONENTS[name] is not cls:
+    raise ValueError(f'component {name!r} is already registered')
+  COMPONENTS[name] = cls
+  return cls
+
+
+@contextlib.contextmanager
+def registered_component(cls: type) -> Iterator[type]:
+  """Register ``cls`` for the length of a ``with`` block (a test's toy component)."""
+  before = COMPONENTS.get(cls.name)
+  register_component(cls, replace=True)
+  try:
+    yield cls
+  finally:
+    if before is None:
+      COMPONENTS.pop(cls.name, None)
+    else:
+      COMPONENTS[cls.name] = before
+
+
+def get_component(name: str) -> type:
+  """The component class registered as ``name``; one line listing the registered ones otherwise."""
+  if name not in COMPONENTS:
+    raise EngramError(f'unknown component {name!r}; registered: {sorted(COMPONENTS)}')
+  return COMPONENTS[name]
+
+
+def component_spec(c: Any) -> dict[str, Any]:
+  """A component's spec as JSON (its kind under ``name``)."""
+  spec = {'name': c.name, **dataclasses.asdict(c)}
+  return {k: list(v) if isinstance(v, tuple) else v for k, v in spec.items()}
+
+
+def component_of(spec: Mapping[str, Any]) -> Any:
+  """The component a :func:`component_spec` describes.
+
+  >>> import engram_jax.fit
+  >>> component_of({'name': 'adapter', 'rank': 8, 'lr_scale': 0.1}).rank
+  8
+  """
+  spec = dict(spec)
+  cls = get_component(spec.pop('name'))
+  fields = {f.name for f in dataclasses.fields(cls)}
+  return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in spec.items() if k in fields})
+
+
+def check_composition(components: Sequence[Any]) -> None:
+  """Refuse, in one line, two components of one name or two that write one knob (``conditions``)."""
+  seen: dict[str, str] = {}
+  names = [c.name for c in components]
+  dup = sorted({n for n in names if names.count(n) > 1})
+  if dup:
+    raise EngramError(f'components {dup} are listed twice; each component applies once per fit')
+  for c in components:
+    for path in getattr(c, 'conditions', ()):
+      if path in seen:
+        raise EngramError(
+          f'components {seen[path]!r} and {c.name!r} both condition knob {path!r}; one knob, one component'
+        )
+      seen[path] = c.name
+
+
+def hard_queries(components: Sequence[Any], learned: Mapping[str, Any], queries: np.ndarray) -> np.ndarray:
+  """``[Q, D]`` the queries the legs see: each component's ``hard_queries`` in order."""
+  for c in components:
+    queries = c.hard_queries(learned[c.name], queries)
+  return queries
+
+
+def per_question(components: Sequence[Any]) -> bool:
+  """True when a component gives knobs one value per question (scoring fuses question by question)."""
+  return any(c.per_question for c in components)
+
+
+def hard_scores(
+  pipe: Pipeline,
+  problem: Problem,
+  components: Sequence[Any],
+  res: Any,
+  fixed: Mapping[str, float],
+  ep: EpisodeArrays,
+  inputs: Mapping[str, Any],
+  key: Array,
+) -> Array:
+  """Final scores ``[Q, N]`` of the hard pipeline on one padded episode (``ep``: the queries the legs see) with every
+  component's values: the fit's scalar knobs, then each ``hard_values`` in order (``inputs``: each component's
+  ``hard_inputs``, over the padded question axis); the legs at the per-question operator knobs, fused by
+  :func:`engram_jax.ops.rrf.rrf_fuse` question by question."""
+  fitted = with_values(pipe, res.values)
+  vals: dict[str, Any] = {p: jnp.asarray(v, jnp.float32) for p, v in fixed.items()}
+  vals.update(Knobs(raw=dict(res.raw), transforms=problem.fitted).values())
+  for c in components:
+    vals = c.hard_values(problem, res.learned[c.name], res.raw, vals, inputs.get(c.name))
+  written = [p for c in components for p in getattr(c, 'conditions', ())]
+  operator_knobs = {p: vals[p] for p in written if split_path(pipe, p)[1] not in (None, 'weight')}
+  legs = jnp.stack(legs_scores(fitted, ep, key, operator_knobs))
+  if fitted.fusion == 'none':
+    return jnp.where(ep.where, legs[0], -jnp.inf)
+  weights, k0 = per_question_fusion(problem, vals, legs.shape[1])
+  depths = [s.depth for s in fitted.legs]
+  return jax.vmap(lambda s, w, k_: rrf.rrf_fuse(s, weights=w, depths=depths, where=ep.where, k0=k_), in_axes=(1, 0, 0))(
+    legs, weights, k0
+  )
+
+
+def hard_inputs(components: Sequence[Any], base: EpisodeArrays, n_questions: int) -> dict[str, Any]:
+  """Each component's ``hard_inputs`` of one episode (its base arrays: the queries before any component)."""
+  return {c.name: c.hard_inputs(base, n_questions) for c in components}
+
+
+def score_episodes(
+  pipe: Pipeline,
+  problem: Problem,
+  components: Sequence[Any],
+  res: Any,
+  fixed: Mapping[str, float],
+  episodes: Sequence[Episode],
+  arrays: Sequence[EpisodeArrays],
+  *,
+  k: int,
+  metrics: Sequence[str],
+  seed: int,
+  indices: Sequence[int],
+  episode_metrics: Mapping[str, Callable] | None = None,
+  feature_arrays: Sequence[EpisodeArrays] | None = None,
+) -> dict[str, np.ndarray]:
+  """Per-question metrics (NumPy float64) of :func:`hard_scores` on ``episodes`` (episode ``i`` of the run gets key
+  ``fold_in(key(seed), indices[i])``, as :func:`engram_jax.eval.evaluation.evaluate`): label metrics and the
+  dataset's ``episode_metrics``. ``feature_arrays``: the base arrays the components' hard inputs read when they are
+  not ``arrays`` (a component changed the queries the legs see)."""
+  episode_metrics = dict(episode_metrics or {})
+  parsed = {m: metrics_lib.parse_metric(m, tuple(episode_metrics)) for m in metrics}  # unknown names: before work
+
+  def topk(ep, inputs, key):
+    fused = hard_scores(pipe, problem, components, res, fixed, ep, inputs, key)
+    idx, v = ranking.top_k(fused, k=k, where=ep.where)
+    return jnp.where(jnp.isneginf(v), -1, idx)
+
+  run = jax.jit(topk)
+  out: dict[str, list] = {m: [] for m in metrics}
+  base = jax.random.key(seed)
+  for i, e, a, fa in zip(indices, episodes, arrays, feature_arrays or arrays):
+    nq = len(e.questions)
+    if fa.queries.shape[0] != a.queries.shape[0]:
+      raise ValueError(
+        f'episode {e.id}: feature arrays pad {fa.queries.shape[0]} questions, arrays {a.queries.shape[0]}'
+      )
+    top = np.asarray(run(a, hard_inputs(components, fa, nq), jax.random.fold_in(base, i)))[:nq]
+    labels = np.asarray(a.labels)[:nq]
+    for m in metrics:
+      base_m, cut = parsed[m]
+      if base_m in episode_metrics:
+        vals = [episode_metrics[base_m](e, q_, row, cut) for q_, row in zip(e.questions, top.tolist())]
+        out[m].append(np.asarray(vals, np.float64))
+      else:
+        out[m].append(np.asarray(metrics_lib.METRICS[base_m](top, labels, k=cut), np.float64))
+  return {m: np.concatenate(v) for m, v in out.items()}

@@ -1,0 +1,155 @@
+r"""The component contract: what every learned component (:mod:`engram_jax.fit.components`) must satisfy.
+
+:func:`check_component` runs three checks on a pipeline's episodes and refuses, in one line naming the part, the
+component and the knob (or the queries), the first that fails:
+
+1. **identity at initialisation**: with its initial parameters the hard pipeline's final scores are those without it;
+2. **soft = hard** at random parameters (the initial ones plus seeded noise) on batched rows: the knob values its soft
+   half writes (``conditions``) equal its hard half's on the same questions, and the cosine lists the soft rows carry
+   equal those of the queries its hard half gives the legs;
+3. **gradients**: the soft loss's gradient with respect to its parameters is finite and reaches every parameter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from engram_jax.core.batch import EpisodeArrays
+from engram_jax.core.errors import EngramError
+from engram_jax.core.types import Episode
+from engram_jax.eval.pipeline import Pipeline
+from engram_jax.fit import components as registry
+from engram_jax.fit import problem as P
+from engram_jax.fit import train
+from engram_jax.fit.knobs import Knobs
+
+
+def _refuse(part: str, c: Any, what: str, why: str) -> EngramError:
+  return EngramError(f'check_component: {part}: component {c.name!r}, {what}: {why}')
+
+
+def _noisy(params: Any, seed: int, scale: float) -> Any:
+  leaves, tree = jax.tree_util.tree_flatten(params)
+  keys = jax.random.split(jax.random.key(seed), max(len(leaves), 1))
+  return tree.unflatten(
+    [x + scale * jax.random.normal(k, jnp.shape(x), jnp.asarray(x).dtype) for x, k in zip(leaves, keys)]
+  )
+
+
+def check_component(
+  component: Any,
+  pipe: Pipeline,
+  params: Sequence[str],
+  episodes: Sequence[Episode],
+  arrays: Sequence[EpisodeArrays],
+  *,
+  seed: int = 0,
+  noise: float = 0.5,
+  batch: int = 16,
+  atol: float = 1e-4,
+) -> None:
+  """Check ``component`` on ``pipe`` fitted over ``params`` with ``episodes`` (their padded ``arrays``).
+
+  Raises:
+    EngramError: one line, ``check_component: <part>: component '<name>', knob <path> (or queries): <why>``.
+
+  Example:
+    >>> from engram_jax.fit import Conditioning
+    >>> from engram_jax.testing.components import check_component
+    >>> from engram_jax.testing.synthetic import toy_fit_data
+    >>> episodes, embeddings, arrays, pipe = toy_fit_data()
+    >>> cond = Conditioning(knobs=('legs.bm25.weight',), features=('cues', 'pool'), hidden=0, rank=2, net_lr_scale=1.0)
+    >>> check_component(cond, pipe, ['legs.bm25.weight'], episodes, arrays)  # passes: returns None
+  """
+  c = component
+  problem, knobs, every = P.make_problem(pipe, list(params))
+  rows = P.build_rows(problem, pipe, episodes, arrays, seed=seed)
+  inputs = c.inputs(problem, episodes, arrays)
+  init = c.init(inputs, seed)
+  fixed = {p: jnp.asarray(v, jnp.float32) for p, v in every.items()}
+  scalar = {**fixed, **Knobs(raw=dict(knobs.raw), transforms=problem.fitted).values()}
+  base_res = train.FitResult(
+    values=train.fitted_values(problem, scalar), losses=[], train_rows=0, wall_s=0.0, raw=dict(knobs.raw), learned={}
+  )
+
+  def hard(ps, with_component: bool) -> list[tuple[np.ndarray, np.ndarray]]:
+    res = dataclasses.replace(base_res, learned={c.name: ps}) if with_component else base_res
+    comps = (c,) if with_component else ()
+    out = []
+    for i, (e, a) in enumerate(zip(episodes, arrays)):
+      nq = len(e.questions)
+      q = np.asarray(a.queries, np.float32)
+      moved = registry.hard_queries(comps, res.learned, q[:nq])
+      legs_see = a if moved is q[:nq] or not comps else a.replace(queries=_pad(moved, q))
+      fused = registry.hard_scores(
+        pipe, problem, comps, res, every, legs_see, registry.hard_inputs(comps, a, nq), jax.random.key(i)
+      )
+      out.append((np.asarray(fused)[:nq], np.asarray(legs_see.queries)[:nq]))
+    return out
+
+  # 1. identity at initialisation
+  got, want = hard(init, True), hard(None, False)
+  for (g, _), (w, _), e in zip(got, want, episodes):
+    real = np.isfinite(w)
+    if not np.array_equal(real, np.isfinite(g)) or not np.allclose(g[real], w[real], atol=atol):
+      bad = float(np.max(np.abs(np.where(real, g, 0.0) - np.where(real, w, 0.0))))
+      raise _refuse(
+        'identity at initialisation',
+        c,
+        f'episode {e.id}',
+        f'its initial parameters change the hard scores by {bad:.3g}',
+      )
+
+  # 2. soft = hard at random parameters, batched rows
+  ps = _noisy(init, seed + 1, noise)
+  idx = jnp.arange(min(batch, rows.where.shape[0]))
+  rows_b = jax.tree_util.tree_map(lambda x: x[idx], rows)
+  vals, rows_soft = c.apply(problem, ps, dict(knobs.raw), dict(scalar), rows_b, c.batch(inputs, idx))
+  hard_vals, cos = [], []
+  for (e, a), (_, queries) in zip(zip(episodes, arrays), hard(ps, True)):
+    nq = len(e.questions)
+    hv = c.hard_values(problem, ps, dict(knobs.raw), dict(scalar), c.hard_inputs(a, nq))
+    hard_vals.append({p: np.broadcast_to(np.asarray(hv[p]), (a.queries.shape[0],))[:nq] for p in c.conditions})
+    n = rows.where.shape[1]
+    docs = np.zeros((n, a.docs.shape[1]), np.float32)
+    docs[: a.docs.shape[0]] = np.asarray(a.docs)[:n]
+    cos.append(queries @ docs.T)
+  for path in c.conditions:
+    h = np.concatenate([v[path] for v in hard_vals])[np.asarray(idx)]
+    s = np.broadcast_to(np.asarray(vals[path]), h.shape)
+    if not np.allclose(s, h, atol=atol, rtol=1e-4):
+      bad = float(np.max(np.abs(s - h)))
+      raise _refuse(
+        'soft = hard', c, f'knob {path}', f'its soft and hard values differ by {bad:.3g} at random parameters'
+      )
+  hard_cos = np.concatenate(cos)[np.asarray(idx)]
+  where = np.asarray(rows_b.where)
+  soft_cos = np.asarray(rows_soft.cos)
+  if not np.allclose(np.where(where, soft_cos, 0.0), np.where(where, hard_cos, 0.0), atol=atol):
+    bad = float(np.max(np.abs(np.where(where, soft_cos, 0.0) - np.where(where, hard_cos, 0.0))))
+    raise _refuse('soft = hard', c, 'queries', f'the soft rows and the hard legs see cosines {bad:.3g} apart')
+
+  # 3. finite gradients that reach every parameter
+  full = {train.KNOBS: dict(knobs.raw), c.name: ps}
+  loss = functools.partial(train.loss_fn, problem=problem, max_gold=train.max_gold_of(rows), components=(c,))
+  grads = jax.grad(loss)(full, fixed, rows_b, {c.name: c.batch(inputs, idx)}, jnp.ones(idx.shape[0]))[c.name]
+  for key, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
+    name = jax.tree_util.keystr(key)
+    g = np.asarray(g)
+    if not np.all(np.isfinite(g)):
+      raise _refuse('gradients', c, f'parameter {name}', 'the soft loss gradient is not finite')
+    if not np.any(g != 0):
+      raise _refuse('gradients', c, f'parameter {name}', 'no gradient reaches it from the soft loss')
+
+
+def _pad(moved: np.ndarray, like: np.ndarray) -> np.ndarray:
+  out = np.zeros_like(like)
+  out[: moved.shape[0]] = moved
+  return out
