@@ -145,12 +145,14 @@ class DocRun:
 def doc_run(tmp_path):
   shutil.copytree(ROOT / 'conf', tmp_path / 'conf')
   run = DocRun(tmp_path / 'conf', tmp_path / 'data')
-  before = dict(registry.OPERATORS)
+  before, components = dict(registry.OPERATORS), dict(fit.components.COMPONENTS)
   try:
     yield run
   finally:
     registry.OPERATORS.clear()
     registry.OPERATORS.update(before)
+    fit.components.COMPONENTS.clear()
+    fit.components.COMPONENTS.update(components)
     for name in run.modules:
       sys.modules.pop(name, None)
 
@@ -177,6 +179,7 @@ def test_every_block_runs(doc_run):
         f'{DOC.name}: code block {i + 1} ({lang}, {src.splitlines()[0]!r}) fails: {type(e).__name__}: {e}'
       ) from e
   assert {'recent', 'bm25_recent', 'cfsr_recent'} <= set(registry.OPERATORS)
+  assert 'lenweights' in fit.components.COMPONENTS
 
 
 @pytest.mark.slow
