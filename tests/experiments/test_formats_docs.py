@@ -1,7 +1,7 @@
 """docs/formats.md, executed: its Python blocks that build their own files run in the fast tier (in a scratch folder);
 the slow test runs the whole page in order in a scratch folder, the Python blocks exec'd and every command line of its
 bash blocks run as written (the export round trip on one conversation, the evaluate runs with the hashing embedder,
-ir_measures on the run's files). tests/test_readme_and_docs.py dry-runs the commands too."""
+ir_measures on the run's files, the external rank_bm25 run evaluated, gridded and fitted). tests/test_readme_and_docs.py dry-runs the commands too."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def test_the_page_runs_in_order(tmp_path, monkeypatch):
         commands += 1
         if 'ir_measures' in argv[2]:
           assert re.search(r'^nDCG@10\t0\.\d{4}$', proc.stdout, re.M) and re.search(r'^R@10\t', proc.stdout, re.M)
-  assert commands == 6
+  assert commands == 10  # + the external run: written, evaluated, gridded, fitted
   assert (tmp_path / 'outputs/formats/exported/results.json').read_bytes() == (
     tmp_path / 'outputs/formats/bundled/results.json'
   ).read_bytes()

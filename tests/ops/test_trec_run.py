@@ -126,3 +126,20 @@ def test_no_file_one_line_error(tmp_path):
 
 def test_contract():
   check_operator('trec_run')
+
+
+def test_our_own_run_file_fed_back_retrieves_the_same(tmp_path):
+  """Runs out, then in: a pipeline's TREC run (engram_jax.eval.trec) read by trec_run retrieves the same top-k."""
+  from engram_jax.eval.trec import trec_qids
+  from engram_jax.eval.trec import trec_run as write_run
+  from engram_jax.testing.episodes import random_episode
+
+  rng = np.random.default_rng(3)
+  drawn = [random_episode(rng, n, q, dim=8, name=f'e{i}') for i, (n, q) in enumerate([(20, 3), (26, 4)])]
+  episodes, emb = [d[0] for d in drawn], [(d[1], d[2]) for d in drawn]
+  bm25 = make_pipeline(legs={'bm25': {'op': 'bm25'}}, name='bm25')
+  res = evaluate(episodes, emb, {'bm25': bm25}, k=5, metrics=['ndcg@5'], seed=0, progress=False)
+  path = _write(tmp_path, write_run(trec_qids(res.episode_ids, res.question_ids), res.retrieved['bm25'], tag='bm25'))
+  ext = make_pipeline(legs={'ext': {'op': 'trec_run', 'path': path}}, name='ext')
+  back = evaluate(episodes, emb, {'ext': ext}, k=5, metrics=['ndcg@5'], seed=0, progress=False)
+  assert back.retrieved['ext'] == res.retrieved['bm25']
