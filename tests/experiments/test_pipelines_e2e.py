@@ -145,7 +145,13 @@ def _check_run(cfg, out, res):
 
 @pytest.mark.parametrize('name', _params(PIPELINES))
 def test_pipeline_runs_alone(name, tiny_root, cache_dir, tmp_path):
-  cfg = _compose([f'pipeline=[{name}]'], tiny_root, cache_dir)
+  over = [f'pipeline=[{name}]']
+  if 'op: trec_run' in (CONF / 'pipeline' / f'{name}.yaml').read_text():  # an external run: rank_bm25's, written here
+    from experiments.research.external_run import write_run
+
+    episodes, _ = instantiate(_compose([], tiny_root, cache_dir).dataset.loader, root=str(tiny_root))
+    over.append(f'ext_run={write_run(episodes, tmp_path / "ext.trec")}')
+  cfg = _compose(over, tiny_root, cache_dir)
   assert list(cfg.pipeline) == [name]
   res = evaluate.run(cfg, tmp_path / 'out')
   _check_run(cfg, tmp_path / 'out', res)
