@@ -135,10 +135,10 @@ class RunScores:
 
   path: str
   sha256: str
-  missing: str = 'skip'
+  missing: str = _D['missing']
 
   @classmethod
-  def of(cls, path: str, *, missing: str = 'skip') -> RunScores:
+  def of(cls, path: str, *, missing: str = _D['missing']) -> RunScores:
     path = os.path.abspath(path) if path else path
     return cls(path, file_sha256(path), missing)
 
