@@ -12,11 +12,12 @@
     python -m experiments.bench --scale --scale-n 1000,3000,10000 --rounds 3 --scale-ops cosine,cfsr
     python -m experiments.bench --cfsr-floor          # LoCoMo: the CFS-R leg against its arithmetic floor
     python -m experiments.bench --device-check        # GPU readiness: default run, CFS-R, fit step vs the CPU
+    python -m experiments.bench --encode --out outputs/encode.md   # embedders' texts/s, GFLOP/s, options vs today
 
 Each tool is one module: operator timing :mod:`experiments.bench.operators` (JAX vs the NumPy references and
 the BM25 peers, interleaved rounds), the harness :mod:`experiments.bench.harness`, the scale table
-:mod:`experiments.bench.scale`, the CFS-R floor :mod:`experiments.bench.floor`, the device check :mod:`experiments.bench.device`; their docstrings say what is
-timed and how.
+:mod:`experiments.bench.scale`, the CFS-R floor :mod:`experiments.bench.floor`, the device check :mod:`experiments.bench.device`, encoding speed
+:mod:`experiments.bench.encode`; their docstrings say what is timed and how.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 
 from engram_jax.ops import OPERATORS
 from engram_jax.testing.synthetic import synthetic_episodes
-from experiments.bench import device, floor, harness, operators, scale
+from experiments.bench import device, encode, floor, harness, operators, scale
 from experiments.bench.common import environment, locomo_episodes, parse_sets
 from experiments.bench.operators import FUSION
 
@@ -133,6 +134,15 @@ def parser() -> argparse.ArgumentParser:
     '--out', default=None, help='also write the scale table (Markdown) here, and its rows as JSON beside it'
   )
   ap.add_argument(
+    '--encode',
+    action='store_true',
+    help="encoding speed instead: texts/s and GFLOP/s of the embedders, today's path and each option (interleaved "
+    "rounds), with max |diff| of each option's vectors from today's (--out: the table and its JSON)",
+  )
+  ap.add_argument('--encode-models', default=','.join(encode.MODELS), help='comma-separated: minilm, mpnet')
+  ap.add_argument('--encode-paths', default=','.join(encode.PATHS), help='comma-separated paths (torch first)')
+  ap.add_argument('--encode-texts', type=int, default=512, help='LoCoMo texts encoded per round (0: all 7,852)')
+  ap.add_argument(
     '--harness',
     nargs='*',
     default=None,
@@ -159,6 +169,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]] | dict[str, 
     return [result]
   if args.device_check:
     return device_main(args)
+  if args.encode:
+    return encode_main(args, ap)
   if args.harness is not None:
     print('\n'.join(environment()))
     rows = harness.harness(args.harness, rounds=max(args.rounds, 2))
@@ -279,4 +291,27 @@ def device_main(args: argparse.Namespace) -> dict[str, Any]:
   print(device.format_device_check(result))
   if args.out:
     device.save(args.out, result)
+  return result
+
+
+def encode_main(args: argparse.Namespace, ap: argparse.ArgumentParser) -> dict[str, Any]:
+  """``--encode``: time, print and optionally write (``--out``) the encoding table."""
+  models = [m for m in args.encode_models.split(',') if m]
+  paths = [p for p in args.encode_paths.split(',') if p]
+  bad = sorted(set(models) - set(encode.MODELS)) + sorted(set(paths) - set(encode.PATHS))
+  if bad:
+    ap.error(f'unknown --encode-models/--encode-paths {bad}; models {list(encode.MODELS)}, paths {list(encode.PATHS)}')
+  texts = encode.sample_texts(args.encode_texts, args.root)
+  print('\n'.join(environment()))
+  result = encode.time_encoders(
+    models, paths, texts, rounds=args.rounds, cache_dir=args.cache_dir, log=lambda s: print(s, file=sys.stderr)
+  )
+  table = encode.format_encode(result)
+  print(table)
+  if args.out:
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    load = ', '.join(f'{x:.2f}' for x in os.getloadavg())
+    out.write_text('\n'.join(environment()) + f'\nload average at the end: {load}\n\n' + table + '\n')
+    out.with_suffix('.json').write_text(json.dumps({**result, 'load_average_end': os.getloadavg()}, indent=1))
   return result

@@ -1,0 +1,90 @@
+"""experiments.research.embedder_tables: the cross-embedder CFS-R table from run folders (whole ones only), the
+published rows checked against the seed text, the paired differences from the runs and from per-question scores."""
+
+import json
+
+import numpy as np
+import pytest
+
+from engram_jax.core import runfolder
+from engram_jax.core.errors import EngramError
+from experiments.research import embedder_tables as et
+
+PIPES = ('rrf_cos_bm25', 'rrf_cos_bm25_mmr_tuned', 'rrf_cos_bm25_cfs_long', 'rrf_cos_bm25_cfsr')
+SEED = 'How CFS-R works\nrrf(cos, BM25, CFS-R top50 w3):   NDCG@10 0.5447, Recall@10 0.7303\nrrf: 0.5196, 0.6989\n'
+
+
+def _results(shift: float) -> dict:
+  rng = np.random.default_rng(0)
+  base = rng.uniform(0, 1, 40)
+  per_q = {p: np.clip(base + shift * i, 0, 1) for i, p in enumerate(PIPES)}
+  pipelines = {}
+  for p, s in per_q.items():
+    cat = {'multi-hop (1)': {'n': 40, 'ndcg@10': float(s.mean()), 'recall@10': float(s.mean())}}
+    pipelines[p] = {
+      'ndcg@10': float(s.mean()),
+      'recall@10': float(s.mean()),
+      'ci95': {'ndcg@10': [0.1, 0.9], 'recall@10': [0.1, 0.9]},
+      'by_category': cat,
+      'paired': {},
+    }
+  pipelines[et.STACK]['paired'] = {'vs rrf_cos_bm25': {'ndcg@10': {'delta': 0.3, 'lo': 0.2, 'hi': 0.4, 'p': 2e-4}}}
+  return {
+    'n_questions': 40,
+    'seed': 7,
+    'pipelines': pipelines,
+    'reference': {'rrf_cos_bm25_cfsr': {'ndcg@10': 0.5447, 'recall@10': 0.7303}},
+    'per_question': [{'scores': {p: {'ndcg@10': float(per_q[p][i])} for p in PIPES}} for i in range(40)],
+  }
+
+
+def _run(tmp_path, name, results):
+  folder = tmp_path / name
+  folder.mkdir()
+  (folder / 'results.json').write_text(json.dumps(results))
+  runfolder.mark(folder, ['results.json'])
+  return folder
+
+
+def test_table_from_two_runs_with_the_seed_checked(tmp_path):
+  seeds = tmp_path / 'seeds'
+  seeds.mkdir()
+  (seeds / '000_x.txt').write_text(SEED)
+  a, b = _run(tmp_path, 'a', _results(0.01)), _run(tmp_path, 'b', _results(0.02))
+  text = et.main([f'small={a}', f'big={b}', '--seeds', str(seeds), '--out', str(tmp_path / 't.md')])
+  assert (tmp_path / 't.md').read_text() == text
+  assert 'published: the CFS-R post, `000_x.txt` of the seeds' in text
+  assert '| ndcg@10: pipeline | small | big | published (text-embedding-3-small) |' in text
+  assert '| `rrf_cos_bm25` | +0.3000 [+0.2000, +0.4000] p <0.001 | +0.3000 [+0.2000, +0.4000] p <0.001 |' in text
+  assert text.count(' * |') == 4  # the two comparisons computed here, in each run's column
+  assert 'each cell small / big' in text
+
+
+def test_published_numbers_must_occur_in_the_seed(tmp_path):
+  seeds = tmp_path / 'seeds'
+  seeds.mkdir()
+  (seeds / '000_x.txt').write_text(SEED.replace('0.5447', '0.5440'))
+  with pytest.raises(
+    EngramError, match=r"not found in the CFS-R post 000_x.txt: \['rrf_cos_bm25_cfsr ndcg@10 0.5447'\]"
+  ):
+    et.main([f'a={_run(tmp_path, "a", _results(0.01))}', '--seeds', str(seeds)])
+
+
+def test_an_unfinished_run_folder_is_refused(tmp_path):
+  folder = tmp_path / 'r'
+  folder.mkdir()
+  (folder / 'results.json').write_text(json.dumps(_results(0.01)))
+  with pytest.raises(EngramError, match='incomplete or mixed run folder'):
+    et.main([f'a={folder}'])
+
+
+def test_computed_comparison_matches_a_direct_paired_test():
+  from engram_jax.metrics import paired_test
+
+  r = _results(0.01)
+  t = et.stack_vs(r, 'rrf_cos_bm25_mmr_tuned')
+  want = paired_test(
+    et._per_question(r, et.STACK, 'ndcg@10'), et._per_question(r, 'rrf_cos_bm25_mmr_tuned', 'ndcg@10'), seed=7
+  )
+  assert (t['delta'], t['lo'], t['hi'], t['source']) == (want.delta, want.lo, want.hi, 'here')
+  assert et.stack_vs(r, 'nope') is None
