@@ -86,7 +86,8 @@ def term_layout() -> TermLayout:
     items=(Item(id='a', text='w', parent='p', position=0),),
     questions=(Question(id='q', text='w', gold=('a',), gold_parents=('p',), category=0),),
   )
-  arr = batch.episode_arrays(probe, np.ones((1, 4), np.float32), np.ones((1, 4), np.float32))
+  unit = np.full((1, 4), 0.5, np.float32)  # unit-norm rows (episode_arrays refuses others)
+  arr = batch.episode_arrays(probe, unit, unit)
   tf = getattr(arr, 'doc_tf', None)
   dense = isinstance(tf, (np.ndarray, jax.Array)) and tf.ndim == 2 and tf.shape[0] == arr.docs.shape[0]
   return TermLayout(dense, int(tf.dtype.itemsize) if dense else 0)

@@ -20,7 +20,10 @@ def episodes():
 @pytest.mark.slow
 def test_every_registered_operator_and_the_fusion_get_a_row(episodes):
   rows = operators.time_operators(episodes, repeats=1, rounds=2, ref_queries=3, peers=False)
-  assert [r['op'] for r in rows] == [*OPERATORS, operators.FUSION]
+  assert [r['op'] for r in rows] == [
+    *(o for o in OPERATORS if o != 'trec_run'),
+    operators.FUSION,
+  ]  # trec_run needs a run file
   for r in rows:
     assert r['jax_s'] > 0 and r['episodes'] == 2 and r['queries'] == 12
     if r['op'] in operators.REFERENCES or r['op'] == operators.FUSION:
