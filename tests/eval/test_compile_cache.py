@@ -14,7 +14,7 @@ from engram_jax.eval import compile_cache
 ROOT = Path(__file__).resolve().parents[2]
 JOB = textwrap.dedent("""
     import sys, jax, jax.numpy as jnp
-    from jax._src import monitoring
+    from jax import monitoring
     hits = []
     monitoring.register_event_listener(lambda name, **kw: hits.append(name) if name.endswith('cache_hits') else None)
     from omegaconf import OmegaConf
@@ -77,7 +77,7 @@ KILLED = textwrap.dedent("""
     cfg = OmegaConf.create({'paths': {'compile_cache_dir': sys.argv[1]}})
     common.enable_compile_cache(cfg)
     f = jax.jit(lambda x: jnp.cos(x) * float(sys.argv[2]))
-    from jax._src import monitoring
+    from jax import monitoring
     hits = []
     monitoring.register_event_listener(lambda name, **kw: hits.append(name) if name.endswith('cache_hits') else None)
     out = float(f(jnp.float32(1.0)))

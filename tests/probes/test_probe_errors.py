@@ -307,7 +307,7 @@ def test_a_truncated_compile_cache_entry_is_removed_once(tmp_path, monkeypatch):
 
 CACHE_JOB = """
 import sys, jax, jax.numpy as jnp
-from jax._src import monitoring
+from jax import monitoring
 hits = []
 monitoring.register_event_listener(lambda name, **kw: hits.append(name) if name.endswith('cache_hits') else None)
 from omegaconf import OmegaConf
