@@ -51,15 +51,27 @@ def _fit_dataset(path: Path) -> str | None:
   return (node.get('dataset') or {}).get('name')
 
 
+def variant_labels(res: dict[str, Any]) -> list[str]:
+  """The variants of an ``experiments.fit`` results.json (``fit.variants``: its ``(<label>, out of fold)`` rows
+  beside the scalar fit's), in the run's order.
+
+  >>> variant_labels({'pipeline': 'p', 'summary': {'p (fitted, out of fold)': {}, 'p (mine, out of fold)': {}},
+  ...                 'mine': {'per_question': {}}})
+  ['mine']
+  """
+  head, tail = f'{res["pipeline"]} (', ', out of fold)'
+  labels = [r[len(head) : -len(tail)] for r in res.get('summary', {}) if r.startswith(head) and r.endswith(tail)]
+  return [label for label in labels if label != 'fitted' and isinstance(res.get(label), dict)]
+
+
 def _fit_rows(res: dict[str, Any], path: Path, file: int, dataset: str | None) -> list[Row]:
-  """The rows of an ``experiments.fit`` results.json: hand-set, fitted (and conditioned/adapter) out of fold."""
+  """The rows of an ``experiments.fit`` results.json: hand-set, fitted (and each variant, e.g. adapter) out of fold."""
   pq, name, metrics = res['per_question'], res['pipeline'], res['metrics']
   ids = pq['question_ids']
   vectors = {f'{name} (fitted, out of fold)': pq['fitted'], f'{name} (hand-set)': pq['hand_set']}
   vectors.update({f'{b} (hand-set)': v for b, v in pq.get('baselines', {}).items()})
-  for extra in ('conditioned', 'adapter'):
-    if res.get(extra):
-      vectors[f'{name} ({extra}, out of fold)'] = res[extra]['per_question']
+  for label in variant_labels(res):  # each variant of fit.variants in the run (its components' fit)
+    vectors[f'{name} ({label}, out of fold)'] = res[label]['per_question']
   dataset = dataset or _fit_dataset(path)
   return [
     Row(file, path, row, dataset, {q: {m: float(v[m][i]) for m in metrics} for i, q in enumerate(ids)})

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import json
 import logging
 import threading
@@ -35,23 +36,39 @@ from engram_jax.data import splits
 from engram_jax.eval import evaluation, pipeline
 from engram_jax.fit import artifact
 from engram_jax.metrics import stats
-from experiments.lib import checks, common, fit_adapter, fit_artifact, fit_conditioned, fit_setup, protocol
+from experiments.lib import checks, common, fit_artifact, fit_setup, protocol
 
 log = logging.getLogger(__name__)
 
 
-COMPONENT_VARIANTS = ('conditioned', 'adapter', 'combined')  # the fits beside the scalar one (fit_setup.Plan.variants)
-# what a fit writes into its run folder (an earlier run's copies are removed first: engram_jax.core.runfolder.begin)
+# what a fit writes into its run folder (an earlier run's copies are removed first: engram_jax.core.runfolder.begin),
+# besides loss_curve_<label>.json of each variant of fit.variants (:func:`outputs`)
 OUTPUTS = (
   'fitted.json',
   'loss_curve.json',
-  *(f'loss_curve_{label}.json' for label in COMPONENT_VARIANTS),
   'split.json',
   'results.json',
   'results.md',
   'config_resolved.yaml',
   'artifact',
 )
+
+
+def outputs(cfg: DictConfig) -> tuple[str, ...]:
+  """What this run writes into its folder: :data:`OUTPUTS` and a loss curve per declared variant."""
+  labels = list(cfg.fit.get('variants') or {})
+  return (*OUTPUTS[:2], *(f'loss_curve_{label}.json' for label in labels), *OUTPUTS[2:])
+
+
+def reports(cfg: DictConfig) -> dict[str, Any]:
+  """``fit.reports``: component name -> its report module (imported), in the order they run."""
+  out = {}
+  for name, module in (cfg.fit.get('reports') or {}).items():
+    try:
+      out[str(name)] = importlib.import_module(str(module))
+    except ImportError as e:
+      raise EngramError(f'fit.reports.{name}: cannot import {module!r} ({e})') from None
+  return out
 
 
 def _interval(values: np.ndarray, seed: int, n_resamples: int) -> dict[str, float]:
@@ -168,13 +185,16 @@ def gap_monitor(
 
 
 def fit_variant(
-  cfg: DictConfig, plan: fit_setup.Plan, label: str, pipe: pipeline.Pipeline, data: Data
+  cfg: DictConfig, plan: fit_setup.Plan, label: str, pipe: pipeline.Pipeline, data: Data, checked: set | None = None
 ) -> dict[str, Any]:
-  """Cross-fit one variant of the plan (``fitted``, ``conditioned``, ``adapter``) and score each fold's episodes
+  """Cross-fit one variant of the plan (``fitted`` or a label of ``fit.variants``) and score each fold's episodes
   with its fit (hard, every learned part: :func:`engram_jax.fit.artifact.score`); with ``fit.final``, one more fit
-  on every training question. Returns ``{'problem', 'components', 'fits', 'final', 'scores', 'per_fold'}``."""
+  on every training question. Before step 0, each of its components passes the component contract
+  (:func:`experiments.lib.fit_setup.check_contract`; ``checked``: those already checked in this run). Returns
+  ``{'problem', 'components', 'fits', 'final', 'scores', 'per_fold'}``."""
   problem, components = plan.variants()[label]
   episodes, embeddings, arrays, folds = data.episodes, data.embeddings, data.arrays, data.folds
+  fit_setup.check_contract(plan, problem, components, episodes, arrays, seed=int(cfg.seed), done=checked)
   rows = fit_setup.rows(plan, pipe, episodes, arrays, seed=int(cfg.seed), problem=problem)
   inputs = {c.name: c.inputs(problem, episodes, arrays) for c in components}
   checks_n = int(cfg.fit.get('gap_checks') or 0) if label == 'fitted' else 0
@@ -352,7 +372,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   """Fit ``cfg.pipeline`` (one pipeline) on ``cfg.dataset`` and score it out of fold; write the results, the
   Markdown, the artifact and the ledger row. The folder is whole or marked (:mod:`engram_jax.core.runfolder`): an
   earlier run's marker and outputs are removed first, every file is written atomically, the marker last."""
-  folder = runfolder.begin(out_dir, OUTPUTS)
+  folder = runfolder.begin(out_dir, outputs(cfg))
   t0 = time.perf_counter()
   names = list(cfg.pipeline)
   if len(names) != 1:
@@ -371,7 +391,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   data = load(cfg, pipeline.build_options([pipe, *baselines.values()]), metrics)
   protocol.check_data(protocol_info, cfg, data.episodes)  # the data read against its pinned fingerprint (unless forced)
   t_load = time.perf_counter() - t0
-  parts = {label: fit_variant(cfg, plan, label, pipe, data) for label in plan.variants()}
+  checked: set = set()  # (component, settings) whose contract passed in this run
+  parts = {label: fit_variant(cfg, plan, label, pipe, data, checked) for label in plan.variants()}
   t_fit = time.perf_counter() - t0 - t_load  # hard scoring of the folds included
   before = evaluation.evaluate(
     [data.episodes[i] for i in data.scored],
@@ -396,6 +417,80 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   return results
 
 
+def parts_of(parts: dict[str, Any], comps) -> list[str]:
+  """The labels of the one-component variants of ``parts`` whose component is one of ``comps``, in their order."""
+  out = []
+  for c in comps:
+    out += [label for label, part in parts.items() if tuple(x.name for x in part['components']) == (c.name,)]
+  return out
+
+
+def variant_paired(
+  scores: dict[str, np.ndarray],
+  scalar: dict[str, np.ndarray],
+  before,
+  hand_rows: list[str],
+  metrics: list[str],
+  *,
+  seed: int,
+  n_resamples: int,
+  label: str,
+  others: dict[str, dict[str, np.ndarray]] | None = None,
+) -> dict[str, Any]:
+  """Variant ``label`` minus the scalar fit, minus each of ``others`` (more rows by name, e.g. the one-component
+  fits of the same run) and minus each hand-set row, paired (bootstrap CI, sign-flip p)."""
+  others = {
+    'scalar fit (out of fold)': scalar,
+    **(others or {}),
+    **{f'{r} (hand-set)': before.scores[r] for r in hand_rows},
+  }
+  pairs = [(r, m) for r in others for m in metrics]
+  res = stats.paired_tests(
+    np.stack([scores[m] for _, m in pairs]),
+    np.stack([others[r][m] for r, m in pairs]),
+    seed=seed,
+    n_resamples=n_resamples,
+  )
+  out: dict[str, dict] = {f'{label} - {r}': {} for r in others}
+  for (r, m), t in zip(pairs, res):
+    out[f'{label} - {r}'][m] = t.to_dict()
+  return out
+
+
+def variant_section(cfg: DictConfig, plan, label: str, comps, results: dict, metrics: list[str]) -> list[str]:
+  """Markdown lines of one variant's results: its components' header (their report's, or their names), its row,
+  its paired differences, then each component's report lines (``tail``)."""
+  name, hooks, nodes = plan.name, reports(cfg), plan.nodes
+  mine = [(c, hooks.get(c.name)) for c in comps]
+  if len(comps) == 1 and mine[0][1] is not None:
+    head = mine[0][1].header(name, comps[0], nodes[comps[0].name])
+  else:
+    names = [c.name for c in comps]
+    head = (
+      f'{" + ".join(names)} in one fit (fit.variants.{label}; the specs of '
+      + ' and '.join(f'fit.{n}' for n in names)
+      + '):'
+    )
+  row = f'{name} ({label}, out of fold)'
+  lines = [
+    '',
+    head,
+    '',
+    '| row | ' + ' | '.join(f'{m} [95% CI]' for m in metrics) + ' |',
+    '|---|' + '---|' * len(metrics),
+    common.md_mean_row(row, results['summary'][row], metrics),
+    '',
+    '| paired difference | ' + ' | '.join(f'{m} delta [95% CI], p' for m in metrics) + ' |',
+    '|---|' + '---|' * len(metrics),
+  ]
+  lines += [common.md_paired_row(r, t, metrics) for r, t in results['paired'].items() if r.startswith(f'{label} - ')]
+  for c_name, hook in hooks.items():
+    for c in comps:
+      if c.name == c_name:
+        lines += hook.tail(c, nodes[c.name], results[label], len(comps) == 1)
+  return lines
+
+
 def make_results(cfg, plan, data: Data, parts, before, baselines: list[str], protocol_info, timing) -> dict[str, Any]:
   """results.json: every row's mean and CI, the paired differences, per category, per question, the fits."""
   name, metrics, folds = plan.name, data.metrics, data.folds
@@ -417,31 +512,32 @@ def make_results(cfg, plan, data: Data, parts, before, baselines: list[str], pro
   }
   by_category = category_tests(before, after, hand_rows, metrics, seed=seed, n_resamples=nres)
   extra: dict[str, Any] = {}
-  for label in COMPONENT_VARIANTS:
-    if label not in parts:
+  hooks = reports(cfg)
+  for label, part in parts.items():
+    comps = part['components']
+    if not comps:
       continue
-    part = parts[label]
     summary[f'{name} ({label}, out of fold)'] = {m: _interval(part['scores'][m], seed, nres) for m in metrics}
-    # the combined fit is paired with each of its parts' own fits too
-    alone = {f'{p} (out of fold)': parts[p]['scores'] for p in ('adapter', 'conditioned') if label == 'combined'}
+    # a fit of several components is paired with each one-component variant of its parts too
+    alone = {f'{p} (out of fold)': parts[p]['scores'] for p in parts_of(parts, comps)} if len(comps) > 1 else {}
     paired.update(
-      fit_conditioned.compare(
+      variant_paired(
         part['scores'], after, before, hand_rows, metrics, seed=seed, n_resamples=nres, label=label, others=alone
       )
     )
-    spec = (
-      {'adapter': OmegaConf.to_container(cfg.fit.adapter), 'conditioned': OmegaConf.to_container(cfg.fit.conditioned)}
-      if label == 'combined'
-      else OmegaConf.to_container(cfg.fit[label])
+    nodes = plan.nodes
+    extra[label] = {'spec': nodes[comps[0].name] if len(comps) == 1 else {c.name: nodes[c.name] for c in comps}}
+    by_name = {c.name: c for c in comps}
+    for c_name, hook in hooks.items():  # each component's own extras, in the order of fit.reports
+      if c_name in by_name:
+        extra[label].update(hook.extras(cfg, plan, data, part, by_name[c_name], len(comps) == 1))
+    extra[label].update(
+      {
+        'scalars': {fit.fold_label(f): r.values for f, r in zip(folds, part['fits'])},
+        'fit_per_fold_s': [r.wall_s for r in part['fits']],
+        'per_question': {m: part['scores'][m].tolist() for m in metrics},
+      }
     )
-    extra[label] = {
-      'spec': spec,
-      **(fit_conditioned.extras(cfg, plan, data, part) if label in ('conditioned', 'combined') else {}),
-      **(fit_adapter.extras(cfg, plan, data, part, gap=label == 'adapter') if label in ('adapter', 'combined') else {}),
-      'scalars': {fit.fold_label(f): r.values for f, r in zip(folds, part['fits'])},
-      'fit_per_fold_s': [r.wall_s for r in part['fits']],
-      'per_question': {m: part['scores'][m].tolist() for m in metrics},
-    }
   primary = (protocol_info or {}).get('primary_metric') or metrics[0]
   hand = {r: v[primary]['mean'] for r, v in summary.items() if r.endswith('(hand-set)')}
   best = max(hand, key=hand.get)
@@ -477,7 +573,7 @@ def make_results(cfg, plan, data: Data, parts, before, baselines: list[str], pro
 def markdown(cfg: DictConfig, plan, data: Data, parts, results: dict[str, Any]) -> str:
   """results.md: the rows, the paired differences, per category, the fitted knobs, the gap, the components."""
   name, metrics, summary, folds = plan.name, data.metrics, results['summary'], data.folds
-  scalar_rows = [r for r in summary if not r.endswith(tuple(f'({v}, out of fold)' for v in COMPONENT_VARIANTS))]
+  scalar_rows = [r for r in summary if not r.endswith(tuple(f'({v}, out of fold)' for v in parts if v != 'fitted'))]
   lines = [
     f'### {cfg.dataset.name}: {name} fitted by gradient ({cfg.fit.split}, {len(folds)} folds, '
     f'{results["n_questions"]} questions scored out of fold), k={cfg.eval.k}',
@@ -526,12 +622,9 @@ def markdown(cfg: DictConfig, plan, data: Data, parts, results: dict[str, Any]) 
       f'| {r["step"]} | {r["scale"]:.3g} | {r["soft_ndcg"]:.4f} | {r["hard_ndcg"]:.4f} | {r["gap"]:+.4f} |'
       for r in gap['by_step']
     ]
-  if 'conditioned' in parts:
-    lines += fit_conditioned.section(name, plan.conditioned, results, metrics)
-  if 'adapter' in parts:
-    lines += fit_adapter.section(name, plan.adapter, plan.adapter_cfsr_grad, results, metrics)
-  if 'combined' in parts:
-    lines += fit_adapter.combined_section(name, results, metrics)
+  for label, part in parts.items():
+    if part['components']:
+      lines += variant_section(cfg, plan, label, part['components'], results, metrics)
   t = results['timing']
   lines += [
     '',
@@ -573,11 +666,9 @@ def write_outputs(cfg: DictConfig, folder: runfolder.Run, plan, data: Data, part
     'results.md': text,
     'config_resolved.yaml': OmegaConf.to_yaml(cfg, resolve=True),
   }
-  for label in COMPONENT_VARIANTS:
-    if label in parts:
-      files[f'loss_curve_{label}.json'] = json.dumps(
-        {','.join(f): r.losses for f, r in zip(folds, parts[label]['fits'])}
-      )
+  for label, part in parts.items():
+    if part['components']:
+      files[f'loss_curve_{label}.json'] = json.dumps({','.join(f): r.losses for f, r in zip(folds, part['fits'])})
   folder.write_files(files)
   array_pipes = [plan.name, *(b for b in cfg.fit.baselines if b != plan.name)]
   fit_artifact.write(cfg, out_dir / 'artifact', plan, data, parts, results.get('protocol'), array_pipes)

@@ -65,10 +65,26 @@ class Adapter:
   soft_query_legs: bool = False  # soft-rank constant cosine legs in the fusion (their gradient reaches q')
   name: ClassVar[str] = 'adapter'
   per_question: ClassVar[bool] = False
+  # its config node's keys beyond the fields: the adapter fit's CFS-R gradient (required) and the report's
+  # train_gap diagnostic (experiments/lib/fit_adapter.py)
+  config_keys: ClassVar[dict[str, Any]] = {'cfsr_grad': dataclasses.MISSING, 'train_gap': False}
+  config_example: ClassVar[str] = (
+    "'fit.adapter={rank: 8, lr_scale: 0.1, cfsr_grad: implicit}' (cfsr_grad: implicit or reverse, how the CFS-R twin "
+    'passes the gradient to the query; conf/fit/default.yaml)'
+  )
+  fixed_dimension: ClassVar[bool] = True  # U, V are [D, rank]: it applies to vectors of the fit's dimension only
 
   def __post_init__(self) -> None:
     if int(self.rank) < 1 or not self.lr_scale > 0:
       raise ValueError(f'adapter.rank must be >= 1 and adapter.lr_scale > 0, got {self.rank}, {self.lr_scale}')
+
+  def settings(self, node: Mapping[str, Any]) -> dict[str, Any]:
+    """A fit with the adapter runs on its own CFS-R gradient setting (``cfsr_grad`` of its config node)."""
+    return {'cfsr_grad': str(node['cfsr_grad'])}
+
+  def check_problem(self, pipe: Any, problem: Problem) -> None:
+    del pipe
+    self.check(problem)
 
   def check(self, problem: Problem) -> None:
     """The CFS-R twin must pass gradients to its pool cosines when a fitted leg has them."""

@@ -11,6 +11,19 @@ their defaults) and whose ``name`` keys this registry. Its soft half changes the
 * ``conditions``: the knob paths it writes (two components writing one knob are refused in one line:
   :func:`check_composition`).
 
+What the entry point reads from it (each optional, with a default here; nothing outside a component's own module
+names it):
+
+* its config keys: its dataclass fields (with their defaults) and ``config_keys``, more keys of its config node that
+  are not parameters of the component (name -> default, :data:`REQUIRED` for none), read by :func:`from_config`;
+* ``settings(node) -> dict``: the fit settings (:class:`engram_jax.fit.Settings` fields) of a fit with it, from its
+  config node (the adapter's own ``cfsr_grad``); :func:`variant_settings` merges them in order;
+* ``check_problem(pipe, problem)``: a ``ValueError`` when it cannot fit ``problem`` (:func:`check_problem`);
+* ``identity_exempt``: ``None``, or why its initial parameters change the hard scores by design (the contract
+  :func:`engram_jax.testing.check_component` then skips that part and checks the rest);
+* ``fixed_dimension``: true when its parameters are tied to the embedder's dimension (an artifact with it cannot
+  apply to vectors of another).
+
 What it saves is its parameter pytree (``<name>/<key path>`` in the artifact). :func:`hard_scores` and
 :func:`score_episodes` iterate the components; nothing here branches on a component's name. Built-in components
 register on import (``engram_jax.fit.adapter``, ``engram_jax.fit.conditioned``); an out-of-tree one calls
@@ -40,6 +53,7 @@ from engram_jax.metrics import labels as metrics_lib
 from engram_jax.ops import rrf
 
 COMPONENTS: dict[str, type] = {}
+REQUIRED = dataclasses.MISSING  # a ``config_keys`` entry without a default
 
 
 def register_component(cls: type, *, replace: bool = False) -> type:
@@ -105,6 +119,89 @@ def component_of(spec: Mapping[str, Any]) -> Any:
   cls = get_component(spec.pop('name'))
   fields = {f.name for f in dataclasses.fields(cls)}
   return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in spec.items() if k in fields})
+
+
+def config_keys(cls: type) -> dict[str, Any]:
+  """Every key of a component's config node and its default (:data:`REQUIRED` when it has none): its dataclass
+  fields, then its ``config_keys``.
+
+  >>> import engram_jax.fit
+  >>> config_keys(get_component('adapter'))['soft_query_legs']
+  False
+  """
+  out = {f.name: f.default for f in dataclasses.fields(cls)}
+  out.update(getattr(cls, 'config_keys', {}))
+  return out
+
+
+def _coerce(value: Any, kind: Any) -> Any:
+  """A config value as the field's declared type (``int``, ``float``, ``bool``, ``tuple[...]``; others as given)."""
+  kind = kind if isinstance(kind, str) else getattr(kind, '__name__', str(kind))
+  if kind.startswith('tuple'):
+    return tuple(value)
+  return {'int': int, 'float': float, 'bool': bool}.get(kind, lambda v: v)(value)
+
+
+def from_config(name: str, node: Mapping[str, Any], where: str | None = None) -> Any:
+  """The component ``name`` from its config node (a plain mapping; ``where``: how the error names it, default
+  ``fit.<name>``): unknown keys and missing required ones refused in one line, values as the fields' types.
+
+  >>> import engram_jax.fit
+  >>> from_config('adapter', {'rank': 2, 'lr_scale': 1, 'cfsr_grad': 'implicit'})
+  Adapter(rank=2, lr_scale=1.0, soft_query_legs=False)
+  """
+  cls = get_component(name)
+  where = where or f'fit.{name}'
+  keys = config_keys(cls)
+  node = dict(node)
+  unknown = sorted(set(node) - set(keys))
+  if unknown:
+    raise EngramError(f'{where}: unknown keys {unknown}; allowed {list(keys)}')
+  required = [k for k, v in keys.items() if v is REQUIRED]
+  missing = [k for k in required if k not in node]
+  if missing:
+    example = getattr(cls, 'config_example', '')
+    raise EngramError(
+      f'{where} is missing {", ".join(missing)}; it needs {", ".join(required)}'
+      + (f' (e.g. {example})' if example else '')
+    )
+  fields = {f.name: f.type for f in dataclasses.fields(cls)}
+  try:
+    return cls(**{k: _coerce(v, fields[k]) for k, v in node.items() if k in fields})
+  except (TypeError, ValueError) as e:
+    raise EngramError(f'{where}: {e}') from None
+
+
+def variant_settings(components: Sequence[Any], nodes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+  """The fit settings the components of one fit ask for (each one's ``settings(node)``, in order; two that ask for
+  different values of one setting are refused in one line)."""
+  out: dict[str, Any] = {}
+  by: dict[str, str] = {}
+  for c in components:
+    hook = getattr(c, 'settings', None)
+    for key, value in (hook(dict(nodes.get(c.name) or {})) if hook else {}).items():
+      if key in out and out[key] != value:
+        raise EngramError(f'components {by[key]!r} and {c.name!r} ask for {key}={out[key]!r} and {value!r}')
+      out[key], by[key] = value, c.name
+  return out
+
+
+def check_problem(components: Sequence[Any], pipe: Pipeline, problem: Problem) -> None:
+  """Each component's ``check_problem(pipe, problem)`` (a ``ValueError`` when it cannot fit it)."""
+  for c in components:
+    hook = getattr(c, 'check_problem', None)
+    if hook is not None:
+      hook(pipe, problem)
+
+
+def identity_exempt(component: Any) -> str | None:
+  """Why ``component`` is not the identity at initialisation by design (its ``identity_exempt``), else None."""
+  return getattr(component, 'identity_exempt', None)
+
+
+def fixed_dimension(components: Sequence[Any]) -> list[str]:
+  """The components whose parameters are tied to the embedder's dimension (``fixed_dimension``)."""
+  return [c.name for c in components if getattr(c, 'fixed_dimension', False)]
 
 
 def check_composition(components: Sequence[Any]) -> None:

@@ -138,6 +138,19 @@ class Conditioning:
 
   name: ClassVar[str] = 'conditioned'
   per_question: ClassVar[bool] = True
+  config_example: ClassVar[str] = (
+    '{knobs: [k0], features: [cues], hidden: 0, rank: 8, net_lr_scale: 0.1}; conf/fit/default.yaml'
+  )
+
+  @property
+  def identity_exempt(self) -> str | None:
+    """Form ``gate`` starts each conditioned knob at half its scalar value (``sigmoid(0) = 1/2``), by design."""
+    if self.form == 'gate':
+      return 'form gate starts each conditioned knob at sigmoid(0) = 1/2 of its scalar value'
+    return None
+
+  def check_problem(self, pipe: Pipeline, problem: Problem) -> None:
+    self.check(pipe, [p for p, _ in problem.fitted])
 
   @property
   def lr_scale(self) -> float:

@@ -433,7 +433,8 @@ def check_fit(cfg: DictConfig) -> None:
 
   check_keys(cfg)
   f = cfg.fit
-  _unknown(list(f.keys()), fit_setup.READ + fit_setup.ELSEWHERE, 'fit.')  # e.g. +fit.combind=true
+  fit_setup.import_component_modules(cfg)  # out-of-tree components register their fit.<name> keys
+  _unknown(list(f.keys()), fit_setup.READ + fit_setup.ELSEWHERE + fit_setup.component_keys(), 'fit.')  # +fit.stps=3
   check_run_settings(cfg)
   if f.split not in SPLITS:
     raise EngramError(f'fit.split must be one of {list(SPLITS)}, got {f.split!r}')

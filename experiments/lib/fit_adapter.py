@@ -1,7 +1,8 @@
-"""The query-adapter part of ``experiments.fit`` (``fit.adapter`` set): per fold, fit the scalar knobs and a low-rank
-query adapter (:mod:`engram_jax.fit.adapter`) through the soft pipeline, score the fold's questions with the hard
-pipeline on the adapted query embeddings, and compare them, paired, with the scalar fit of the same run and with
-every hand-set row. The scalar fit keeps its own ``fit.cfsr_grad``; the adapter's fit uses ``adapter.cfsr_grad``.
+"""The query adapter's report in ``experiments.fit`` (``fit.reports.adapter``): per fold, the adapted queries' mean
+cosine to the base ones, the optional training-question gap (``fit.adapter.train_gap``), and the lines that introduce
+and close its section of results.md. The fit, the hard scoring (on the adapted query embeddings) and the paired
+comparisons are the entry point's, the same for every component; a fit with the adapter runs on its own
+``fit.adapter.cfsr_grad`` (the adapter's ``settings``).
 """
 
 from __future__ import annotations
@@ -20,17 +21,17 @@ from experiments.lib import common
 log = logging.getLogger(__name__)
 
 
-def extras(cfg: DictConfig, plan, data, part: dict[str, Any], gap: bool = True) -> dict[str, Any]:
-  """Per fold, the mean cosine of the adapted to the base query on its scored questions; with ``gap`` and
+def extras(cfg: DictConfig, plan, data, part: dict[str, Any], component: A.Adapter, alone: bool) -> dict[str, Any]:
+  """Per fold, the mean cosine of the adapted to the base query on its scored questions; fit alone (``alone``) with
   ``fit.adapter.train_gap``, the soft-vs-hard gap on its training questions (:func:`train_gap`; the adapter fit's)."""
   episodes, embeddings = data.episodes, data.embeddings
   moved = {}
   for fold, res in zip(data.folds, part['fits']):
     base = np.concatenate([embeddings[i][1] for i, e in enumerate(episodes) if e.id in fold])
-    adapted = A.adapt_queries(res.learned['adapter'], base)
+    adapted = A.adapt_queries(res.learned[component.name], base)
     moved[fit.fold_label(fold)] = float(np.mean(np.sum(adapted * base, -1)))
   out = {'mean_cos_to_base': moved}
-  if gap and cfg.fit.adapter.get('train_gap'):
+  if alone and plan.nodes[component.name].get('train_gap'):
     out['train_gap'] = train_gap(cfg, plan, data, part)
   return out
 
@@ -59,7 +60,9 @@ def train_gap(cfg: DictConfig, plan, data, part: dict[str, Any]) -> dict[str, di
     fitted = {name: pipeline.with_values(pipe, res.values)}
     hard = {}
     for label, adapt in (('adapted', True), ('base', False)):
-      emb = [(d, A.adapt_queries(res.learned['adapter'], q) if adapt else q) for d, q in (embeddings[i] for i in sel)]
+      emb = [
+        (d, A.adapt_queries(res.learned[A.Adapter.name], q) if adapt else q) for d, q in (embeddings[i] for i in sel)
+      ]
       r = evaluation.evaluate(
         [episodes[i] for i in sel], emb, fitted, k=k, metrics=[f'ndcg@{k}'], seed=int(cfg.seed), progress=False
       )
@@ -81,29 +84,21 @@ def train_gap(cfg: DictConfig, plan, data, part: dict[str, Any]) -> dict[str, di
   return out
 
 
-def section(name: str, spec: A.Adapter, grad: str, results: dict, metrics: list[str]) -> list[str]:
-  """Markdown lines of the adapter fit's results."""
-  summary = results['summary'][f'{name} (adapter, out of fold)']
-  paired = {r: t for r, t in results['paired'].items() if r.startswith('adapter - ')}
-  part = results['adapter']
+def header(name: str, component: A.Adapter, node: dict[str, Any]) -> str:
+  """The line that introduces the adapter fit's section of results.md."""
+  del name
+  return (
+    f'Query adapter (rank {component.rank}, learning rate x{component.lr_scale}, CFS-R gradient {node["cfsr_grad"]}; '
+    'pools held from the base embedding in the soft twin, re-pooled by the hard scorer; cosine legs ranked '
+    f'{"soft" if component.soft_query_legs else "hard"} in the soft fusion):'
+  )
+
+
+def tail(component: A.Adapter, node: dict[str, Any], part: dict[str, Any], alone: bool) -> list[str]:
+  """The adapter's lines after a variant's rows in results.md: the adapted queries' mean cosine to the base ones,
+  and (alone, with ``train_gap``) the training questions' soft and hard scores."""
+  del component, node, alone
   lines = [
-    '',
-    f'Query adapter (rank {spec.rank}, learning rate x{spec.lr_scale}, CFS-R gradient {grad}; pools held '
-    'from the base embedding in the soft twin, re-pooled by the hard scorer; cosine legs ranked '
-    f'{"soft" if spec.soft_query_legs else "hard"} in the soft fusion):',
-    '',
-    '| row | ' + ' | '.join(f'{m} [95% CI]' for m in metrics) + ' |',
-    '|---|' + '---|' * len(metrics),
-  ]
-  lines.append(common.md_mean_row(f'{name} (adapter, out of fold)', summary, metrics))
-  lines += [
-    '',
-    '| paired difference | ' + ' | '.join(f'{m} delta [95% CI], p' for m in metrics) + ' |',
-    '|---|' + '---|' * len(metrics),
-  ]
-  for r, t in paired.items():
-    lines.append(common.md_paired_row(r, t, metrics))
-  lines += [
     '',
     'Mean cosine of adapted to base query, per fold: '
     + ', '.join(f'{f} {v:.4f}' for f, v in part['mean_cos_to_base'].items()),
@@ -122,30 +117,4 @@ def section(name: str, spec: A.Adapter, grad: str, results: dict, metrics: list[
       f'{g["hard_ndcg_base_query"]:.4f} |'
       for f, g in part['train_gap'].items()
     ]
-  return lines
-
-
-def combined_section(name: str, results: dict, metrics: list[str]) -> list[str]:
-  """Markdown lines of the combined fit (``fit.combined``: adapter and conditioned knobs in one fit)."""
-  summary = results['summary'][f'{name} (combined, out of fold)']
-  part = results['combined']
-  lines = [
-    '',
-    'Adapter and conditioned knobs in one fit (fit.combined; the specs of fit.adapter and fit.conditioned):',
-    '',
-    '| row | ' + ' | '.join(f'{m} [95% CI]' for m in metrics) + ' |',
-    '|---|' + '---|' * len(metrics),
-    common.md_mean_row(f'{name} (combined, out of fold)', summary, metrics),
-    '',
-    '| paired difference | ' + ' | '.join(f'{m} delta [95% CI], p' for m in metrics) + ' |',
-    '|---|' + '---|' * len(metrics),
-  ]
-  for r, t in results['paired'].items():
-    if r.startswith('combined - '):
-      lines.append(common.md_paired_row(r, t, metrics))
-  lines += [
-    '',
-    'Mean cosine of adapted to base query, per fold: '
-    + ', '.join(f'{f} {v:.4f}' for f, v in part['mean_cos_to_base'].items()),
-  ]
   return lines

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from engram_jax.core import batch, runfolder
 from engram_jax.core.errors import EngramError
 from engram_jax.eval import pipeline
-from engram_jax.fit import artifact
+from engram_jax.fit import artifact, components
 from experiments.lib import common
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ def write(
         train_questions=train_q,
         train_episodes=train_e,
         info=info,
-        modules=list(cfg.get('ops_modules') or []),
+        modules=[*(cfg.get('ops_modules') or []), *(cfg.fit.get('component_modules') or [])],
       )
     )
   runfolder.write_file(root / 'variants.json', json.dumps(list(parts)))
@@ -212,14 +212,17 @@ def check_dimension(cfg: DictConfig, art: artifact.Artifact, embeddings, forced:
     return
   dim = int(np.shape(embeddings[0][0])[-1])
   want = art.manifest.get('embedder_dim')
-  if want is None and 'adapter' in {c.name for c in art.components}:
+  tied = components.fixed_dimension(art.components)  # components whose parameters are [D, ...] (the adapter)
+  if want is None and tied:  # an older manifest: the rows of the first tensor of such a component
     entry = art.manifest['fits'][0]['tensors']
-    want = next((s['shape'][0] for k, s in entry.items() if k.startswith('adapter/')), None)
+    want = next((s['shape'][0] for k, s in entry.items() if k.startswith(f'{tied[0]}/')), None)
   if want is None or int(want) == dim:
     return
   why = f"the artifact was fitted on {want}-dimensional vectors, this run's are {dim}-dimensional"
-  if 'adapter' in {c.name for c in art.components}:
-    raise EngramError(f'fitted={cfg.fitted}: {why}; its adapter cannot apply to them (not even with fitted_force)')
+  if tied:
+    raise EngramError(
+      f'fitted={cfg.fitted}: {why}; its {" and ".join(tied)} cannot apply to them (not even with fitted_force)'
+    )
   if not cfg.get('fitted_force'):
     raise EngramError(f"fitted={cfg.fitted}: {why}; run with the fit's embedder, or fitted_force=true (recorded)")
   if why not in forced:

@@ -1,5 +1,6 @@
 """The one place that reads a fit from the config: the soft problem (knobs, temperatures, settings), the learned
-components (``fit.conditioned``, ``fit.adapter``), the optimizer and the loop (steps, minibatches, seed,
+components (each registered component's node ``fit.<name>``, the variants ``fit.variants``; out-of-tree
+components from ``fit.component_modules``), the optimizer and the loop (steps, minibatches, seed,
 annealing), the rows with the twin check. ``experiments.fit`` and every research script that fits
 (``search_compare``, ``search_budget``) build through :func:`build` and fit through :func:`crossfit` /
 :func:`fit_rows`, so that a setting means the same everywhere (``tests/experiments/test_fit_setup.py`` fails when one
@@ -9,6 +10,7 @@ is read nowhere, or when a script builds a fit by hand).
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,15 +23,14 @@ from omegaconf import DictConfig, OmegaConf
 from engram_jax import fit
 from engram_jax.core.errors import EngramError
 from engram_jax.eval import pipeline
-from engram_jax.fit import adapter as A
-from engram_jax.fit import conditioned as C
-from engram_jax.fit import twins
+from engram_jax.fit import components, twins
+from engram_jax.testing import components as contract
 from experiments.lib.common import one_line
 
 log = logging.getLogger(__name__)
 
-# fit.* keys this module reads (a test checks that every key of conf/fit/default.yaml is here or in
-# ELSEWHERE, and that changing one of these changes what build returns)
+# fit.* keys this module reads (a test checks that every key of conf/fit/default.yaml is here, in ELSEWHERE or the
+# config node of a registered component (fit.<name>), and that changing one of these changes what build returns)
 READ = (
   'params',
   'params_by_pipeline',
@@ -45,21 +46,23 @@ READ = (
   'candidates',
   'solve_batch',
   'cfsr_grad',
-  'conditioned',
-  'adapter',
-  'combined',
+  'variants',
+  'check_components',
 )
-# the keys of a fit.adapter node (train_gap: read by experiments/lib/fit_adapter.py); the first three are required
-ADAPTER_KEYS = ('rank', 'lr_scale', 'cfsr_grad', 'soft_query_legs', 'train_gap')
-ADAPTER_REQUIRED = ('rank', 'lr_scale', 'cfsr_grad')
-# read by experiments.fit itself: which questions are scored and against what
-ELSEWHERE = ('split', 'train', 'folds', 'n_test', 'gap_checks', 'baselines', 'final')
+# read by experiments.fit itself: which questions are scored and against what, the components' modules and reports
+ELSEWHERE = ('split', 'train', 'folds', 'n_test', 'gap_checks', 'baselines', 'final', 'component_modules', 'reports')
+
+
+def component_keys() -> tuple[str, ...]:
+  """The fit.* keys that are registered components' config nodes (``fit.<name>``)."""
+  return tuple(components.COMPONENTS)
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
   """A fit as the config declares it: the soft problem, the knobs at their hand-set values, every traced knob's
-  hand-set value, the learned components and the loop's settings."""
+  hand-set value, the learned components (by name, as their config nodes set them), the variants and the loop's
+  settings."""
 
   name: str
   problem: fit.Problem
@@ -72,10 +75,11 @@ class Plan:
   anneal: tuple[float, float]
   check_twins: bool = True
   check_twins_questions: int = 512
-  conditioned: C.Conditioning | None = None
-  adapter: A.Adapter | None = None
-  adapter_cfsr_grad: str | None = None  # the adapter fit's CFS-R gradient (its problem's settings.cfsr_grad)
-  combined: bool = False  # one more fit with the adapter and the conditioned knobs together (fit.combined)
+  components: dict[str, Any] = dataclasses.field(default_factory=dict)  # name -> component (fit.<name> set)
+  nodes: dict[str, dict] = dataclasses.field(default_factory=dict)  # name -> its config node (plain)
+  declared: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # fit.variants: label -> names
+  check_components: bool = True  # the component contract before step 0 (fit.check_components)
+  pipe: Any = None  # the hand-set pipeline (what a component's check_problem reads)
 
   def loop(self) -> dict[str, Any]:
     """The training loop's settings, as :func:`engram_jax.fit.fit` / :func:`engram_jax.fit.crossfit` take them."""
@@ -88,10 +92,9 @@ class Plan:
     }
 
   def variants(self) -> dict[str, tuple[fit.Problem, tuple[fit.Component, ...]]]:
-    """Each fit a run makes, by label: ``fitted`` (the scalar knobs), and ``conditioned`` / ``adapter`` when
-    declared (the scalar knobs plus that component; the adapter on its own CFS-R gradient setting); with
-    ``combined``, ``combined`` (the scalar knobs, the adapter and the conditioned knobs in one fit, on the adapter's
-    CFS-R gradient setting).
+    """Each fit a run makes, by label: ``fitted`` (the scalar knobs), then each variant ``fit.variants`` declares
+    whose components are all set (the scalar knobs plus those components in the listed order, on the fit settings
+    they ask for: :func:`engram_jax.fit.components.variant_settings`).
 
     Example:
       >>> from engram_jax.testing.synthetic import toy_fit_data
@@ -103,16 +106,20 @@ class Plan:
       ['fitted']
     """
     out = {'fitted': (self.problem, ())}
-    if self.conditioned is not None:
-      out['conditioned'] = (self.problem, (self.conditioned,))
-    if self.adapter is not None:
-      problem = dataclasses.replace(
-        self.problem, settings=dataclasses.replace(self.problem.settings, cfsr_grad=self.adapter_cfsr_grad)
-      )
-      self.adapter.check(problem)
-      out['adapter'] = (problem, (self.adapter,))
-      if self.combined and self.conditioned is not None:
-        out['combined'] = (problem, (self.adapter, self.conditioned))
+    for label, names in self.declared.items():
+      if not all(n in self.components for n in names):
+        continue
+      comps = tuple(self.components[n] for n in names)
+      asked = components.variant_settings(comps, self.nodes)
+      problem = self.problem
+      if asked:
+        problem = dataclasses.replace(problem, settings=dataclasses.replace(problem.settings, **asked))
+      for c in comps:
+        try:
+          components.check_problem((c,), self.pipe, problem)
+        except ValueError as e:
+          raise EngramError(f'fit.{c.name}: {e}') from None
+      out[label] = (problem, comps)
     return out
 
 
@@ -133,66 +140,61 @@ def settings_of(cfg: DictConfig) -> fit.Settings:
     raise EngramError(str(e)) from None
 
 
-def conditioned_of(cfg: DictConfig) -> C.Conditioning | None:
-  """``fit.conditioned`` as a component (None when off); unknown keys are refused."""
-  node = cfg.fit.get('conditioned')
-  if not node:
-    return None
-  node = OmegaConf.to_container(node)
-  known = {f.name for f in dataclasses.fields(C.Conditioning)}
-  unknown = sorted(set(node) - known)
-  if unknown:
-    raise EngramError(f'fit.conditioned: unknown keys {unknown}; allowed {sorted(known)}')
-  required = [f.name for f in dataclasses.fields(C.Conditioning) if f.default is dataclasses.MISSING]
-  missing = [k for k in required if k not in node]
-  if missing:
-    raise EngramError(
-      f'fit.conditioned is missing {", ".join(missing)}; it needs {", ".join(required)} '
-      '(e.g. {knobs: [k0], features: [cues], hidden: 0, rank: 8, net_lr_scale: 0.1}; conf/fit/default.yaml)'
-    )
-  optional = {
-    f.name: node[f.name]
-    for f in dataclasses.fields(C.Conditioning)
-    if f.default is not dataclasses.MISSING and f.name in node
-  }
-  try:
-    return C.Conditioning(
-      knobs=tuple(node['knobs']),
-      features=tuple(node['features']),
-      hidden=int(node['hidden']),
-      rank=int(node['rank']),
-      net_lr_scale=float(node['net_lr_scale']),
-      **optional,
-    )
-  except (TypeError, ValueError) as e:
-    raise EngramError(f'fit.conditioned: {e}') from None
+def import_component_modules(cfg: DictConfig) -> list[str]:
+  """Import the modules named in ``fit.component_modules`` (each registers its components, as ``ops_modules``
+  register operators); a module that cannot be imported is one line naming it."""
+  names = list(cfg.fit.get('component_modules') or [])
+  for name in names:
+    try:
+      importlib.import_module(name)
+    except ImportError as e:
+      raise EngramError(f'fit.component_modules: cannot import {name!r} ({e})') from None
+  return names
 
 
-def adapter_of(cfg: DictConfig) -> tuple[A.Adapter, str] | None:
-  """``fit.adapter`` as a component and its CFS-R gradient setting (None when off)."""
-  node = cfg.fit.get('adapter')
-  if not node:
-    return None
-  node = OmegaConf.to_container(node)
-  unknown = sorted(set(node) - set(ADAPTER_KEYS))
-  if unknown:
-    raise EngramError(f'fit.adapter: unknown keys {unknown}; allowed {list(ADAPTER_KEYS)}')
-  missing = [k for k in ADAPTER_REQUIRED if k not in node]
-  if missing:
+def components_of(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, dict]]:
+  """Every registered component whose config node ``fit.<name>`` is set, built from it
+  (:func:`engram_jax.fit.components.from_config`: unknown and missing keys refused in one line), and the nodes."""
+  built, nodes = {}, {}
+  for name in components.COMPONENTS:
+    node = cfg.fit.get(name)
+    if not node:
+      continue
+    nodes[name] = OmegaConf.to_container(node, resolve=True)
+    built[name] = components.from_config(name, nodes[name])
+  return built, nodes
+
+
+def variants_of(cfg: DictConfig, built: dict[str, Any]) -> dict[str, tuple[str, ...]]:
+  """``fit.variants`` (label -> the components of that fit, in order), checked: every name registered, no label
+  twice with the scalar fit's, each variant's components all set or none (a variant with some set is refused), two
+  components on one knob refused (:func:`engram_jax.fit.components.check_composition`), and every set component
+  listed by some variant."""
+  declared = {}
+  for label, names in (OmegaConf.to_container(cfg.fit.get('variants') or {}, resolve=True)).items():
+    if label == 'fitted':
+      raise EngramError("fit.variants: 'fitted' is the scalar fit's label; name the variant otherwise")
+    if isinstance(names, str) or not names:
+      raise EngramError(f'fit.variants.{label}: a non-empty list of components, got {names!r}')
+    names = tuple(str(n) for n in names)
+    for n in names:
+      components.get_component(n)  # unknown: one line listing the registered ones
+    unset = [n for n in names if n not in built]
+    if unset and len(unset) < len(names):
+      raise EngramError(
+        f'fit.variants.{label} fits {list(names)} together; set ' + ', '.join(f'fit.{n}' for n in unset) + ' too '
+        '(now null), or drop the variant'
+      )
+    if not unset:
+      components.check_composition([built[n] for n in names])
+    declared[label] = names
+  unused = sorted(set(built) - {n for names in declared.values() for n in names})
+  if unused:
     raise EngramError(
-      f'fit.adapter is missing {", ".join(missing)}; it needs {", ".join(ADAPTER_REQUIRED)} (cfsr_grad: implicit or '
-      'reverse, how the CFS-R twin passes the gradient to the query), e.g. '
-      "'fit.adapter={rank: 8, lr_scale: 0.1, cfsr_grad: implicit}' (conf/fit/default.yaml)"
+      f'fit.{unused[0]} is set but no fit.variants entry lists {unused[0]!r}; declare one, e.g. '
+      f"'+fit.variants.{unused[0]}=[{unused[0]}]'"
     )
-  grad = str(node['cfsr_grad'])
-  try:
-    fit.Settings(cfsr_grad=grad)  # validates it
-    adapter = A.Adapter(
-      rank=int(node['rank']), lr_scale=float(node['lr_scale']), soft_query_legs=bool(node.get('soft_query_legs', False))
-    )
-  except (TypeError, ValueError) as e:
-    raise EngramError(f'fit.adapter: {e}') from None
-  return adapter, grad
+  return declared
 
 
 def optimizer_of(cfg: DictConfig) -> optax.GradientTransformation:
@@ -217,19 +219,9 @@ def build(cfg: DictConfig, pipe: pipeline.Pipeline, name: str | None = None) -> 
     temperatures=fit.Temperatures(**cfg.fit.temperatures),
     settings=settings_of(cfg),
   )
-  cond = conditioned_of(cfg)
-  if cond is not None:
-    try:
-      cond.check(pipe, params)
-    except ValueError as e:
-      raise EngramError(f'fit.conditioned: {e}') from None
-  adapter = adapter_of(cfg)
-  combined = bool(cfg.fit.get('combined') or False)
-  if combined and (cond is None or adapter is None):
-    raise EngramError(
-      'fit.combined=true fits fit.adapter and fit.conditioned together in one more fit: set both '
-      f'(fit.adapter is {"set" if adapter else "null"}, fit.conditioned is {"set" if cond else "null"})'
-    )
+  import_component_modules(cfg)
+  built, nodes = components_of(cfg)
+  declared = variants_of(cfg, built)
   plan = Plan(
     name=name,
     problem=problem,
@@ -242,16 +234,24 @@ def build(cfg: DictConfig, pipe: pipeline.Pipeline, name: str | None = None) -> 
     anneal=tuple(float(a) for a in (cfg.fit.get('anneal') or (1.0, 1.0))),
     check_twins=bool(cfg.fit.get('check_twins', True)),
     check_twins_questions=int(cfg.fit.get('check_twins_questions') or 512),
-    conditioned=cond,
-    adapter=None if adapter is None else adapter[0],
-    adapter_cfsr_grad=None if adapter is None else adapter[1],
-    combined=combined,
+    components=built,
+    nodes=nodes,
+    declared=declared,
+    check_components=bool(cfg.fit.get('check_components', True)),
+    pipe=pipe,
   )
+  plan_variants(plan)  # each variant's problem checked (e.g. an adapter that would get no gradient), before any data
+  return plan
+
+
+def plan_variants(plan: Plan) -> dict[str, tuple[fit.Problem, tuple[fit.Component, ...]]]:
+  """:meth:`Plan.variants`, a component's refusal as one line naming it (``fit.<name>: ...``)."""
   try:
-    plan.variants()  # each variant's problem checked (e.g. an adapter that would get no gradient), before any data
+    return plan.variants()
+  except EngramError:
+    raise
   except ValueError as e:
     raise EngramError(str(e)) from None
-  return plan
 
 
 def rows(plan: Plan, pipe: pipeline.Pipeline, episodes, arrays, *, seed: int, problem: fit.Problem | None = None):
@@ -262,6 +262,43 @@ def rows(plan: Plan, pipe: pipeline.Pipeline, episodes, arrays, *, seed: int, pr
   if plan.check_twins and problem is plan.problem:
     check_twins(problem, out, episodes, arrays, plan.every, seed=seed, max_questions=plan.check_twins_questions)
   return out
+
+
+def check_contract(
+  plan: Plan,
+  problem: fit.Problem,
+  comps,
+  episodes,
+  arrays,
+  *,
+  seed: int,
+  done: set | None = None,
+  max_episodes: int = 1,
+) -> None:
+  """Before step 0: the component contract (:func:`engram_jax.testing.check_component`) of every component of a
+  variant, on the first ``max_episodes`` episodes, with the variant's fit settings and temperatures (``done``: the
+  (component, settings) already checked in this run, skipped). Raises one line naming the part, the component and the
+  knob (``fit.check_components=false`` skips the check)."""
+  if not plan.check_components:
+    return
+  params = [p for p, _ in problem.fitted]
+  for c in comps:
+    key = (c, problem.settings)
+    if done is not None and key in done:
+      continue
+    why = components.identity_exempt(c)
+    try:
+      contract.check_component(
+        c, plan.pipe, params, episodes[:max_episodes], arrays[:max_episodes], seed=seed, settings=problem.settings,
+        temperatures=problem.temperatures,
+      )  # fmt: skip
+    except EngramError as e:
+      raise EngramError(f'refusing to fit: {e} (fit.check_components=false skips the contract)') from None
+    log.info(
+      'component contract: %r passes (%s)', c.name, f'identity at init exempt: {why}' if why else 'all three parts'
+    )
+    if done is not None:
+      done.add(key)
 
 
 def check_twins(

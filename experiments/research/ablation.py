@@ -23,16 +23,17 @@ from typing import Any
 import numpy as np
 
 from engram_jax.metrics import stats
+from experiments.compare import variant_labels
 
 
 def load(run_dir: Path, metric: str) -> dict[str, Any]:
-  """A run's per-question rows ``{'scalar': [Q], 'adapter': [Q] (if any), 'hand-set <name>': [Q]}``, its question
-  ids and its fitted knob set."""
+  """A run's per-question rows ``{'scalar': [Q], <variant>: [Q] (each variant of the run, e.g. adapter),
+  'hand-set <name>': [Q]}``, its question ids and its fitted knob set."""
   res = json.loads((Path(run_dir) / 'results.json').read_text())
   pq = res['per_question']
   rows = {'scalar': np.asarray(pq['fitted'][metric], np.float64)}
-  if res.get('adapter'):
-    rows['adapter'] = np.asarray(res['adapter']['per_question'][metric], np.float64)
+  for label in variant_labels(res):
+    rows[label] = np.asarray(res[label]['per_question'][metric], np.float64)
   rows[f'hand-set {res["pipeline"]}'] = np.asarray(pq['hand_set'][metric], np.float64)
   for name, scores in pq.get('baselines', {}).items():
     rows[f'hand-set {name}'] = np.asarray(scores[metric], np.float64)
@@ -55,14 +56,12 @@ def table(
   best = max(hand, key=lambda k: float(np.mean(hand[k])))
   out = []
   for name, run in loaded.items():
-    for kind in ('scalar', 'adapter'):
-      if kind not in run['rows']:
-        continue
+    for kind in [k for k in run['rows'] if not k.startswith('hand-set')]:
       x = run['rows'][kind]
       row = {'run': name, 'kind': kind, 'params': run['params'], 'mean': float(np.mean(x))}
       if kind in ref and name != reference:
         row['minus_reference'] = stats.paired_test(x, ref[kind], seed=seed, n_resamples=n_resamples).to_dict()
-      if kind == 'adapter':  # what the adapter adds to the scalar knobs it was fit with
+      if kind != 'scalar':  # what a variant's components add to the scalar knobs they were fit with
         row['minus_own_scalar'] = stats.paired_test(
           x, run['rows']['scalar'], seed=seed, n_resamples=n_resamples
         ).to_dict()
@@ -83,7 +82,7 @@ def markdown(t: dict[str, Any]) -> str:
     return f'{p["delta"]:+.4f} [{p["lo"]:+.4f}, {p["hi"]:+.4f}], p {p["p"]:.3g}' if p else '(reference)'
 
   lines = [
-    f'| run | row | {t["metric"]} | minus {t["reference"]} (same row) | adapter minus its scalar fit | minus '
+    f'| run | row | {t["metric"]} | minus {t["reference"]} (same row) | variant minus its scalar fit | minus '
     f'{t["best_hand_set"]} ({t["best_hand_set_mean"]:.4f}) |',
     '|---|---|---|---|---|---|',
   ]

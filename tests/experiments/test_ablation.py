@@ -22,6 +22,8 @@ def _run(path, ids, fitted, adapter=None, hand=None, params=('k0',)):
     'params': list(params),
     'per_question': pq,
     'adapter': {'per_question': {'ndcg@10': list(adapter)}} if adapter is not None else None,
+    # the rows of a results.json: the variants a run fit (fit.variants) are read from them
+    'summary': {'p (fitted, out of fold)': {}, **({'p (adapter, out of fold)': {}} if adapter is not None else {})},
   }
   (path / 'results.json').write_text(json.dumps(res))
   return path

@@ -37,17 +37,18 @@ def _fingerprint(plan):
     plan.anneal,
     plan.check_twins,
     plan.check_twins_questions,
-    plan.conditioned,
-    plan.adapter,
-    plan.adapter_cfsr_grad,
-    plan.combined,
+    tuple(plan.components.items()),
+    tuple((k, tuple(sorted(v.items()))) for k, v in plan.nodes.items()),
+    tuple(plan.declared.items()),
+    tuple((label, p.settings, c) for label, (p, c) in plan.variants().items()),
+    plan.check_components,
     tuple(np.asarray(updates['x']).tolist()),
   )
 
 
 def test_every_fit_setting_is_read_somewhere():
   keys = set(OmegaConf.load(ROOT / 'conf' / 'fit' / 'default.yaml'))
-  assert keys - set(fit_setup.READ) - set(fit_setup.ELSEWHERE) == set()
+  assert keys - set(fit_setup.READ) - set(fit_setup.ELSEWHERE) - set(fit_setup.component_keys()) == set()
   assert set(fit_setup.READ) & set(fit_setup.ELSEWHERE) == set()
 
 
@@ -66,12 +67,16 @@ CHANGES = {
   'candidates': 'fit.candidates=3',
   'solve_batch': 'fit.solve_batch=2',
   'cfsr_grad': 'fit.cfsr_grad=implicit',
+  'variants': '+fit.variants.both=[adapter,conditioned]',
+  'check_components': 'fit.check_components=false',
+}
+# each built-in component's config node (fit.<name>), set
+COMPONENT_CHANGES = {
   'conditioned': 'fit.conditioned={knobs: [k0], features: [cues], hidden: 0, rank: 2, net_lr_scale: 0.1}',
   'adapter': 'fit.adapter={rank: 2, lr_scale: 0.1, cfsr_grad: implicit}',
-  'combined': 'fit.combined=true',
 }
 # settings that act only beside others: the base they are changed from
-BASE = {'combined': [CHANGES['adapter'], CHANGES['conditioned']]}
+BASE = {'variants': [COMPONENT_CHANGES['adapter'], COMPONENT_CHANGES['conditioned']]}
 
 
 @pytest.mark.parametrize('key', fit_setup.READ)
@@ -81,6 +86,12 @@ def test_each_setting_read_changes_the_plan(key):
   base = _fingerprint(_plan(*extra))
   changed = _fingerprint(_plan(*extra, CHANGES[key]))
   assert changed != base, key
+
+
+@pytest.mark.parametrize('name', sorted(COMPONENT_CHANGES))
+def test_each_component_node_changes_the_plan(name):
+  assert set(COMPONENT_CHANGES) == set(fit_setup.component_keys())  # every registered built-in component
+  assert _fingerprint(_plan(COMPONENT_CHANGES[name])) != _fingerprint(_plan())
 
 
 def test_defaults_are_the_library_defaults():
@@ -119,8 +130,8 @@ def test_unknown_fit_and_adapter_keys_are_refused():
   from experiments.lib import checks
 
   with initialize_config_dir(config_dir=CONF, version_base='1.3'):
-    cfg = compose(config_name='fit', overrides=['+fit.combind=true'])
-  with pytest.raises(ValueError, match=r'unknown option fit.combind \(did you mean fit.combined\?\)'):
+    cfg = compose(config_name='fit', overrides=['+fit.variant={x: [adapter]}'])
+  with pytest.raises(ValueError, match=r'unknown option fit.variant \(did you mean fit.variants\?\)'):
     checks.check_fit(cfg)
   with pytest.raises(ValueError, match=r"fit.adapter: unknown keys \['soft_querylegs'\]"):
     _plan('fit.adapter={rank: 2, lr_scale: 0.1, cfsr_grad: implicit, soft_querylegs: true}')

@@ -106,3 +106,108 @@ def test_scoring_iterates_the_registry():
 
 
 DOCUMENTED = (ast.Module, ast.FunctionDef, ast.ClassDef)
+
+
+# Where a component's name may appear in code: its own modules (its declaration; the entry point's report of it).
+# Config files (conf/) name components too. experiments/research/ is left out: its scripts read the rows of
+# particular runs' results by the variant labels those runs declared.
+OWN = {
+  'adapter': ('engram_jax/fit/adapter.py', 'experiments/lib/fit_adapter.py'),
+  'conditioned': ('engram_jax/fit/conditioned.py', 'experiments/lib/fit_conditioned.py'),
+}
+# The functions that iterate the registry (or a fit's components) instead of naming a component; each is exercised
+# by test_config_iterates_the_registry below or by the end-to-end fits (tests/fit/test_components.py,
+# tests/experiments/test_component_oot.py).
+ITERATE = {
+  'engram_jax.fit.components': (
+    'config_keys',
+    'from_config',
+    'variant_settings',
+    'check_problem',
+    'fixed_dimension',
+    'check_composition',
+    'hard_queries',
+    'hard_scores',
+    'hard_inputs',
+    'score_episodes',
+  ),
+  'engram_jax.testing.components': ('check_component',),
+  'experiments.lib.fit_setup': ('component_keys', 'components_of', 'variants_of', 'check_contract', 'Plan'),
+  'experiments.lib.checks': ('check_fit',),
+  'experiments.lib.fit_artifact': ('write', 'check_dimension'),
+  'experiments.fit': ('outputs', 'reports', 'fit_variant', 'make_results', 'variant_section', 'write_outputs'),
+  'experiments.compare': ('variant_labels',),
+}
+
+
+def _names_in_code(path: Path) -> list[tuple[int, str]]:
+  """Every string constant of ``path`` that is not a docstring, with its line."""
+  tree = ast.parse(path.read_text())
+  docs = {id(n.body[0].value) for n in ast.walk(tree) if isinstance(n, DOCUMENTED) and ast.get_docstring(n)}
+  return [(n.lineno, n.value) for n in ast.walk(tree) if isinstance(n, ast.Constant) and id(n) not in docs]
+
+
+def test_no_component_name_in_code_outside_its_own_modules():
+  """(b) No branch on (no string constant equal to) a registered component's name in the library, the entry points
+  or their lib outside that component's own modules: `grep` over the AST (comments and docstrings may name it)."""
+  assert set(OWN) == set(registry.COMPONENTS)  # every built-in component has its own modules listed
+  files = sorted((ROOT / 'engram_jax').rglob('*.py')) + sorted((ROOT / 'experiments').rglob('*.py'))
+  hits = []
+  for path in files:
+    rel = path.relative_to(ROOT).as_posix()
+    if rel.startswith('experiments/research/'):
+      continue
+    for line, value in _names_in_code(path):
+      if value in OWN and rel not in OWN[value]:
+        hits.append(f'{rel}:{line}: {value!r}')
+  assert hits == []
+
+
+def test_the_listed_functions_exist():
+  import importlib
+
+  for module, names in ITERATE.items():
+    m = importlib.import_module(module)
+    for name in names:
+      assert callable(getattr(m, name)), f'{module}.{name}'
+
+
+@dataclasses.dataclass(frozen=True)
+class Toy(C.Conditioning):
+  """A component registered by a test (as an out-of-tree module would): the conditioned knobs under another name."""
+
+  name: ClassVar[str] = 'toy'
+
+
+def test_config_iterates_the_registry(tmp_path):
+  """A component the entry point never heard of: its config node fit.toy is accepted by the config check, built from
+  its declaration (defaults, unknown keys refused), fit in the variant the config declares (components in order,
+  on the settings the adapter asks for), and gets its own loss curve; each refusal is one line."""
+  from test_fit import small_fit_cfg
+
+  from experiments import fit as fit_exp
+  from experiments.lib import checks, common, fit_setup
+
+  toy = '+fit.toy={knobs: [legs.bm25.weight], features: [cues], hidden: 0, rank: 1, net_lr_scale: 0.5}'
+  adapter = 'fit.adapter={rank: 2, lr_scale: 0.1, cfsr_grad: implicit, soft_query_legs: true}'
+  with registry.registered_component(Toy):
+    cfg = small_fit_cfg(tmp_path, toy, adapter, '+fit.variants.mix=[adapter,toy]', 'fit.params=[legs.bm25.weight,k0]')
+    checks.check_fit(cfg)
+    pipe = common.hand_set_pipeline('rrf_cos_bm25', cfg.pipeline.rrf_cos_bm25)
+    plan = fit_setup.build(cfg, pipe)
+    assert set(fit_setup.component_keys()) == {'adapter', 'conditioned', 'toy'}
+    assert plan.components['toy'] == Toy(('legs.bm25.weight',), ('cues',), 0, 1, 0.5)
+    variants = plan.variants()
+    assert list(variants) == ['fitted', 'adapter', 'mix']
+    assert [c.name for c in variants['mix'][1]] == ['adapter', 'toy']
+    assert variants['mix'][0].settings.cfsr_grad == 'implicit' and plan.problem.settings.cfsr_grad == 'forward'
+    assert 'loss_curve_mix.json' in fit_exp.outputs(cfg)
+    bad = small_fit_cfg(tmp_path, toy[:-1] + ', rnak: 2}', '+fit.variants.toy=[toy]')
+    with pytest.raises(EngramError, match=r"^fit.toy: unknown keys \['rnak'\]; allowed \['knobs', "):
+      fit_setup.build(bad, pipe)
+    unused = small_fit_cfg(tmp_path, toy)
+    with pytest.raises(EngramError, match=r"^fit.toy is set but no fit.variants entry lists 'toy'"):
+      fit_setup.build(unused, pipe)
+  unknown = small_fit_cfg(tmp_path, '+fit.variants.mix=[adapter,nope]')
+  with pytest.raises(EngramError, match=r"^unknown component 'nope'; registered: \['adapter', 'conditioned'\]$"):
+    fit_setup.build(unknown, pipe)

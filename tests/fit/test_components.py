@@ -67,20 +67,21 @@ def test_adapter_and_conditioned_knobs_combine_in_one_fit():
   assert scored['ndcg@10'].shape == (32,) and not np.array_equal(scored['ndcg@10'], alone['ndcg@10'])
 
 
-def test_combined_needs_both_components(tmp_path):
+def test_a_variant_needs_all_its_components(tmp_path):
   from test_fit import small_fit_cfg
 
   from experiments.lib import common, fit_setup
 
   cfg = small_fit_cfg(tmp_path, 'fit.adapter={rank: 2, lr_scale: 0.1, cfsr_grad: implicit, soft_query_legs: true}',
-                      'fit.combined=true')  # fmt: skip
-  with pytest.raises(ValueError, match='fit.combined=true .* set both .*fit.conditioned is null'):
+                      '+fit.variants.combined=[adapter,conditioned]')  # fmt: skip
+  with pytest.raises(ValueError, match=r"fit.variants.combined fits \['adapter', 'conditioned'\] together; set "
+                     r'fit.conditioned too'):  # fmt: skip
     fit_setup.build(cfg, common.hand_set_pipeline('rrf_cos_bm25', cfg.pipeline.rrf_cos_bm25))
 
 
 @pytest.mark.slow
 def test_experiment_fits_the_combined_variant_from_config(tmp_path):
-  """fit.combined=true with fit.adapter and fit.conditioned: a third fit with both components, scored out of fold,
+  """+fit.variants.combined=[adapter,conditioned] with fit.adapter and fit.conditioned: a third fit with both components, scored out of fold,
   paired with the scalar, the adapter and the conditioned fits, its artifact applying both."""
   import json
 
@@ -94,7 +95,7 @@ def test_experiment_fits_the_combined_variant_from_config(tmp_path):
     'fit.adapter={rank: 2, lr_scale: 0.1, cfsr_grad: implicit, soft_query_legs: true}',
     'fit.conditioned={knobs: [legs.cos.weight, k0], features: [cues, pool, query], hidden: 0, rank: 2, '
     'net_lr_scale: 0.1}',
-    'fit.combined=true',
+    '+fit.variants.combined=[adapter,conditioned]',
   )
   res = fit_exp.run(cfg, tmp_path / 'out')
   c = res['combined']

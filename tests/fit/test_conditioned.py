@@ -181,10 +181,10 @@ def test_config_errors():
     }
   )
   with pytest.raises(ValueError, match=r"fit.conditioned: unknown keys \['gate'\]"):
-    fit_setup.conditioned_of(cfg)
+    fit_setup.components_of(cfg)
   cfg.fit.conditioned.pop('gate')
   cfg.fit.conditioned.form = 'gate'
-  assert fit_setup.conditioned_of(cfg).form == 'gate'
+  assert fit_setup.components_of(cfg)[0]['conditioned'].form == 'gate'
 
 
 @pytest.mark.slow
