@@ -210,13 +210,33 @@ def run_table(name: str, summary: dict) -> list[str]:
   return out
 
 
+def protocol_embedder(name: str, protocol_dir: Path = ROOT / 'conf' / 'protocol') -> str | None:
+  """The embedder a protocol file selects (its ``override /embedder: NAME`` default), None when it keeps the default
+  (MiniLM) or the file is gone.
+
+  Example:
+    >>> protocol_embedder('locomo_full_mpnet'), protocol_embedder('locomo_full')
+    ('mpnet', None)
+  """
+  import yaml
+
+  path = Path(protocol_dir) / f'{name}.yaml'
+  if not path.is_file():
+    return None
+  defaults = (yaml.safe_load(path.read_text()) or {}).get('defaults') or []
+  found = [d['override /embedder'] for d in defaults if isinstance(d, dict) and 'override /embedder' in d]
+  return found[0] if found else None
+
+
 def ledger_table(entry: dict) -> list[str]:
   """Markdown for one ledger line: every row's numbers, then each paired difference against the fitted row."""
   forced = ' (forced)' if entry.get('forced') else ''
+  emb = protocol_embedder(entry['protocol'])
   out = [
     f'### `{entry["protocol"]}`{forced}',
     '',
-    f'{entry["n_questions"]} scored questions, {entry["date"][:10]}, protocol sha256 `{entry["sha256"][:12]}`',
+    f'{entry["n_questions"]} scored questions, {entry["date"][:10]}, protocol sha256 `{entry["sha256"][:12]}`'
+    + (f', embedder `{emb}` (`embedder={emb}`; every row of this protocol)' if emb else ''),
     '',
   ]
   for n in entry.get('notes', []):
