@@ -370,7 +370,7 @@ def score(
   """Per-question hard scores ``{metric: [Q]}`` (``episodes``' order; ``retrieved``, a list, receives each
   question's top-k item ids where the scorer gives them, else empty lists) of the fitted pipeline with every learned
   part of ``res``: the knob values; the adapter (queries adapted, pools re-formed under them); the conditioned
-  knobs (per-question fusion, :func:`engram_jax.fit.conditioned.score_episodes`; with an adapter too, the module
+  knobs (per-question fusion, :func:`engram_jax.fit.components.score_episodes`; with an adapter too, the module
   reads the base queries' features, as in the fit). ``arrays``: the episodes' padded
   arrays when no adapter changes the queries (else rebuilt)."""
   fitted = with_values(pipe, res.values)

@@ -43,7 +43,7 @@ The learned recency gate of ``tcfsr_learned`` (:mod:`engram_jax.ops.tcfsr_learne
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import flax.linen as nn
@@ -53,11 +53,9 @@ import numpy as np
 from flax import struct
 from jax import Array
 
-from engram_jax.core import ranking
 from engram_jax.core.batch import EpisodeArrays
 from engram_jax.core.types import Episode
 from engram_jax.eval.pipeline import Pipeline, split_path
-from engram_jax.fit import components as registry
 from engram_jax.fit.components import register_component
 from engram_jax.fit.knobs import FORWARD, Knobs
 from engram_jax.fit.problem import Problem, Rows, per_question_fusion, soft_scores_per_question
@@ -338,44 +336,7 @@ def question_values(
 soft_scores = soft_scores_per_question  # the conditioned soft pipeline (per-question fusion knobs)
 
 
-# ---- hard scoring with per-question fusion knobs ----------------------------------------------------------------
-
-
-def hard_scores(
-  pipe: Pipeline,
-  problem: Problem,
-  spec: Conditioning,
-  res: FitResult,
-  fixed: Mapping[str, float],
-  ep: EpisodeArrays,
-  feats: Array,
-  query: Array,
-  key: Array,
-) -> Array:
-  """Final scores ``[Q, N]`` of the hard pipeline on one padded episode with per-question fusion knobs: each leg's
-  hard scores at the fit's scalar knob values, fused by :func:`engram_jax.ops.rrf.rrf_fuse` question by question
-  (:func:`engram_jax.fit.components.hard_scores` with this one component).
-  ``feats [Q, F]`` / ``query [Q, D]`` cover the padded question axis (padding rows are ignored)."""
-  return registry.hard_scores(pipe, problem, (spec,), res, fixed, ep, {spec.name: (feats, query)}, key)
-
-
-def hard_topk(
-  pipe: Pipeline,
-  problem: Problem,
-  spec: Conditioning,
-  res: FitResult,
-  fixed: Mapping[str, float],
-  ep: EpisodeArrays,
-  feats: Array,
-  query: Array,
-  key: Array,
-  *,
-  k: int,
-) -> Array:
-  """Top-``k`` ``[Q, k]`` of :func:`hard_scores` under the shared tie rule (``-1`` past the real items)."""
-  fused = hard_scores(pipe, problem, spec, res, fixed, ep, feats, query, key)
-  idx, v = ranking.top_k(fused, k=k, where=ep.where)
-  return jnp.where(jnp.isneginf(v), -1, idx)
+# ---- hard scoring: engram_jax.fit.components.hard_scores / score_episodes with this component ----------------------
 
 
 def per_question_knobs(
@@ -392,31 +353,3 @@ def per_question_knobs(
     out.update({f'legs.{leg.name}.weight': np.asarray(weights[:, l]) for l, leg in enumerate(problem.legs)})
     out['k0'] = np.asarray(k0)
   return {p: out[p] for p in spec.knobs}
-
-
-def score_episodes(
-  pipe: Pipeline,
-  problem: Problem,
-  spec: Conditioning,
-  res: FitResult,
-  fixed: Mapping[str, float],
-  episodes: Sequence[Episode],
-  arrays: Sequence[EpisodeArrays],
-  *,
-  k: int,
-  metrics: Sequence[str],
-  seed: int,
-  indices: Sequence[int],
-  episode_metrics: Mapping[str, Callable] | None = None,
-  feature_arrays: Sequence[EpisodeArrays] | None = None,
-) -> dict[str, np.ndarray]:
-  """Per-question metrics (NumPy float64) of the conditioned hard pipeline on ``episodes`` (episode ``i`` of the
-  run gets key ``fold_in(key(seed), indices[i])``, as :func:`engram_jax.eval.evaluation.evaluate`): label metrics
-  (:mod:`engram_jax.metrics.labels`) and the dataset's own ``episode_metrics`` (name -> ``fn(episode, question, ranked
-  indices, k)``, as ``evaluate`` takes them, e.g. FactConsolidation's ``answer@k``). ``feature_arrays``: the arrays
-  the module's features and query are read from when they are not ``arrays`` (a fit with a query adapter: the legs
-  see the adapted queries, the module the base ones, as in its soft fit)."""
-  return registry.score_episodes(
-    pipe, problem, (spec,), res, fixed, episodes, arrays, k=k, metrics=metrics, seed=seed, indices=indices,
-    episode_metrics=episode_metrics, feature_arrays=feature_arrays,
-  )  # fmt: skip

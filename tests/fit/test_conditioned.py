@@ -11,14 +11,22 @@ import pytest
 from test_fit import BM25, COS, _episodes, _rrf
 
 from engram_jax import fit
-from engram_jax.core import batch
+from engram_jax.core import batch, ranking
 from engram_jax.eval import evaluation
 from engram_jax.eval import pipeline as P
+from engram_jax.fit import components
 from engram_jax.fit import conditioned as C
 from engram_jax.fit.folds import DEFAULT_SEED
 
 KNOBS = ('legs.cos.weight', 'legs.bm25.weight', 'k0')
 SPEC = C.Conditioning(knobs=KNOBS, features=('cues', 'pool', 'query'), hidden=0, rank=4, net_lr_scale=1.0)
+
+
+def _hard_topk(pipe, problem, spec, res, fixed, ep, feats, query, key, *, k):
+  """Top-``k`` ``[Q, k]`` of the hard pipeline with one conditioned component (the registry's hard scores)."""
+  fused = components.hard_scores(pipe, problem, (spec,), res, fixed, ep, {spec.name: (feats, query)}, key)
+  idx, v = ranking.top_k(fused, k=k, where=ep.where)
+  return jnp.where(jnp.isneginf(v), -1, idx)
 
 
 def _setup(spec=SPEC, weights=(1.0, 1.0)):
@@ -70,10 +78,10 @@ def test_constant_module_equals_scalar_path_soft_and_hard():
   # and a dataset's own episode metric (FactConsolidation's answer@k is one), as evaluate computes it
   first = {'first': lambda ep, q, row, cut: float(ep.items[row[0]].id in q.gold)}
   metrics = ['ndcg@10', 'recall@10', 'first@1']
-  got = C.score_episodes(
+  got = components.score_episodes(
     pipe,
     problem,
-    SPEC,
+    (SPEC,),
     res,
     every,
     eps,
@@ -99,8 +107,8 @@ def test_constant_module_equals_scalar_path_soft_and_hard():
     np.testing.assert_array_equal(got[m], want.scores['p'][m])
   assert 0 < np.mean(got['first@1']) < 1
   with pytest.raises(ValueError, match="Unknown metric 'answer@10'"):
-    C.score_episodes(
-      pipe, problem, SPEC, res, every, eps, arrays, k=10, metrics=['answer@10'], seed=0, indices=range(len(eps))
+    components.score_episodes(
+      pipe, problem, (SPEC,), res, every, eps, arrays, k=10, metrics=['answer@10'], seed=0, indices=range(len(eps))
     )
 
 
@@ -331,8 +339,8 @@ def test_tcfsr_learned_gate_is_the_conditioned_recency_weight_of_tcfsr_prior():
     wall_s=0.0,
   )
   metrics = ['ndcg@10', 'recall@10']
-  got = C.score_episodes(
-    prior, p_b, GATE, res, e_b, eps, arrays, k=10, metrics=metrics, seed=0, indices=range(len(eps))
+  got = components.score_episodes(
+    prior, p_b, (GATE,), res, e_b, eps, arrays, k=10, metrics=metrics, seed=0, indices=range(len(eps))
   )
   want = evaluation.evaluate(eps, embs, {'tl': learned}, k=10, metrics=metrics, seed=0, progress=False, arrays=arrays)
   for m in metrics:
@@ -347,7 +355,7 @@ def test_tcfsr_learned_gate_is_the_conditioned_recency_weight_of_tcfsr_prior():
     wall_s=0.0,
   )
   scores = lambda r: np.asarray(
-    jax.jit(lambda a, f, q: C.hard_topk(prior, p_b, GATE, r, e_b, a, f, q, jax.random.key(0), k=10))(
+    jax.jit(lambda a, f, q: _hard_topk(prior, p_b, GATE, r, e_b, a, f, q, jax.random.key(0), k=10))(
       arrays[0],
       jnp.asarray(np.pad(inputs.feats[:12], [(0, arrays[0].queries.shape[0] - 12), (0, 0)])),
       jnp.asarray(arrays[0].queries),
