@@ -104,8 +104,9 @@ def check_component(
   # the queries the legs see and the knob values; when both are the base ones to ``atol`` at init it is the identity
   # up to rounding (which may break exact cosine ties differently: a bag-of-words embedder has them), else the hard
   # scores must be those without it.
-  moves = registry.identity_exempt(c) is None and _init_moves(c, problem, init, knobs, scalar, episodes, arrays, atol)
-  got, want = (hard(init, True), hard(None, False)) if moves else ([], [])
+  exempt = registry.identity_exempt(c) is not None
+  moves = None if exempt else _init_moves(c, problem, init, knobs, scalar, episodes, arrays, atol)
+  got, want = (hard(init, True), hard(None, False)) if moves is not None else ([], [])
   for (g, _), (w, _), e in zip(got, want, episodes):
     real = np.isfinite(w)
     if not np.array_equal(real, np.isfinite(g)) or not np.allclose(g[real], w[real], atol=atol):
@@ -113,7 +114,7 @@ def check_component(
       raise _refuse(
         'identity at initialisation',
         c,
-        f'episode {e.id}',
+        f'{moves} (episode {e.id})',
         f'its initial parameters change the hard scores by {bad:.3g}',
       )
 
@@ -159,19 +160,19 @@ def check_component(
       raise _refuse('gradients', c, f'parameter {name}', 'no gradient reaches it from the soft loss')
 
 
-def _init_moves(c, problem, init, knobs, scalar, episodes, arrays, atol: float) -> bool:
-  """Whether ``c`` at its initial parameters moves the queries the legs see or a knob value by more than ``atol``."""
+def _init_moves(c, problem, init, knobs, scalar, episodes, arrays, atol: float) -> str | None:
+  """What ``c`` at its initial parameters moves by more than ``atol`` (``'queries'`` or ``'knob <path>'``), else None."""
   for e, a in zip(episodes, arrays):
     nq = len(e.questions)
     q = np.asarray(a.queries, np.float32)[:nq]
     if np.max(np.abs(np.asarray(c.hard_queries(init, q), np.float32) - q), initial=0.0) > atol:
-      return True
+      return 'queries'
     vals = c.hard_values(problem, init, dict(knobs.raw), dict(scalar), c.hard_inputs(a, nq))
     for path, v in vals.items():
       base = np.asarray(scalar.get(path, np.nan), np.float32)
       if np.max(np.abs(np.asarray(v, np.float32)[..., :nq] - base) if np.ndim(v) else np.abs(v - base)) > atol:
-        return True
-  return False
+        return f'knob {path}'
+  return None
 
 
 def _pad(moved: np.ndarray, like: np.ndarray) -> np.ndarray:

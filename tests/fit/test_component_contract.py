@@ -63,8 +63,8 @@ def _spec(cls):
     ),
     (
       NotIdentity,
-      r"^check_component: identity at initialisation: component 'not_identity', episode e0: its initial parameters "
-      r'change the hard scores by [0-9.e-]+$',
+      r"^check_component: identity at initialisation: component 'not_identity', knob legs\.bm25\.weight \(episode "
+      r'e0\): its initial parameters change the hard scores by [0-9.e-]+$',
     ),
   ],
   ids=['conditioned', 'adapter', 'hard_differs', 'not_identity'],
@@ -211,3 +211,35 @@ def test_config_iterates_the_registry(tmp_path):
   unknown = small_fit_cfg(tmp_path, '+fit.variants.mix=[adapter,nope]')
   with pytest.raises(EngramError, match=r"^unknown component 'nope'; registered: \['adapter', 'conditioned'\]$"):
     fit_setup.build(unknown, pipe)
+
+
+def test_the_gate_form_declares_why_it_is_not_the_identity():
+  """The conditioned gate form starts each knob at half its scalar value by design: it says so in its declaration,
+  and the contract checks the rest (soft = hard, gradients)."""
+  episodes, _, arrays, pipe = toy_fit_data()
+  gate = dataclasses.replace(COND, form='gate', bias=False)
+  assert registry.identity_exempt(COND) is None and 'sigmoid(0) = 1/2' in registry.identity_exempt(gate)
+  check_component(gate, pipe, PARAMS, episodes, arrays)
+
+
+def test_the_fit_runs_the_contract_before_step_0():
+  """experiments.fit's check before step 0 (fit_setup.check_contract): the contract's refusal in one line, saying
+  how to skip it; fit.check_components=false skips it."""
+  from engram_jax import fit
+  from experiments.lib import fit_setup
+
+  episodes, _, arrays, pipe = toy_fit_data()
+  problem, knobs, every = fit.make_problem(pipe, PARAMS)
+  plan = fit_setup.Plan('toy', problem, knobs, every, None, 1, 1, 0, (1.0, 1.0), pipe=pipe)
+  bad = _spec(HardDiffers)
+  with registry.registered_component(HardDiffers):
+    with pytest.raises(EngramError) as e:
+      fit_setup.check_contract(plan, problem, (COND, bad), episodes, arrays, seed=0)
+    assert re.match(
+      r"^refusing to fit: check_component: soft = hard: component 'hard_differs', knob legs\.bm25\.weight: .* "
+      r'\(fit\.check_components=false skips the contract\)$',
+      str(e.value),
+    ), str(e.value)
+    fit_setup.check_contract(
+      dataclasses.replace(plan, check_components=False), problem, (bad,), episodes, arrays, seed=0
+    )
