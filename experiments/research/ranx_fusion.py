@@ -300,7 +300,9 @@ def ranx_folds(legs, qrels, episode_of, folds, method: str) -> dict[str, Any]:
     fused.update({q: list(got.get(q, {})) for q in held})
     evaluate(Qrels.from_dict(subset(qrels, held)), out, list(METRICS), save_results_in_run=True)
     own.update({q: {m: float(out.scores[m][q]) for m in METRICS} for q in held})
-    params[','.join(fold)] = {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in best.items()}
+    params[','.join(fold)] = {
+      k: ([float(x) for x in v] if isinstance(v, (list, tuple)) else v) for k, v in best.items()
+    }
   return {'fused': fused, 'params': params, 'ranx_scores': own, 'first_call_s': first_s, 'optimise_s': opt_s,
           'fuse_s': fuse_s}  # fmt: skip
 
@@ -404,7 +406,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   ap.add_argument('--out', required=True, help='the run folder to write')
   ap.add_argument('--docs', default=None, help='a Markdown page whose ranx_fusion markers receive the table')
   ap.add_argument('--n-resamples', type=int, default=10_000)
+  ap.add_argument('--render', action='store_true', help="only rewrite results.md (and --docs) from OUT's results.json")
   args = ap.parse_args(argv)
+  if args.render:
+    res = json.loads((Path(args.out) / 'results.json').read_text())
+    return write_tables(res, Path(args.out), args.docs)
   load_start = uptime()
   out_dir = Path(args.out)
   out_dir.mkdir(parents=True, exist_ok=True)
@@ -636,12 +642,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     f'legs were exported once for all methods ({export_s:.1f} s) and turned into ranx Runs outside the timed calls; '
     f'numba threads: {res["ranx"]["numba_threads"]}.'
   )
-  text = markdown(res)
   (out_dir / 'results.json').write_text(json.dumps(res, indent=1))
-  (out_dir / 'results.md').write_text(text)
   shutil.rmtree(os.environ['NUMBA_CACHE_DIR'], ignore_errors=True)
-  if args.docs:
-    page = Path(args.docs)
+  return write_tables(res, out_dir, args.docs)
+
+
+def write_tables(res: dict[str, Any], out_dir: Path, docs: str | None) -> dict[str, Any]:
+  """results.md in ``out_dir`` and, with ``docs``, the table between that page's markers; prints it."""
+  text = markdown(res)
+  (out_dir / 'results.md').write_text(text)
+  if docs:
+    page = Path(docs)
     page.write_text(replace_between(page.read_text(), f'\n{text}\n'))
   print(text)
   return res
