@@ -5,13 +5,14 @@
 
 Each ``LABEL=RUN`` is the run folder of ``python -m experiments.evaluate experiment=... embedder=...`` (whole: its
 ``run_complete.json`` is checked first): the positional ones of ``experiment=cfsr_table``, ``--cfs`` ones of
-``experiment=cfs_table``, ``--tide`` ones of ``experiment=tide_table``. Written, per table: the metrics per pipeline
-(rows) and embedder (columns) with the published rows beside them (the runs' ``reference``, checked to occur in the
-seed text under the seeds folder when it is there), ndcg@10 per category, and the paired differences the seed text
-reports, overall and per category: the run's own paired test where it made one (``results.json``), else the same
-test computed here from the per-question scores with the run's seed. ``--doc`` replaces each table's block between
-its markers (``<!-- NAME: generated -->`` .. ``<!-- /NAME -->``; NAME ``embedders``, ``embedders-cfs``,
-``embedders-tide``) in that page; ``--readme`` replaces the ``embedders-headline`` block there with a summary table.
+``experiment=cfs_table``, ``--tide`` ones of ``experiment=tide_table`` (``--tide-fc``: of its FactConsolidation-only
+variant, :data:`FC_ONLY`). Written, per table: the metrics per pipeline (rows) and embedder (columns) with the
+published rows beside them (the runs' ``reference``, checked to occur in the seed text under the seeds folder when it
+is there), a metric per category, and the paired differences the seed text reports, overall and per category: the
+run's own paired test where it made one (``results.json``), else the same test computed here from the per-question
+scores with the run's seed. ``--doc`` replaces each table's block between its markers (``<!-- NAME: generated -->``
+.. ``<!-- /NAME -->``; NAME ``embedders``, ``embedders-cfs``, ``embedders-tide``, ``embedders-tide-fc``) in that
+page; ``--readme`` replaces the ``embedders-headline`` block there with a summary table (:func:`headline`).
 """
 
 from __future__ import annotations
@@ -305,15 +306,28 @@ def _tide_block(results: Mapping[str, Any], ds: str) -> dict[str, Any] | None:
   return None if block is None else {**block, 'seed': block.get('seed', results.get('seed'))}
 
 
-def tide_tables(runs: Mapping[str, Mapping[str, Any]], *, seed: tuple[str, str] | None = None) -> str:
-  """The Markdown of the cross-embedder Tide tables (``experiment=tide_table`` runs) for ``{label: results}``; an
-  embedder whose run lacks a dataset shows '-' there."""
+FC_ONLY = (
+  "FactConsolidation only (`'~datasets.longmemeval_s'`), Tide's weight fit on FactConsolidation's 32K training "
+  "questions only (`'pipeline.tide_dense.tune.train=[fc_sh_train,fc_mh_train]'`; the Tide page's row also fits it on "
+  'LongMemEval_S training questions)'
+)
+
+
+def tide_tables(
+  runs: Mapping[str, Mapping[str, Any]], *, seed: tuple[str, str] | None = None, variant: str | None = None
+) -> str:
+  """The Markdown of the cross-embedder Tide tables (``experiment=tide_table`` runs, or a ``variant`` of it, said
+  in the heading) for ``{label: results}``; an embedder whose run lacks a dataset shows '-' there."""
   labels = list(runs)
   reference = next(iter(runs.values())).get('reference') or {}
   src = f'the Tide page, `{seed[0]}` of the seeds' if seed else 'the Tide page (as the runs record it)'
+  what = (
+    f'`experiment=tide_table`, {variant}'
+    if variant
+    else 'LongMemEval_S pilot (session level) and FactConsolidation SH/MH at 6K and 32K, `experiment=tide_table`'
+  )
   out = [
-    '**LongMemEval_S pilot (session level) and FactConsolidation SH/MH at 6K and 32K, k = 10, '
-    f'`experiment=tide_table`**, one run per embedder (95% intervals: bootstrap, Wilson for 0/1 metrics); '
+    f'**{what}**, k = 10, one run per embedder (95% intervals: bootstrap, Wilson for 0/1 metrics); '
     f'published: {src}, bge-small (LongMemEval: 83 scored questions), another embedder.',
     '',
   ]
@@ -438,6 +452,7 @@ def main(argv: Sequence[str] | None = None) -> str:
   ap.add_argument('runs', nargs='*', metavar='LABEL=RUN', help='an embedder label and its cfsr_table run folder')
   ap.add_argument('--cfs', nargs='+', metavar='LABEL=RUN', help='cfs_table run folders')
   ap.add_argument('--tide', nargs='+', metavar='LABEL=RUN', help='tide_table run folders')
+  ap.add_argument('--tide-fc', nargs='+', metavar='LABEL=RUN', help='tide_table runs on FC only (FC_ONLY)')
   ap.add_argument('--fitted', nargs='+', metavar='LABEL=PROTOCOL', help='the fitted stack per embedder (ledger)')
   ap.add_argument('--seeds', default=None, help='the seed texts (default: ../shared/seeds beside the checkout)')
   ap.add_argument('--out', default=None, help='write the Markdown here (else print it)')
@@ -445,7 +460,8 @@ def main(argv: Sequence[str] | None = None) -> str:
   ap.add_argument('--readme', default=None, help='replace the embedders-headline block in this file')
   args = ap.parse_args(argv)
   cfsr, cfs, tide = _runs(args.runs, ap), _runs(args.cfs, ap), _runs(args.tide, ap, datasets=True)
-  if not (cfsr or cfs or tide):
+  tide_fc = _runs(args.tide_fc, ap, datasets=True)
+  if not (cfsr or cfs or tide or tide_fc):
     ap.error('give run folders: LABEL=RUN (cfsr_table), --cfs or --tide')
   seeds = Path(args.seeds) if args.seeds else Path(__file__).resolve().parents[3] / 'shared' / 'seeds'
   blocks = {}
@@ -469,6 +485,9 @@ def main(argv: Sequence[str] | None = None) -> str:
     if missing:
       raise EngramError(f'published numbers not found in the Tide page {seed[0]}: {missing}')
     blocks['embedders-tide'] = tide_tables(tide, seed=seed)
+  if tide_fc:
+    seed = seed_text(seeds, mark=TIDE_MARK, needle='FactConsolidation')
+    blocks['embedders-tide-fc'] = tide_tables(tide_fc, seed=seed, variant=FC_ONLY)
   text = '\n'.join(blocks.values())
   if args.doc:
     page = Path(args.doc).read_text()
