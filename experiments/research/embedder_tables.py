@@ -154,6 +154,8 @@ def _diff(t: Mapping[str, Any] | None, digits: int = 4, p: bool = True) -> str:
     return '-'
   d = digits
   cell = f'{t["delta"]:+.{d}f} [{t["lo"]:+.{d}f}, {t["hi"]:+.{d}f}]' + (f' p {_p(t["p"])}' if p else '')
+  if p and t.get('mcnemar_p') is not None:  # 0/1 metrics: the run's McNemar test beside the sign-flip one
+    cell += f', McNemar {_p(t["mcnemar_p"])}'
   return cell + (' *' if t['source'] == 'here' else '')
 
 
@@ -354,17 +356,18 @@ def tide_tables(
         out.append(f'| `{pipe}` | ' + ' | '.join(cells) + f' | {"-" if pub is None else f"{pub:.3f}"} |')
       out.append('')
     out = [line for i, line in enumerate(out) if line or i == 0 or out[i - 1]]  # no double blank lines
-    head = [f'{ds}: a minus b', *labels]
-    out += ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+    rows = []
     for a, b in TIDE_COMPARISONS:
       for metric in TIDE_DATASETS[ds]:
         cells = [_diff(None if blocks[label] is None else paired(blocks[label], a, b, metric)) for label in labels]
         if set(cells) != {'-'}:
-          out.append(f'| `{a}` - `{b}`, {metric} | ' + ' | '.join(cells) + ' |')
-    out.append('')
+          rows.append(f'| `{a}` - `{b}`, {metric} | ' + ' | '.join(cells) + ' |')
+    if rows:  # none on the 32K rows, where the fitted rows are not scored
+      head = [f'{ds}: a minus b', *labels]
+      out += ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head), *rows, '']
   out += [
-    "Paired differences: bootstrap 95% CIs and sign-flip p over the same questions, the run's own test (`results.json`"
-    ", against `cosine` and `bm25`); rows fit on the 32K questions are not scored there (absent). The Tide page's "
+    "Paired differences: bootstrap 95% CIs and sign-flip p (and McNemar's p for 0/1 metrics) over the same questions, "
+    "the run's own test (`results.json`, against `cosine` and `bm25`); rows fit on the 32K questions are not scored there (absent). The Tide page's "
     'hypothesis: Tide above Dense on FC-SH with a paired interval above zero, much less on FC-MH.',
     '',
   ]
