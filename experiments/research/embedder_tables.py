@@ -371,6 +371,15 @@ def tide_tables(
     'hypothesis: Tide above Dense on FC-SH with a paired interval above zero, much less on FC-MH.',
     '',
   ]
+  tuned = list(dict.fromkeys(p for r in runs.values() for p in (r.get('fitted') or {})))
+  if tuned:
+    head = ['weight chosen on the training questions', *labels]
+    out += ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+    for pipe in tuned:
+      cells = [str((runs[label].get('fitted') or {}).get(pipe, {}).get('chosen', '-')) for label in labels]
+      sets = next(r['fitted'][pipe]['train_sets'] for r in runs.values() if pipe in (r.get('fitted') or {}))
+      out.append(f'| `{pipe}` (on {", ".join(sets)}) | ' + ' | '.join(f'`{c}`' for c in cells) + ' |')
+    out.append('')
   lme = {label: _tide_block(r, 'longmemeval_s') for label, r in runs.items() if 'longmemeval_s' in r['datasets']}
   if lme:
     out += ['LongMemEval_S by question type (the Tide page reports it so):', '']
