@@ -128,7 +128,8 @@ def _tide(shift: float, datasets=('longmemeval_s', 'fc_sh_6k')) -> dict:
         {'category': 'kind', 'scores': {p: {metric: float(s[i])} for p, s in per_q.items()}} for i in range(30)
       ],
     }
-  return {'datasets': out, 'reference': {'tide_dense': {'fc_mh_6k answer@10': 0.40}}}
+  fitted = {'tide_dense': {'train_sets': ['fc_sh_train'], 'chosen': f'tide_dense[recency={shift}]'}}
+  return {'datasets': out, 'reference': {'tide_dense': {'fc_mh_6k answer@10': 0.40}}, 'fitted': fitted}
 
 
 def test_tide_table_shows_a_missing_dataset_as_a_dash_and_compares_tide_with_dense():
@@ -139,6 +140,7 @@ def test_tide_table_shows_a_missing_dataset_as_a_dash_and_compares_tide_with_den
   sh = [line for line in text.splitlines() if line.startswith('| `tide_dense` - `cosine`, answer@1 |')]
   assert len(sh) == 1 and sh[0].count('*') == 2  # computed here in both columns
   assert 'LongMemEval_S by question type' in text
+  assert '| `tide_dense` (on fc_sh_train) | `tide_dense[recency=0.3]` | `tide_dense[recency=0.3]` |' in text
 
 
 def test_blocks_are_replaced_between_their_markers_only():
