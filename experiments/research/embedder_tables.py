@@ -237,18 +237,22 @@ CAT_NOTE = (
 )
 
 
+def _intro(runs: Mapping[str, Mapping[str, Any]], experiment: str, ci: str, published: str) -> list[str]:
+  """A LoCoMo table's heading line, its metric tables and its by-category table (the CFS-R and CFS tables)."""
+  n = _one_n(runs)
+  out = [
+    f'**LoCoMo, {n} questions, k = 10, `experiment={experiment}`**, one run per embedder ({ci}); published: '
+    f'{published}.',
+    '',
+  ]
+  return out + metric_tables(runs, METRICS, 'text-embedding-3-small') + category_table(runs)
+
+
 def tables(runs: Mapping[str, Mapping[str, Any]], *, seed: tuple[str, str] | None = None) -> str:
   """The Markdown of the cross-embedder CFS-R tables for ``{label: results}`` (in the given order)."""
   labels = list(runs)
-  n = _one_n(runs)
   src = f'the CFS-R post, `{seed[0]}` of the seeds' if seed else 'the CFS-R post (as the runs record it)'
-  out = [
-    f'**LoCoMo, {n} questions, k = 10, `experiment=cfsr_table`**, one run per embedder (95% bootstrap CIs); '
-    f'published: {src}, text-embedding-3-small, another embedder and setup.',
-    '',
-  ]
-  out += metric_tables(runs, METRICS, 'text-embedding-3-small')
-  out += category_table(runs)
+  out = _intro(runs, 'cfsr_table', '95% bootstrap CIs', f'{src}, text-embedding-3-small, another embedder and setup')
   head = ['ndcg@10: CFS-R stack minus', *labels]
   out += ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
   for other in COMPARISONS:
@@ -269,15 +273,10 @@ def tables(runs: Mapping[str, Mapping[str, Any]], *, seed: tuple[str, str] | Non
 def cfs_tables(runs: Mapping[str, Mapping[str, Any]], *, seed: tuple[str, str] | None = None) -> str:
   """The Markdown of the cross-embedder CFS tables (``experiment=cfs_table`` runs) for ``{label: results}``."""
   labels = list(runs)
-  n = _one_n(runs)
   src = f'the CFS post (inside `{seed[0]}` of the seeds)' if seed else 'the CFS post (as the runs record it)'
-  out = [
-    f'**LoCoMo, {n} questions, k = 10, `experiment=cfs_table`**, one run per embedder (95% bootstrap CIs; the cos2 '
-    f'rows are means over 5 noise seeds); published: {src}, text-embedding-3-small.',
-    '',
-  ]
-  out += metric_tables(runs, METRICS, 'text-embedding-3-small')
-  out += category_table(runs)
+  out = _intro(
+    runs, 'cfs_table', '95% bootstrap CIs; the cos2 rows are means over 5 noise seeds', f'{src}, text-embedding-3-small'
+  )
   for metric in METRICS:
     head = [f'{metric}: a minus b', *labels, 'the CFS post (text-embedding-3-small)']
     out += ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
