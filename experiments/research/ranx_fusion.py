@@ -398,6 +398,22 @@ def markdown(res: Mapping[str, Any]) -> str:
   return '\n'.join(lines) + '\n'
 
 
+def check_args(args: argparse.Namespace) -> None:
+  """Refuse, before any work, what would fail after it: a ``--docs`` page that is missing or lacks the markers,
+  ``--render`` without ``OUT/results.json``, a ``--fit-run`` that is not an existing folder, ``--n-resamples`` < 1."""
+  if args.n_resamples < 1:
+    raise EngramError(f'--n-resamples {args.n_resamples}: needs at least 1')
+  if args.docs is not None:
+    page = Path(args.docs)
+    if not page.is_file():
+      raise EngramError(f'--docs {page}: no such file')
+    replace_between(page.read_text(), '')  # raises when the markers are missing
+  if args.render and not (Path(args.out) / 'results.json').is_file():
+    raise EngramError(f'--render: {Path(args.out) / "results.json"} not found (run without --render first)')
+  if args.fit_run is not None and not Path(args.fit_run).is_dir():
+    raise EngramError(f'--fit-run {args.fit_run}: no such folder')
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   ap = argparse.ArgumentParser(prog='python -m experiments.research.ranx_fusion', description=__doc__.split('\n\n')[0])
   ap.add_argument(
@@ -408,6 +424,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   ap.add_argument('--n-resamples', type=int, default=10_000)
   ap.add_argument('--render', action='store_true', help="only rewrite results.md (and --docs) from OUT's results.json")
   args = ap.parse_args(argv)
+  check_args(args)
   if args.render:
     res = json.loads((Path(args.out) / 'results.json').read_text())
     return write_tables(res, Path(args.out), args.docs)
@@ -659,4 +676,6 @@ def write_tables(res: dict[str, Any], out_dir: Path, docs: str | None) -> dict[s
 
 
 if __name__ == '__main__':
-  main()
+  from experiments.lib import common
+
+  common.plain_errors(main)()  # the project's errors as one line (ENGRAM_FULL_ERROR=1: traceback)

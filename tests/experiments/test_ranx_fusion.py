@@ -90,6 +90,30 @@ def test_replace_between_markers():
     rf.replace_between('no markers', 'x')
 
 
+@pytest.mark.parametrize(
+  'argv, match',
+  [
+    (['--n-resamples', '0'], 'n-resamples 0'),
+    (['--docs', '{tmp}/absent.md'], 'no such file'),
+    (['--docs', '{tmp}/page.md'], 'markers'),
+    (['--render'], 'results.json not found'),
+    (['--fit-run', '{tmp}/absent'], 'no such folder'),
+  ],
+)
+def test_bad_arguments_refused_before_any_work(tmp_path, capsys, argv, match):
+  """Each mistake is one line (exit 1) before the fit or any loading starts: nothing is written into OUT."""
+  from experiments.lib import common
+
+  (tmp_path / 'page.md').write_text('# a page without the markers\n')
+  out = tmp_path / 'out'
+  with pytest.raises(SystemExit) as e:
+    common.plain_errors(rf.main)(['--out', str(out), *[a.format(tmp=tmp_path) for a in argv]])
+  assert e.value.code == 1
+  err = capsys.readouterr().err.strip()
+  assert match in err and '\n' not in err
+  assert not out.exists()
+
+
 @pytest.mark.slow  # numba compiles ranx's kernels on a first call
 def test_ranx_fuses_and_scores_as_the_script_reads_it():
   """ranx's rrf of the run dicts is our unweighted RRF at k0 = k (same order where scores differ), and ranx's ndcg@10
