@@ -139,6 +139,8 @@ def _coerce(value: Any, kind: Any) -> Any:
   kind = kind if isinstance(kind, str) else getattr(kind, '__name__', str(kind))
   if kind.startswith('tuple'):
     return tuple(value)
+  if kind == 'bool' and not isinstance(value, (bool, np.bool_)):  # bool('false') is True: refuse, do not guess
+    raise ValueError(f'expected true or false, got {value!r}')
   return {'int': int, 'float': float, 'bool': bool}.get(kind, lambda v: v)(value)
 
 
@@ -166,8 +168,15 @@ def from_config(name: str, node: Mapping[str, Any], where: str | None = None) ->
       + (f' (e.g. {example})' if example else '')
     )
   fields = {f.name: f.type for f in dataclasses.fields(cls)}
+  values = {}
+  for k, v in node.items():
+    if k in fields:
+      try:
+        values[k] = _coerce(v, fields[k])
+      except (TypeError, ValueError) as e:
+        raise EngramError(f'{where}.{k}: {e}') from None
   try:
-    return cls(**{k: _coerce(v, fields[k]) for k, v in node.items() if k in fields})
+    return cls(**values)
   except (TypeError, ValueError) as e:
     raise EngramError(f'{where}: {e}') from None
 

@@ -112,3 +112,17 @@ def test_experiment_fits_the_combined_variant_from_config(tmp_path):
   manifest = json.loads((tmp_path / 'out' / 'artifact' / 'combined' / 'manifest.json').read_text())
   assert {c['name'] for c in manifest['components']} == {'adapter', 'conditioned'}
   assert '(combined, out of fold)' in (tmp_path / 'out' / 'results.md').read_text()
+
+
+def test_from_config_refuses_a_string_for_a_bool_field():
+  """``bool('false')`` is True: a string for a bool field is refused in one line naming the key, not guessed."""
+  from engram_jax.core.errors import EngramError
+  from engram_jax.fit import components
+
+  node = {'rank': 2, 'lr_scale': 1, 'cfsr_grad': 'implicit'}
+  assert components.from_config('adapter', {**node, 'soft_query_legs': True}).soft_query_legs is True
+  assert components.from_config('adapter', {**node, 'soft_query_legs': np.bool_(False)}).soft_query_legs is False
+  with pytest.raises(EngramError, match=r"^fit.adapter.soft_query_legs: expected true or false, got 'false'$"):
+    components.from_config('adapter', {**node, 'soft_query_legs': 'false'})
+  with pytest.raises(EngramError, match=r'^fit.adapter.rank: '):
+    components.from_config('adapter', {**node, 'rank': 'two'})
