@@ -60,6 +60,11 @@ def outputs(cfg: DictConfig) -> tuple[str, ...]:
   return (*OUTPUTS[:2], *(f'loss_curve_{label}.json' for label in labels), *OUTPUTS[2:])
 
 
+def stale_outputs(folder: Path) -> tuple[str, ...]:
+  """An earlier fit's loss curves in ``folder`` (of variants this run may not declare): removed with the rest."""
+  return tuple(sorted(p.name for p in Path(folder).glob('loss_curve_*.json')))
+
+
 def reports(cfg: DictConfig) -> dict[str, Any]:
   """``fit.reports``: component name -> its report module (imported), in the order they run."""
   out = {}
@@ -372,7 +377,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   """Fit ``cfg.pipeline`` (one pipeline) on ``cfg.dataset`` and score it out of fold; write the results, the
   Markdown, the artifact and the ledger row. The folder is whole or marked (:mod:`engram_jax.core.runfolder`): an
   earlier run's marker and outputs are removed first, every file is written atomically, the marker last."""
-  folder = runfolder.begin(out_dir, outputs(cfg))
+  folder = runfolder.begin(out_dir, outputs(cfg) + stale_outputs(out_dir))
   t0 = time.perf_counter()
   names = list(cfg.pipeline)
   if len(names) != 1:
@@ -541,7 +546,7 @@ def make_results(cfg, plan, data: Data, parts, before, baselines: list[str], pro
   primary = (protocol_info or {}).get('primary_metric') or metrics[0]
   hand = {r: v[primary]['mean'] for r, v in summary.items() if r.endswith('(hand-set)')}
   best = max(hand, key=hand.get)
-  return {
+  out = {
     'pipeline': name,
     'protocol': protocol_info,
     'params': [p for p, _ in plan.problem.fitted],
@@ -565,9 +570,12 @@ def make_results(cfg, plan, data: Data, parts, before, baselines: list[str], pro
       'baselines': {b: {m: before.scores[b][m].tolist() for m in metrics} for b in baselines},
       'categories': [str(c) for c in before.categories],
     },
-    **extra,
     'best_hand_set': {'row': best, 'metric': primary, 'value': hand[best]},
   }
+  clash = sorted(set(out) & set(extra))  # fit_setup.RESERVED_LABELS refuses these before the fit; kept in step here
+  if clash:
+    raise EngramError(f'fit.variants: labels {clash} are keys of results.json; name the variants otherwise')
+  return {**out, **extra}
 
 
 def markdown(cfg: DictConfig, plan, data: Data, parts, results: dict[str, Any]) -> str:

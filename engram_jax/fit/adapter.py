@@ -43,7 +43,7 @@ from jax.typing import ArrayLike
 from engram_jax.core.batch import EpisodeArrays
 from engram_jax.core.types import Episode
 from engram_jax.fit.components import register_component
-from engram_jax.fit.problem import Problem, Rows
+from engram_jax.fit.problem import CFSR_GRADS, Problem, Rows
 
 
 @register_component
@@ -80,7 +80,10 @@ class Adapter:
 
   def settings(self, node: Mapping[str, Any]) -> dict[str, Any]:
     """A fit with the adapter runs on its own CFS-R gradient setting (``cfsr_grad`` of its config node)."""
-    return {'cfsr_grad': str(node['cfsr_grad'])}
+    grad = str(node['cfsr_grad'])
+    if grad not in CFSR_GRADS:
+      raise ValueError(f'cfsr_grad must be one of {list(CFSR_GRADS)}, got {grad!r}')
+    return {'cfsr_grad': grad}
 
   def check_problem(self, pipe: Any, problem: Problem) -> None:
     del pipe

@@ -135,13 +135,30 @@ def config_keys(cls: type) -> dict[str, Any]:
 
 
 def _coerce(value: Any, kind: Any) -> Any:
-  """A config value as the field's declared type (``int``, ``float``, ``bool``, ``tuple[...]``; others as given)."""
+  """A config value as the declared type ``kind`` (a field's annotation, or the type name of a ``config_keys``
+  default): ``int`` (integral numbers only), ``float``, ``bool`` (true or false only), ``tuple[...]`` (a list, not a
+  string); others as given. A value of another kind is a ``ValueError``, never a guess (``bool('false')`` is True,
+  ``int(2.7)`` is 2, ``tuple('k0')`` is ``('k', '0')``)."""
   kind = kind if isinstance(kind, str) else getattr(kind, '__name__', str(kind))
   if kind.startswith('tuple'):
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+      raise ValueError(f'expected a list, got {value!r}')
     return tuple(value)
-  if kind == 'bool' and not isinstance(value, (bool, np.bool_)):  # bool('false') is True: refuse, do not guess
-    raise ValueError(f'expected true or false, got {value!r}')
-  return {'int': int, 'float': float, 'bool': bool}.get(kind, lambda v: v)(value)
+  if kind == 'bool':
+    if not isinstance(value, (bool, np.bool_)):
+      raise ValueError(f'expected true or false, got {value!r}')
+    return bool(value)
+  if kind == 'int':
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+      raise ValueError(f'expected an integer, got {value!r}')
+    if value != int(value):
+      raise ValueError(f'expected an integer, got {value!r}')
+    return int(value)
+  if kind == 'float':
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+      raise ValueError(f'expected a number, got {value!r}')
+    return float(value)
+  return value
 
 
 def from_config(name: str, node: Mapping[str, Any], where: str | None = None) -> Any:
@@ -169,12 +186,15 @@ def from_config(name: str, node: Mapping[str, Any], where: str | None = None) ->
     )
   fields = {f.name: f.type for f in dataclasses.fields(cls)}
   values = {}
-  for k, v in node.items():
+  for k, v in node.items():  # fields as their annotations; other keys as their defaults' types (none: as given)
+    default = keys[k]
+    kind = fields.get(k) or ('any' if default is REQUIRED or default is None else type(default).__name__)
+    try:
+      coerced = _coerce(v, kind)
+    except (TypeError, ValueError) as e:
+      raise EngramError(f'{where}.{k}: {e}') from None
     if k in fields:
-      try:
-        values[k] = _coerce(v, fields[k])
-      except (TypeError, ValueError) as e:
-        raise EngramError(f'{where}.{k}: {e}') from None
+      values[k] = coerced
   try:
     return cls(**values)
   except (TypeError, ValueError) as e:
@@ -182,13 +202,17 @@ def from_config(name: str, node: Mapping[str, Any], where: str | None = None) ->
 
 
 def variant_settings(components: Sequence[Any], nodes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-  """The fit settings the components of one fit ask for (each one's ``settings(node)``, in order; two that ask for
-  different values of one setting are refused in one line)."""
+  """The fit settings the components of one fit ask for (each one's ``settings(node)``, in order; a bad value in a
+  node, and two components that ask for different values of one setting, are refused in one line)."""
   out: dict[str, Any] = {}
   by: dict[str, str] = {}
   for c in components:
     hook = getattr(c, 'settings', None)
-    for key, value in (hook(dict(nodes.get(c.name) or {})) if hook else {}).items():
+    try:
+      asked = hook(dict(nodes.get(c.name) or {})) if hook else {}
+    except ValueError as e:  # a bad value in its node: one line naming the component
+      raise EngramError(f'fit.{c.name}: {e}') from None
+    for key, value in asked.items():
       if key in out and out[key] != value:
         raise EngramError(f'components {by[key]!r} and {c.name!r} ask for {key}={out[key]!r} and {value!r}')
       out[key], by[key] = value, c.name

@@ -75,6 +75,9 @@ class TemperatureValues(NamedTuple):
   gate: ArrayLike
 
 
+CFSR_GRADS = ('forward', 'reverse', 'implicit')  # how the CFS-R twin passes its gradient (Settings.cfsr_grad)
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
   """Fit settings the soft twins read (static).
@@ -92,9 +95,8 @@ class Settings:
   cfsr_grad: str = 'forward'  # CFS-R twin's NNLS gradient: forward (in lam), reverse (unrolled), implicit (KKT)
 
   def __post_init__(self) -> None:
-    grads = ('forward', 'reverse', 'implicit')
-    if self.cfsr_grad not in grads:
-      raise ValueError(f'fit.cfsr_grad must be one of {list(grads)}, got {self.cfsr_grad!r}')
+    if self.cfsr_grad not in CFSR_GRADS:
+      raise ValueError(f'fit.cfsr_grad must be one of {list(CFSR_GRADS)}, got {self.cfsr_grad!r}')
 
 
 @dataclasses.dataclass(frozen=True)

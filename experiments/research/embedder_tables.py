@@ -48,7 +48,7 @@ CFS_COMPARISONS = (
   (CFS_LONG, 'rrf_cos_bm25_cos2_long_e100', {'ndcg@10': ABOVE, 'recall@10': ABOVE}),
 )
 TIDE_MARK = 'Tide'  # the Tide page: its first line
-# the Tide page's datasets, in its order, with the metrics shown for each (the first one is compared)
+# the Tide page's datasets, in its order, with the metrics shown and compared for each (its headline metric first)
 TIDE_DATASETS = {
   'longmemeval_s': ('ndcg_any@10', 'recall_any@5'),
   'fc_sh_6k': ('answer@1', 'answer@10'),
@@ -361,7 +361,7 @@ def tide_tables(
         cells = [_diff(None if blocks[label] is None else paired(blocks[label], a, b, metric)) for label in labels]
         if set(cells) != {'-'}:
           rows.append(f'| `{a}` - `{b}`, {metric} | ' + ' | '.join(cells) + ' |')
-    if rows:  # none on the 32K rows, where the fitted rows are not scored
+    if rows:  # a comparison whose rows no run scored (e.g. a fitted row on the 32K sets it is fit on) is left out
       head = [f'{ds}: a minus b', *labels]
       out += ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head), *rows, '']
   out += [

@@ -57,6 +57,7 @@ PIPELINE = 'rrf_cos_bm25_cfsr'
 LEGS = ('cos', 'bm25', 'cfsr')
 FUSION_KNOBS = ('legs.cos.weight', 'legs.bm25.weight', 'legs.cfsr.weight', 'k0')
 METRICS = ('ndcg@10', 'recall@10')
+DATASET_NAMES = {'locomo': 'LoCoMo'}  # how the table's caption names a dataset (else its config name)
 RANX_METHODS = ('wsum', 'rrf')
 RANX_NORM = 'min-max'  # ranx's default for optimize_fusion and fuse
 # our exhaustive grid: every weight on one list, k0 log-spaced (7^4 = 2,401 points)
@@ -222,8 +223,10 @@ def read_fit(folder: Path) -> tuple[Any, dict[str, Any], dict[str, Any]]:
   split = json.loads((folder / 'split.json').read_text())
   want = {'pipeline': PIPELINE, 'params': list(FUSION_KNOBS), 'split': 'crossfit'}
   got = {'pipeline': results['pipeline'], 'params': results['params'], 'split': split['kind']}
-  if got != want or cfg.fit.get('adapter') or cfg.fit.get('conditioned'):
-    raise EngramError(f'{folder}: not a cross-fit of the fusion knobs only ({got}; wanted {want}, no components)')
+  # a fit with components declares them in fit.variants (experiments.lib.fit_setup refuses a set component no
+  # variant lists), whichever module registered them
+  if got != want or cfg.fit.get('variants'):
+    raise EngramError(f'{folder}: not a cross-fit of the fusion knobs only ({got}; wanted {want}, no fit.variants)')
   return cfg, results, split
 
 
@@ -352,8 +355,9 @@ def markdown(res: Mapping[str, Any]) -> str:
   head = '| method | ' + ' | '.join(f'{m} [95% CI]' for m in METRICS)
   head += ' | ' + ' | '.join(f'{m} minus gradient fit [95% CI], p' for m in METRICS) + ' | fit / optimise time |'
   lines = [
-    f'**LoCoMo, {res["n_questions"]} questions, k = 10, {res["embedder"]}; {len(res["folds"])} folds by conversation '
-    f'(`fit.seed` {res["fold_seed"]}), every question scored with knobs chosen on the other nine conversations.**',
+    f'**{DATASET_NAMES.get(res["dataset"], res["dataset"])}, {res["n_questions"]} questions, k = 10, '
+    f'{res["embedder"]}; {len(res["folds"])} folds by episode (`fit.seed` {res["fold_seed"]}), every question scored '
+    'with knobs chosen on the other folds.**',
     '',
     head,
     '|---|' + '---|' * (2 * len(METRICS) + 1),
@@ -381,7 +385,8 @@ def markdown(res: Mapping[str, Any]) -> str:
     "CFS-R top 50, with the legs' own scores). Our grid: "
     + ', '.join(f'`{k}` {v}' for k, v in res['grid']['axes'].items())
     + f' ({res["grid"]["points"]} points, each fold the point best on the other folds by mean ndcg@10, ties to the '
-    'first). Gradient fit: `experiments.fit` with `fit.params` the same four knobs, 60 Adam steps per fold.',
+    f'first). Gradient fit: `experiments.fit` with `fit.params` the same four knobs, {res["steps"]} Adam steps per '
+    'fold.',
     '',
     f"Checks: the exported legs fused by weighted RRF here give the project's top-10 on "
     f"{c['export_vs_hand_set']['equal']}/{c['export_vs_hand_set']['n']} questions (hand-set knobs) and the fit's "
@@ -618,6 +623,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     'seed': seed,
     'fold_seed': int(cfg.fit.seed),
     'folds': folds,
+    'steps': int(fit_res['steps']),  # the gradient fit's Adam steps per fold
     'n_questions': len(qids_all),
     'legs': {
       leg.name: {
@@ -651,11 +657,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   res['load'] = {'start': load_start, 'end': uptime()}
   res['time_note'] = (
     'Gradient fit: the fit phase of `experiments.fit` (its `results.json` timing.fit_s: the training rows, the soft '
-    'twin checks, compilation, 60 steps per fold, the held-out scoring), '
+    f'twin checks, compilation, {res["steps"]} steps per fold, the held-out scoring), '
     + ('run just before the rest, then again with its compiled programs cached' if fit_runs else f'`{args.fit_run}`')
     + ' (the folds run two at a time, one per CPU device). Grid: one `evaluate_grid` call over all points and '
     'questions, then again with the legs cached. ranx: the first `optimize_fusion` call (numba compiling into an '
-    "empty cache, then fold 1's search), then the 10 folds' calls; the "
+    f"empty cache, then fold 1's search), then the {len(folds)} folds' calls; the "
     f'legs were exported once for all methods ({export_s:.1f} s) and turned into ranx Runs outside the timed calls; '
     f'numba threads: {res["ranx"]["numba_threads"]}.'
   )

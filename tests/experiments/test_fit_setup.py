@@ -135,3 +135,68 @@ def test_unknown_fit_and_adapter_keys_are_refused():
     checks.check_fit(cfg)
   with pytest.raises(ValueError, match=r"fit.adapter: unknown keys \['soft_querylegs'\]"):
     _plan('fit.adapter={rank: 2, lr_scale: 0.1, cfsr_grad: implicit, soft_querylegs: true}')
+
+
+def test_bad_component_values_are_refused_naming_their_key():
+  """A typo in a component's own setting names that component's key (not ``fit.cfsr_grad``); a string for a bool,
+  a fraction for an int and a string for a list are refused, not coerced."""
+  from engram_jax.core.errors import EngramError
+
+  adapter = '+fit.variants.adapter=[adapter]'
+  with pytest.raises(EngramError, match=r"^fit.adapter: cfsr_grad must be one of \['forward', 'reverse', 'implicit'\]"):
+    _plan('fit.adapter={rank: 2, lr_scale: 0.1, cfsr_grad: implict}', adapter)
+  with pytest.raises(EngramError, match=r"^fit.adapter.train_gap: expected true or false, got 'no'$"):
+    _plan("fit.adapter={rank: 2, lr_scale: 0.1, cfsr_grad: implicit, train_gap: 'no'}", adapter)
+  with pytest.raises(EngramError, match=r'^fit.adapter.rank: expected an integer, got 2.5$'):
+    _plan('fit.adapter={rank: 2.5, lr_scale: 0.1, cfsr_grad: implicit}', adapter)
+  cond = 'fit.conditioned={knobs: k0, features: [cues], hidden: 0, rank: 2, net_lr_scale: 0.1}'
+  with pytest.raises(EngramError, match=r"^fit.conditioned.knobs: expected a list, got 'k0'$"):
+    _plan(cond, '+fit.variants.conditioned=[conditioned]')
+
+
+@pytest.mark.parametrize('label', ['summary', 'per_question', 'best_hand_set', 'my-variant'])
+def test_variant_labels_that_would_overwrite_results_are_refused(label):
+  from engram_jax.core.errors import EngramError
+
+  with pytest.raises(EngramError, match=rf'^fit.variants.{label}: a variant label is a plain name'):
+    _plan('fit.adapter={rank: 2, lr_scale: 0.1, cfsr_grad: implicit}', f'+fit.variants.{label}=[adapter]')
+
+
+def test_reserved_labels_are_the_keys_of_results_json():
+  """RESERVED_LABELS is every key experiments.fit.make_results writes itself (read from its source)."""
+  tree = ast.parse((ROOT / 'experiments' / 'fit.py').read_text())
+  make = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == 'make_results')
+  out = next(
+    n.value for n in ast.walk(make) if isinstance(n, ast.Assign) and getattr(n.targets[0], 'id', None) == 'out'
+  )
+  keys = {k.value for k in out.keys if isinstance(k, ast.Constant)}
+  assert len(keys) > 10
+  assert keys == fit_setup.RESERVED_LABELS
+
+
+def test_a_module_registering_a_taken_name_is_one_line(tmp_path, monkeypatch):
+  from engram_jax.core.errors import EngramError
+
+  (tmp_path / 'mypkg_taken44.py').write_text(
+    'from engram_jax.fit import register_component\n'
+    'from engram_jax.fit.adapter import Adapter\n\n\n'
+    '@register_component\nclass MyAdapter(Adapter):\n  pass\n'
+  )
+  monkeypatch.syspath_prepend(str(tmp_path))
+  with initialize_config_dir(config_dir=CONF, version_base='1.3'):
+    cfg = compose(config_name='fit', overrides=['fit.component_modules=[mypkg_taken44]'])
+  with pytest.raises(EngramError, match=r"^fit.component_modules: 'mypkg_taken44': component 'adapter' is already"):
+    fit_setup.import_component_modules(cfg)
+
+
+def test_an_earlier_fits_loss_curves_are_cleared(tmp_path):
+  """A rerun into a used folder removes every loss curve there, also of variants it does not declare."""
+  from engram_jax.core import runfolder
+  from experiments import fit as fit_exp
+
+  with initialize_config_dir(config_dir=CONF, version_base='1.3'):
+    cfg = compose(config_name='fit', overrides=[f'pipeline=[{PIPE}]'])
+  for name in ('loss_curve_combined.json', 'loss_curve_fitted.json', 'notes.txt'):
+    (tmp_path / name).write_text('{}')
+  runfolder.begin(tmp_path, fit_exp.outputs(cfg) + fit_exp.stale_outputs(tmp_path))
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['notes.txt']
