@@ -148,16 +148,13 @@ def _coerce(value: Any, kind: Any) -> Any:
     if not isinstance(value, (bool, np.bool_)):
       raise ValueError(f'expected true or false, got {value!r}')
     return bool(value)
-  if kind == 'int':
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-      raise ValueError(f'expected an integer, got {value!r}')
-    if value != int(value):
-      raise ValueError(f'expected an integer, got {value!r}')
-    return int(value)
-  if kind == 'float':
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-      raise ValueError(f'expected a number, got {value!r}')
-    return float(value)
+  if kind in ('int', 'float'):
+    number = not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, float, np.integer, np.floating))
+    if kind == 'float' and number:
+      return float(value)
+    if kind == 'int' and number and float(value).is_integer():
+      return int(value)
+    raise ValueError(f'expected {"an integer" if kind == "int" else "a number"}, got {value!r}')
   return value
 
 
