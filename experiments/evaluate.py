@@ -88,6 +88,30 @@ def fit_on_train(cfg: DictConfig, pipes: dict, expanded: dict, embed_fn, scored:
   return fits
 
 
+def embed(cfg: DictConfig, ds: DictConfig, episodes, embed_fn, timer: timing.RunTimer) -> list:
+  """The episodes' ``(item, question)`` vectors; once per process for this dataset and embedder (the jobs of a
+  multirun share them)."""
+  with timer.phase('embed'):
+    return common.memo(
+      cfg,
+      'embeddings',
+      {
+        'dataset': ds,
+        'data_root': cfg.paths.data_root,
+        'embedder': cfg.embedder,
+        'cache_dir': cfg.paths.cache_dir,
+        'content': getattr(embed_fn, 'content_key', None),  # a vectors file: its sha256, not its path
+      },
+      lambda: evaluation.embed_episodes(episodes, embed_fn),
+    )
+
+
+def needs_vectors(cfg: DictConfig, pipes: dict) -> bool:
+  """Whether this run must embed: a leg reads vectors, or a fit's artifact (its dimension is checked), a pile-up
+  report (it reads item vectors) or a fit on training questions comes with it."""
+  return pipeline.reads_vectors(pipes.values()) or bool(cfg.get('fitted')) or bool(cfg.eval.get('pileup'))
+
+
 def run_dataset(
   cfg: DictConfig,
   ds: DictConfig,
@@ -108,19 +132,13 @@ def run_dataset(
   if any(kind == 'tune' for kind, _, _ in expanded.values()):
     splits.assert_distinct_episodes(episodes)  # cross-fitting by episode: no content on both sides
   timer = timer or timing.RunTimer()
-  with timer.phase('embed'):  # once per process for this dataset and embedder (the jobs of a multirun share it)
-    embeddings = common.memo(
-      cfg,
-      'embeddings',
-      {
-        'dataset': ds,
-        'data_root': cfg.paths.data_root,
-        'embedder': cfg.embedder,
-        'cache_dir': cfg.paths.cache_dir,
-        'content': getattr(embed_fn, 'content_key', None),  # a vectors file: its sha256, not its path
-      },
-      lambda: evaluation.embed_episodes(episodes, embed_fn),
-    )
+  if not needs_vectors(cfg, pipes):  # a lexical-only run: one constant unit vector per text, nothing encoded
+    timer.add('embed skipped (no leg reads vectors)', 0.0)
+    embeddings = [
+      (np.ones((ep.n_items, 1), np.float32), np.ones((len(ep.questions), 1), np.float32)) for ep in episodes
+    ]
+  else:
+    embeddings = embed(cfg, ds, episodes, embed_fn, timer)
   if cfg.get('fitted') and Path(str(cfg.fitted)).is_dir():  # the artifact's dimension, before any retrieval
     from experiments.lib import fit_artifact
 
@@ -207,7 +225,8 @@ def run_dataset(
     metrics=metrics,
     reference=reference if not cfg.get('datasets') else None,
     reference_label=cfg.get('reference_label', 'published'),
-    title=f'{ds.name}: {len(result.question_ids)} questions, k={cfg.eval.k}, embedder {cfg.embedder.model_id}',
+    title=f'{ds.name}: {len(result.question_ids)} questions, k={cfg.eval.k}, embedder '
+    + (cfg.embedder.model_id if needs_vectors(cfg, pipes) else 'none (no leg reads vectors)'),
   )
   if applied:
     table += (

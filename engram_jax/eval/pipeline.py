@@ -207,6 +207,12 @@ def with_values(pipe: Pipeline, values: Mapping[str, Any], *, name: str | None =
   return Pipeline(legs=legs, fusion=pipe.fusion, k0=k0, name=pipe.name if name is None else name)
 
 
+def reads_vectors(pipelines: Iterable[Pipeline]) -> bool:
+  """Whether any leg of ``pipelines`` reads embeddings (its operator's ``vectors``); False: a run of them needs no
+  embedder (a lexical-only run embeds nothing)."""
+  return any(leg.operator.vectors for p in pipelines for leg in p.legs)
+
+
 def build_options(pipelines: Iterable[Pipeline]) -> dict[str, Any]:
   """What :func:`engram_jax.core.batch.episode_arrays` must build for these pipelines' legs (e.g. the BM25 tokenizers),
   merged over every leg whose operator declares ``needs``: ``'tokenizers'`` and, where a leg reads precomputed

@@ -1,4 +1,21 @@
-"""BM25: the exact Okapi semantics of ``rank_bm25.BM25Okapi`` (v0.2.2), as a pure JAX function.
+"""BM25 as a pure JAX function, in the forms the field runs (the ``form`` knob, :data:`FORMS`):
+
+* ``'okapi'`` (the default, and every number published before the Lucene-grade leg): the exact semantics of
+  ``rank_bm25.BM25Okapi`` (v0.2.2), below;
+* ``'lucene'``: Lucene's ``BM25Similarity`` (Lucene 8 and later, as Anserini runs it):
+  ``idf[t] = log(1 + (n - df[t] + 0.5) / (df[t] + 0.5))`` and ``tf / (tf + k1 (1 - b + b |d| / avgdl))`` (no
+  ``k1 + 1`` factor), where ``|d|`` is Lucene's one-byte length norm (:func:`lucene_length`: exact up to 39 terms,
+  then its top four bits kept) and ``n``, ``avgdl`` count the items that hold at least one term (Lucene's
+  ``docCount``); checked against Lucene itself per question (``experiments.lucene``);
+* ``'lucene_exact'``: the same with exact lengths and every item counted: bm25s's ``method='lucene'``;
+* ``'bm25+'`` (Lv and Zhai 2011): ``idf = log((n + 1) / df)``, ``tf (k1 + 1) / (tf + k1 (...)) + delta``;
+* ``'bm25l'`` (Lv and Zhai 2011): ``idf = log((n + 1) / (df + 0.5))``, ``c = tf / (1 - b + b |d| / avgdl)``,
+  ``(k1 + 1)(c + delta) / (k1 + c + delta)``.
+
+In every form a term a document lacks adds 0 (the papers', Lucene's and Okapi's semantics). rank_bm25's BM25Plus
+and BM25L and bm25s's ``'bm25+'`` and ``'bm25l'`` add each absent query term's ``tf = 0`` value too (for BM25+ that
+adds the same ``idf x delta`` to every document, so ``delta`` cannot change their ranking); the tests check these
+forms against bm25s with that term named and subtracted.
 
 rank_bm25 computes, for a tokenised corpus of ``n`` documents,
 
@@ -17,12 +34,15 @@ built, so an episode of 1e5 items costs ``N x L`` (``L`` = the most distinct ter
 tokens with repetition is then, per item, a sum over its own terms of the query's count of that term (gathered
 from a ``[B, V]`` query-weight row per chunk of ``B`` questions) times the term's weight. :func:`bm25_scores` keeps
 the dense form ``[Q, V] x [N, V]`` for small corpora and tests. rank_bm25 takes
-pre-tokenised text, so the tokeniser is part of the config (:data:`TOKENIZERS`):
+pre-tokenised text, so the analyzer is part of the config (the ``tokenizer`` knob names one of
+:data:`engram_jax.core.lexicon.ANALYZERS`):
 
 * ``'words'`` (:func:`tokenize`, the default): lower-case ``\\w+`` runs;
 * ``'flat'`` (:func:`flat_tokenize`): LongMemEval's official ``flat-bm25`` retriever
   (``run_retrieval.py``: ``BM25Okapi([doc.split(" ") for doc in corpus]).get_scores(query.split(" "))``):
-  split on single spaces, case kept, punctuation kept, ``''`` tokens kept, an empty text is ``['']``.
+  split on single spaces, case kept, punctuation kept, ``''`` tokens kept, an empty text is ``['']``;
+* ``'english'``: Lucene's English analyzer (Anserini's default), with ``form='lucene', k1=0.9, b=0.4`` the
+  ``bm25_lucene`` pipeline; ``'english_snowball'``, ``'english_nostem'``, ``'english_stop179'``, ``'words_porter'``.
 """
 
 from __future__ import annotations
@@ -39,7 +59,9 @@ from engram_jax.core.batch import EpisodeArrays
 # The tokenizers and the Lexicon live in engram_jax.core.lexicon (built by engram_jax.core.batch, which imports no operator);
 # re-exported here, where BM25's users look for them.
 from engram_jax.core.lexicon import (  # noqa: F401
+  ANALYZERS,
   TOKENIZERS,
+  Analyzer,
   Lexicon,
   build_lexicon,
   build_vocab,
@@ -51,24 +73,74 @@ from engram_jax.core.lexicon import (  # noqa: F401
 from engram_jax.ops import pools
 from engram_jax.ops.registry import Knob, Operator, SoftTwin, check_knobs, knob_defaults, register
 
+FORMS = ('okapi', 'lucene', 'lucene_exact', 'bm25+', 'bm25l')
+
 # The declaration of BM25's knobs: the one place their defaults are written (signatures below read _D).
 KNOBS = (
   Knob('k1', 1.5, transform='log', check='>0', doc='BM25 term saturation'),
   Knob('b', 0.75, transform='logit', check='[0,1]', doc='BM25 length normalisation'),
-  Knob('epsilon', 0.25, static=True, check='>=0', doc='BM25 idf floor factor'),
-  Knob('tokenizer', 'words', static=True, check=tuple(TOKENIZERS), doc='term tokenizer'),
+  Knob('epsilon', 0.25, static=True, check='>=0', doc='BM25 idf floor factor (okapi form)'),
+  Knob('tokenizer', 'words', static=True, check=tuple(ANALYZERS), doc='the analyzer (engram_jax.core.lexicon)'),
+  Knob('form', 'okapi', static=True, check=FORMS, doc='BM25 form: idf and term weight'),
+  Knob('delta', 0.5, check='>=0', doc='the bm25+ / bm25l lower bound'),
 )
 _D = knob_defaults(KNOBS)
 
 
-def _idf(df: Array, n: Array, epsilon: ArrayLike) -> Array:
-  """rank_bm25's idf over vocabulary columns with ``df > 0`` (0 elsewhere), negative idf floored at
-  ``epsilon x`` the mean idf."""
+def lucene_length(dl: ArrayLike, xp=jnp) -> Array:
+  """Lucene's one-byte document length (``SmallFloat.byte4ToInt(intToByte4(dl))``), as its BM25 reads it: exact up
+  to 39 terms; beyond, ``dl - 24`` keeps its four most significant bits. ``dl`` integer-valued ``[...]``."""
+  i = xp.asarray(dl).astype(xp.int32) - 24
+  shift = sum((i >= (1 << (s + 3))).astype(xp.int32) for s in range(1, 28))  # bit length of i minus 4, or 0
+  return xp.where(i < 0, i + 24, ((i >> shift) << shift) + 24).astype(xp.float32)
+
+
+def _idf(df: Array, n: Array, epsilon: ArrayLike, form: str = 'okapi', xp=jnp) -> Array:
+  """The form's idf over vocabulary columns with ``df > 0`` (0 elsewhere). ``'okapi'``: rank_bm25's, negative idf
+  floored at ``epsilon x`` the mean idf."""
   in_vocab = df > 0
-  idf = jnp.log(n - df + 0.5) - jnp.log(df + 0.5)
-  idf = jnp.where(in_vocab, idf, 0.0)
-  mean_idf = jnp.sum(idf) / jnp.maximum(jnp.sum(in_vocab), 1)
-  return jnp.where(in_vocab & (idf < 0), epsilon * mean_idf, idf)
+  safe = xp.where(in_vocab, df, 1.0)
+  if form == 'okapi':
+    idf = xp.log(n - df + 0.5) - xp.log(df + 0.5)
+    idf = xp.where(in_vocab, idf, 0.0)
+    mean_idf = xp.sum(idf) / xp.maximum(xp.sum(in_vocab), 1)
+    return xp.where(in_vocab & (idf < 0), epsilon * mean_idf, idf)
+  if form in ('lucene', 'lucene_exact'):
+    idf = xp.log(1.0 + (n - safe + 0.5) / (safe + 0.5))
+  elif form == 'bm25+':
+    idf = xp.log((n + 1.0) / safe)
+  elif form == 'bm25l':
+    idf = xp.log((n + 1.0) / (safe + 0.5))
+  else:
+    raise ValueError(f'bm25: unknown form {form!r}; known: {list(FORMS)}')
+  return xp.where(in_vocab, idf, 0.0)
+
+
+def _term_weight(tf: Array, ratio: Array, k1: ArrayLike, b: ArrayLike, form: str, delta: ArrayLike) -> Array:
+  """The form's weight of a term ``tf`` times in an item of length ratio ``|d| / avgdl`` (broadcast); 0 where
+  ``tf == 0``."""
+  norm = 1.0 - b + b * ratio
+  if form == 'bm25l':
+    c = tf / norm
+    w = (k1 + 1.0) * (c + delta) / (k1 + c + delta)
+  else:
+    w = tf / (tf + k1 * norm)
+    if form in ('okapi', 'bm25+'):
+      w = w * (k1 + 1.0)
+    if form == 'bm25+':
+      w = w + delta
+  return jnp.where(tf > 0, w, 0.0)  # 0/0 guard for empty items
+
+
+def _length_stats(tf: Array, real: Array, form: str) -> tuple[Array, Array, Array]:
+  """``(n, dl [N], avgdl)`` of the form: Lucene counts only items that hold a term and reads its one-byte length."""
+  dl = jnp.sum(tf, axis=-1)
+  counted = real & (dl > 0) if form == 'lucene' else real
+  n = jnp.sum(counted)
+  avgdl = jnp.sum(dl) / jnp.maximum(n, 1)
+  if form == 'lucene':
+    dl = lucene_length(dl)
+  return n, dl, jnp.where(avgdl > 0, avgdl, 1.0)
 
 
 # Elements of a chunk's [N, L, B] gather in bm25_sparse_scores (64 MB of float32): B = 32 questions up to
@@ -83,10 +155,12 @@ def bm25_sparse_scores(
   k1: ArrayLike = _D['k1'],
   b: ArrayLike = _D['b'],
   epsilon: ArrayLike = _D['epsilon'],
+  form: str = _D['form'],
+  delta: ArrayLike = _D['delta'],
   batch_size: int | None = 32,
 ) -> Array:
-  r"""Okapi BM25 scores from sparse term statistics; equal to :func:`bm25_scores` on the dense counts (tested) and
-  to ``rank_bm25.BM25Okapi``.
+  r"""BM25 scores of the ``form`` from sparse term statistics; equal to :func:`bm25_scores` on the dense counts
+  (tested), to ``rank_bm25.BM25Okapi`` (``'okapi'``) and to Lucene (``'lucene'``).
 
   Per item, the score is a sum over its own distinct terms :math:`t` of :math:`q_t\,\mathrm{idf}_t\,
   f_{t,d}(k_1+1)/(f_{t,d} + k_1(1-b+b|d|/\mathrm{avgdl}))`, with :math:`q_t` gathered from the question's
@@ -96,7 +170,8 @@ def bm25_sparse_scores(
   Args:
     lex: the episode's :class:`Lexicon` (``doc_* [N, L]``, ``query_* [Q, T]``, ``vocab_where [V]``).
     where: ``[N]`` True for real items; statistics use real items only and masked items score ``-inf``.
-    k1, b, epsilon: BM25Okapi's parameters; traced (differentiable in ``k1`` and ``b``).
+    k1, b, epsilon: BM25's parameters; traced (differentiable in ``k1`` and ``b``).
+    form: static; one of :data:`FORMS`. delta: the bm25+ / bm25l lower bound (traced).
     batch_size: static; questions per chunk (``lax.map``), lowered so that a chunk's gather stays within
       :data:`GATHER_BUDGET` elements; ``None`` = all at once.
 
@@ -107,15 +182,11 @@ def bm25_sparse_scores(
   n_items = terms.shape[0]
   real = jnp.ones(n_items, bool) if where is None else jnp.asarray(where, bool)
   tf = jnp.asarray(lex.doc_counts) * real[:, None]
-  n = jnp.sum(real)
-  dl = jnp.sum(tf, axis=-1)
-  avgdl = jnp.sum(dl) / jnp.maximum(n, 1)
+  n, dl, avgdl = _length_stats(tf, real, form)
   v = lex.vocab_where.shape[-1]
   df = jnp.zeros(v, tf.dtype).at[terms].add((tf > 0).astype(tf.dtype))
-  idf = _idf(df, n, epsilon)
-  norm = k1 * (1.0 - b + b * dl / jnp.where(avgdl > 0, avgdl, 1.0))
-  sat = jnp.where(tf > 0, tf * (k1 + 1.0) / (tf + norm[:, None]), 0.0)  # 0/0 guard for empty items
-  weight = sat * idf[terms]  # [N, L]
+  idf = _idf(df, n, epsilon, form)
+  weight = _term_weight(tf, (dl / avgdl)[:, None], k1, b, form, delta) * idf[terms]  # [N, L]
 
   def chunk(args):
     q_terms, q_counts = args  # [B, T]
@@ -147,8 +218,10 @@ def bm25_scores(
   k1: ArrayLike = _D['k1'],
   b: ArrayLike = _D['b'],
   epsilon: ArrayLike = _D['epsilon'],
+  form: str = _D['form'],
+  delta: ArrayLike = _D['delta'],
 ) -> Array:
-  r"""Okapi BM25 scores, equal to ``rank_bm25.BM25Okapi(corpus).get_scores(query)``.
+  r"""BM25 scores (the ``form``; ``'okapi'``: equal to ``rank_bm25.BM25Okapi(corpus).get_scores(query)``).
 
   Definition:
     .. math::
@@ -159,7 +232,8 @@ def bm25_scores(
     doc_tf: ``[N, V]`` document term counts (padded rows and columns are zero).
     where: ``[N]`` True for real documents; statistics (n, df, avgdl) use real documents only, and
       masked documents score ``-inf``.
-    k1, b, epsilon: BM25Okapi's parameters; traced, so they can be fit.
+    k1, b, epsilon: BM25's parameters; traced, so they can be fit.
+    form: static; one of :data:`FORMS` (the module docstring). delta: the bm25+ / bm25l lower bound.
 
   Returns:
     ``[..., N]`` scores. Differentiable in ``k1`` and ``b``.
@@ -173,17 +247,13 @@ def bm25_scores(
     [0.668, 0.0, 0.0]
   """
   validation.check_embeddings('bm25_scores', query_tf, doc_tf, names=('query_tf', 'doc_tf'))
-  check_knobs('bm25', 'bm25_scores', k1=k1, b=b, epsilon=epsilon)
+  check_knobs('bm25', 'bm25_scores', k1=k1, b=b, epsilon=epsilon, form=form, delta=delta)
   doc_tf = jnp.asarray(doc_tf)
   real = jnp.ones(doc_tf.shape[0], bool) if where is None else jnp.asarray(where, bool)
   tf = doc_tf * real[:, None]
-  n = jnp.sum(real)
-  dl = jnp.sum(tf, axis=-1)
-  avgdl = jnp.sum(dl) / jnp.maximum(n, 1)
-  idf = _idf(jnp.sum(tf > 0, axis=0), n, epsilon)
-  norm = k1 * (1.0 - b + b * dl / jnp.where(avgdl > 0, avgdl, 1.0))
-  sat = tf * (k1 + 1.0) / (tf + norm[:, None])
-  sat = jnp.where(tf > 0, sat, 0.0)  # 0/0 guard for empty documents
+  n, dl, avgdl = _length_stats(tf, real, form)
+  idf = _idf(jnp.sum(tf > 0, axis=0), n, epsilon, form)
+  sat = _term_weight(tf, (dl / avgdl)[:, None], k1, b, form, delta)
   s = jnp.einsum('...v,nv->...n', query_tf, sat * idf[None, :])
   return jnp.where(real, s, -jnp.inf)
 
@@ -191,11 +261,19 @@ def bm25_scores(
 # ---- soft twin: BM25 from per-question term statistics ------------------------------------------------------
 
 
-def term_stats(ep: EpisodeArrays, n_q: int, epsilon: float, n_terms: int | None = None):
-  """Per question: (term counts [Q, T, N], count x idf [Q, T], dl/avgdl [N]) with rank_bm25's idf; T = the most
-  distinct in-vocabulary query terms of any question (or ``n_terms``). Read from the ``'words'`` :class:`Lexicon`
-  (a SciPy sparse matrix of the item counts; nothing ``[N, V]`` dense)."""
-  lex = ep.lexicons['words']
+def term_stats(
+  ep: EpisodeArrays,
+  n_q: int,
+  epsilon: float,
+  n_terms: int | None = None,
+  *,
+  tokenizer: str = _D['tokenizer'],
+  form: str = _D['form'],
+):
+  """Per question: (term counts [Q, T, N], count x idf [Q, T], dl/avgdl [N]) with the form's idf and lengths; T =
+  the most distinct in-vocabulary query terms of any question (or ``n_terms``). Read from the ``tokenizer``'s
+  :class:`Lexicon` (a SciPy sparse matrix of the item counts; nothing ``[N, V]`` dense)."""
+  lex = ep.lexicons[tokenizer]
   where = np.asarray(ep.where)
   terms = np.asarray(lex.doc_terms)
   counts = np.asarray(lex.doc_counts, np.float64) * where[:, None]
@@ -205,14 +283,14 @@ def term_stats(ep: EpisodeArrays, n_q: int, epsilon: float, n_terms: int | None 
   tf = scipy.sparse.csc_matrix(
     (counts.ravel(), (np.repeat(np.arange(n_items), width), terms.ravel())), shape=(n_items, lex.vocab_where.shape[-1])
   )  # duplicate (padding) entries add 0
-  n = float(np.sum(where))
   dl = counts.sum(-1)
+  n = float(np.sum(where & (dl > 0) if form == 'lucene' else where))
   avgdl = dl.sum() / max(n, 1.0)
-  df = np.asarray((tf > 0).sum(0)).ravel()
+  if form == 'lucene':
+    dl = np.asarray(lucene_length(dl, xp=np), np.float64)
+  df = np.asarray((tf > 0).sum(0)).ravel().astype(np.float64)
   in_vocab = df > 0
-  idf = np.where(in_vocab, np.log(n - df + 0.5) - np.log(df + 0.5), 0.0)
-  mean_idf = idf.sum() / max(in_vocab.sum(), 1)
-  idf = np.where(in_vocab & (idf < 0), epsilon * mean_idf, idf)
+  idf = np.asarray(_idf(df, n, epsilon, form, xp=np))
   q_terms, q_counts = np.asarray(lex.query_terms)[:n_q], np.asarray(lex.query_counts, np.float64)[:n_q]
   keep = (q_counts > 0) & in_vocab[q_terms]
   if n_terms is None:
@@ -228,12 +306,21 @@ def term_stats(ep: EpisodeArrays, n_q: int, epsilon: float, n_terms: int | None 
   return out_tf, out_w, (dl / (avgdl if avgdl > 0 else 1.0)).astype(np.float32)
 
 
-def bm25_from_stats(tf: Array, wq: Array, dlr: Array, *, k1: Array, b: Array) -> Array:
-  r"""BM25 from per-question term statistics: :math:`\sum_t w_t f_t (k_1 + 1) / (f_t + k_1 (1 - b + b\,
-  |d|/\mathrm{avgdl}))`; equal to :func:`bm25_scores` (tested) and differentiable in
-  ``k1`` and ``b``. Shapes: ``tf [..., T, N]``, ``wq [..., T]``, ``dlr [..., N]`` -> ``[..., N]``."""
-  norm = k1 * (1.0 - b + b * dlr)[..., None, :]
-  sat = jnp.where(tf > 0, tf * (k1 + 1.0) / (tf + norm), 0.0)
+def bm25_from_stats(
+  tf: Array,
+  wq: Array,
+  dlr: Array,
+  *,
+  k1: Array,
+  b: Array,
+  form: str = _D['form'],
+  delta: ArrayLike = _D['delta'],
+) -> Array:
+  r"""BM25 from per-question term statistics: :math:`\sum_t w_t\,g(f_t, |d|/\mathrm{avgdl})` with the form's term
+  weight :math:`g` (``'okapi'``: :math:`f (k_1 + 1) / (f + k_1 (1 - b + b\,|d|/\mathrm{avgdl}))`); equal to
+  :func:`bm25_scores` (tested) and differentiable in ``k1`` and ``b``. Shapes: ``tf [..., T, N]``, ``wq [..., T]``,
+  ``dlr [..., N]`` -> ``[..., N]``."""
+  sat = _term_weight(tf, dlr[..., None, :], k1, b, form, delta)
   return jnp.einsum('...t,...tn->...n', wq, sat)
 
 
@@ -245,9 +332,11 @@ def bm25_leg(
   b: float = _D['b'],
   epsilon: float = _D['epsilon'],
   tokenizer: str = _D['tokenizer'],
+  form: str = _D['form'],
+  delta: float = _D['delta'],
 ) -> Array:
-  """BM25Okapi scores ``[Q, N]`` over the term counts of ``tokenizer`` (``'words'``, or ``'flat'`` for
-  LongMemEval's official flat-bm25).
+  """BM25 scores ``[Q, N]`` of the ``form`` over the term counts of the analyzer ``tokenizer`` (``'words'``,
+  ``'flat'`` for LongMemEval's official flat-bm25, ``'english'`` for Lucene's English analyzer, ...).
 
   Raises:
     ValueError: when ``ep`` was built without that tokenizer's term counts.
@@ -258,16 +347,16 @@ def bm25_leg(
       f'bm25: tokenizer {tokenizer!r} has no term counts in these arrays (built with '
       f'{list(ep.lexicons)}); pass tokenizers=[..., {tokenizer!r}] to episode_arrays'
     )
-  return bm25_sparse_scores(ep.lexicons[tokenizer], where=ep.where, k1=k1, b=b, epsilon=epsilon)
+  return bm25_sparse_scores(ep.lexicons[tokenizer], where=ep.where, k1=k1, b=b, epsilon=epsilon, form=form, delta=delta)
 
 
 def term_rows(ep: EpisodeArrays, n_questions: int, n_pad: int, options, settings) -> dict:
   """BM25's soft-twin rows (its ``SoftTwin.rows``; reusable by operators built on BM25): per question the term
   counts ``'tf' [Q, T, n_pad]``, count x idf ``'w' [Q, T]`` and ``'dlr' [Q, n_pad]`` (|d| / avgdl; pad with 1.0)."""
   del settings
-  if options['tokenizer'] != 'words':
-    raise ValueError(f"fitting BM25 is supported with the 'words' tokenizer, got {options['tokenizer']!r}")
-  tf, w, dlr = term_stats(ep, n_questions, float(options['epsilon']))
+  tf, w, dlr = term_stats(
+    ep, n_questions, float(options['epsilon']), tokenizer=options['tokenizer'], form=options['form']
+  )
   return {
     'tf': pools.pad_items(tf, n_pad, 0.0),
     'w': w,
@@ -277,7 +366,15 @@ def term_rows(ep: EpisodeArrays, n_questions: int, n_pad: int, options, settings
 
 def term_scores(rows, values) -> Array:
   """BM25 ``[B, N]`` on a batch of :func:`term_rows` (no mask), differentiable in ``values['k1']``, ``['b']``."""
-  return bm25_from_stats(rows['tf'], rows['w'], rows['dlr'], k1=values['k1'], b=values['b'])
+  return bm25_from_stats(
+    rows['tf'],
+    rows['w'],
+    rows['dlr'],
+    k1=values['k1'],
+    b=values['b'],
+    form=values.get('form', _D['form']),
+    delta=values.get('delta', _D['delta']),
+  )
 
 
 TERM_FILL = {'dlr': 1.0}  # the padding of term_rows' entries when episodes of different sizes are stacked
@@ -292,9 +389,10 @@ BM25 = register(
   Operator(
     name='bm25',
     leg=bm25_leg,
-    doc="Okapi BM25 (rank_bm25's BM25Okapi semantics)",
+    doc="BM25 (rank_bm25's BM25Okapi semantics; form='lucene' with tokenizer='english': Lucene's)",
     knobs=KNOBS,
     soft=SoftTwin(rows=term_rows, scores=_soft, fill=TERM_FILL),
     needs=lambda options: {'tokenizers': (options['tokenizer'],)},
+    vectors=False,
   )
 )

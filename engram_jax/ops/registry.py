@@ -191,6 +191,8 @@ class Operator:
     check_options: optional ``(episodes, folder) -> {knob: value}``: the knob values under which
       :func:`engram_jax.testing.check_operator` runs the leg on its random episodes, for an operator whose defaults
       cannot run alone (``trec_run`` reads a file: it writes one for those episodes under ``folder``).
+    vectors: False when the leg reads no embedding (BM25, an external run): a run whose legs all read none embeds
+      nothing (:func:`engram_jax.eval.pipeline.reads_vectors`).
 
   Example:
     >>> import engram_jax.ops as ops
@@ -207,6 +209,7 @@ class Operator:
   needs: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
   stages: Stages | None = None
   check_options: Callable[[Sequence[Any], str], Mapping[str, Any]] | None = None
+  vectors: bool = True
 
   def knob(self, name: str) -> Knob:
     for k in self.knobs:

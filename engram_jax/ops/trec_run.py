@@ -258,5 +258,6 @@ TREC_RUN = register(
     knobs=KNOBS,
     needs=_needs,
     check_options=_check_options,
+    vectors=False,
   )
 )
