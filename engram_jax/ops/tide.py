@@ -3,7 +3,8 @@
 Hard: :func:`tide_scores`. Soft twin: the hard operator is already smooth in its one fitted knob (the recency
 weight enters linearly; the base's top-``pool`` cut does not move with it), so the twin is :func:`tide_scores` on
 the precomputed base scores. Knobs: ``recency`` (the weight :math:`w`, fitted), ``pool`` (base candidates
-re-scored, static), ``base`` (``cosine`` or ``bm25``) and BM25's ``k1``/``b``/``epsilon`` for a BM25 base.
+re-scored, static), ``base`` (``cosine`` or ``bm25``) and BM25's ``k1``/``b``/``epsilon``/``tokenizer``/``form`` for a
+BM25 base.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ KNOBS = (
   Knob('k1', _BM25['k1'], static=True, check='>0', doc='BM25 term saturation of a BM25 base'),
   Knob('b', _BM25['b'], static=True, check='[0,1]', doc='BM25 length normalisation of a BM25 base'),
   Knob('epsilon', _BM25['epsilon'], static=True, check='>=0', doc='BM25 idf floor factor of a BM25 base'),
+  Knob('tokenizer', _BM25['tokenizer'], static=True, check=tuple(bm25_ops.ANALYZERS), doc='analyzer of a BM25 base'),
+  Knob('form', _BM25['form'], static=True, check=bm25_ops.FORMS, doc='BM25 form of a BM25 base'),
 )
 _D = knob_defaults(KNOBS)
 
@@ -100,12 +103,23 @@ def tide_scores(base: Array, positions: Array, *, weight: ArrayLike, depth: int,
   return jnp.where(cand, s, -jnp.inf)
 
 
-def base_scores(ep: EpisodeArrays, key: Array, *, base: str, k1: float, b: float, epsilon: float) -> Array:
-  """The base leg's scores ``[Q, N]``: cosine, or BM25 with ``k1``/``b``/``epsilon``."""
+def base_scores(
+  ep: EpisodeArrays,
+  key: Array,
+  *,
+  base: str,
+  k1: float,
+  b: float,
+  epsilon: float,
+  tokenizer: str = _D['tokenizer'],
+  form: str = _D['form'],
+) -> Array:
+  """The base leg's scores ``[Q, N]``: cosine, or BM25 with ``k1``/``b``/``epsilon`` of the ``form`` over the
+  analyzer ``tokenizer``."""
   if base == 'cosine':
     return cosine_scores(ep.queries, ep.docs, where=ep.where)
   if base == 'bm25':
-    return bm25_ops.bm25_leg(ep, key, k1=k1, b=b, epsilon=epsilon)
+    return bm25_ops.bm25_leg(ep, key, k1=k1, b=b, epsilon=epsilon, tokenizer=tokenizer, form=form)
   raise ValueError(f'tide: unknown base {base!r}; allowed: {list(BASES)}')
 
 
@@ -119,20 +133,29 @@ def tide_leg(
   k1: float = _D['k1'],
   b: float = _D['b'],
   epsilon: float = _D['epsilon'],
+  tokenizer: str = _D['tokenizer'],
+  form: str = _D['form'],
 ) -> Array:
   """Tide ``[Q, N]``: the base leg's (``cosine`` or ``bm25``) top-``pool`` re-scored with ``+ recency * position
   / (N - 1)``."""
-  s = base_scores(ep, key, base=base, k1=k1, b=b, epsilon=epsilon)
+  s = base_scores(ep, key, base=base, k1=k1, b=b, epsilon=epsilon, tokenizer=tokenizer, form=form)
   return tide_scores(s, ep.positions, weight=recency, depth=pool, where=ep.where)
 
 
-_BASE_SCORES = jax.jit(base_scores, static_argnames=('base',))  # one compilation per base and shape
+_BASE_SCORES = jax.jit(base_scores, static_argnames=('base', 'tokenizer', 'form'))  # one compilation per base and shape
 
 
 def _rows(ep: EpisodeArrays, n_questions: int, n_pad: int, options: Mapping[str, Any], settings) -> dict:
   del settings
   s = _BASE_SCORES(
-    ep, jax.random.key(0), base=options['base'], k1=options['k1'], b=options['b'], epsilon=options['epsilon']
+    ep,
+    jax.random.key(0),
+    base=options['base'],
+    k1=options['k1'],
+    b=options['b'],
+    epsilon=options['epsilon'],
+    tokenizer=options['tokenizer'],
+    form=options['form'],
   )
   return {'base': pools.pad_items(np.asarray(s)[:n_questions], n_pad, -np.inf)}
 
@@ -148,5 +171,6 @@ TIDE = register(
     doc='base top-pool + recency * write-order fraction (Tide)',
     knobs=KNOBS,
     soft=SoftTwin(rows=_rows, scores=_soft, fill={'base': -np.inf}),
+    needs=lambda options: {'tokenizers': (options['tokenizer'],)} if options['base'] == 'bm25' else {},
   )
 )
