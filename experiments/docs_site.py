@@ -400,37 +400,83 @@ def _bench_table(block: dict, metrics: list[str], link: str, rows: list[str] | N
   return out
 
 
+def _lexical_table(block: dict, metrics: list[str], link: str) -> list[str]:
+  """The LoCoMo headline: each seed row on the default lexical leg (its ``*bm25en*`` twin, where the run has one)
+  and on the seeds' BM25, ours with 95% CI, the published number beside."""
+  rows = block['rows']
+  head = ['method'] + [f'{m} ({leg})' for m in metrics for leg in ('`bm25en`', "seeds' `bm25`")]
+  head += [f'{m} (published)' for m in metrics]
+  out = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+  seeds = [p for p in rows if 'bm25en' not in p]
+  for pipe in seeds:
+    twin = pipe.replace('bm25', 'bm25en', 1) if 'bm25' in pipe else pipe
+    ref = block['reference'].get(pipe, {})
+    cells = [f'[`{pipe}`]({link})']
+    for m in metrics:
+      cells += [_cell(rows[twin][m]) if twin in rows else '-', _cell(rows[pipe][m])]
+    cells += [str(ref.get(m, '-')) for m in metrics]
+    out.append('| ' + ' | '.join(cells) + ' |')
+  return out
+
+
 def headline(summaries: dict[str, dict], ledger: list[dict]) -> str:
   """The README's headline results: one table per benchmark, from the committed runs and the ledger."""
   out = [HEADLINE[0]]
   lo = summaries['cfsr_table']['datasets']['locomo']
   r = lo['rows']
-  stack, rrf = r['rrf_cos_bm25_cfsr']['ndcg@10'][0], r['rrf_cos_bm25']['ndcg@10'][0]
   out += [
-    '**LoCoMo** (1,982 questions; ours: all-MiniLM-L6-v2, 95% bootstrap CI; published: the CFS-R post, '
-    'text-embedding-3-small, another embedder):',
+    '**LoCoMo** (1,982 questions; ours: all-MiniLM-L6-v2, 95% bootstrap CI, each row with its BM25 leg the default '
+    "`bm25en` and the seeds' `bm25`; published: the CFS-R post, text-embedding-3-small, another embedder):",
     '',
   ]
-  out += _bench_table(lo, ['ndcg@10', 'recall@10'], 'docs/reproduce.md#cfsr_table')
+  out += _lexical_table(lo, ['ndcg@10', 'recall@10'], 'docs/reproduce.md#cfsr_table')
   by_name = {e['protocol']: e for e in ledger}
-  full = by_name.get('locomo_full')
-  if full:
-    fitted = full['summary']['rrf_cos_bm25_cfsr (fitted, out of fold)']['ndcg@10']
-    d = full['paired']['fitted - rrf_cos_bm25 (hand-set)']['ndcg@10']
-    out += [
-      f'| [`rrf_cos_bm25_cfsr` fitted, 8 knobs (`locomo_full`)](docs/reproduce.md#protocols) | {fitted:.3f} '
-      f'(out of fold; {d["delta"]:+.3f} [{d["lo"]:+.3f}, {d["hi"]:+.3f}] over `rrf_cos_bm25`) | | - | - |'
-    ]
-  verdict = 'below' if stack < rrf else 'above'
-  ordering = 'does not hold' if stack < rrf else 'holds'
-  fitted_line = ''
-  if full:
-    fit_verdict = 'passes' if fitted > rrf else 'does not pass'
-    fitted_line = f' Fitted by gradient (`locomo_full`), the same stack {fit_verdict} RRF.'
+  fitted_rows = []
+  for name, stack_name, base in (
+    ('locomo_full_en', 'rrf_cos_bm25en_cfsr', 'rrf_cos_bm25en'),
+    ('locomo_full', 'rrf_cos_bm25_cfsr', 'rrf_cos_bm25'),
+  ):
+    entry = by_name.get(name)
+    if entry:
+      fitted = entry['summary'][f'{stack_name} (fitted, out of fold)']['ndcg@10']
+      d = entry['paired'][f'fitted - {base} (hand-set)']['ndcg@10']
+      fitted_rows.append((name, stack_name, base, fitted))
+      cell = f'{fitted:.3f} (out of fold; {d["delta"]:+.3f} [{d["lo"]:+.3f}, {d["hi"]:+.3f}] over `{base}`)'
+      cells = [cell, ''] if 'bm25en' in stack_name else ['', cell]  # the column of its BM25 leg
+      out.append(
+        f'| [`{stack_name}` fitted, 8 knobs (`{name}`)](docs/reproduce.md#protocols) | '
+        + ' | '.join(cells)
+        + ' | | | - | - |'
+      )
+  sentences = []
+  for stack_name, base, label in (
+    ('rrf_cos_bm25en_cfsr', 'rrf_cos_bm25en', 'on the default lexical leg `bm25en`'),
+    ('rrf_cos_bm25_cfsr', 'rrf_cos_bm25', "on the seeds' `bm25`"),
+  ):
+    if stack_name in r and base in r:
+      st, rr = r[stack_name]['ndcg@10'][0], r[base]['ndcg@10'][0]
+      sentences.append(
+        f'{label} the hand-set CFS-R stack ({st:.3f} ndcg@10) is **{"below" if st < rr else "above"} RRF(cosine, BM25) '
+        f'({rr:.3f})**'
+      )
+  lex = [p for p in ('bm25en', 'rrf_cos_bm25en') if p in r]
+  lex_line = ''
+  if len(lex) == 2:
+    alone, fused = r['bm25en']['ndcg@10'][0], r['rrf_cos_bm25en']['ndcg@10'][0]
+    lex_line = (
+      f' `bm25en` alone ({alone:.3f}) is {"above" if alone > fused else "below"} its fusion with MiniLM cosine '
+      f'({fused:.3f}).'
+    )
+  fit_line = ''.join(
+    f' Fitted by gradient (`{name}`), the stack {"passes" if fitted > r[base]["ndcg@10"][0] else "does not pass"} '
+    f'`{base}`.'
+    for name, stack_name, base, fitted in fitted_rows
+    if base in r
+  )
   out += [
     '',
-    f'With MiniLM the hand-set CFS-R stack ({stack:.3f} ndcg@10) is **{verdict} plain RRF(cosine, BM25) '
-    f'({rrf:.3f})**: the published ordering (CFS-R stack best) {ordering} with this embedder.{fitted_line}',
+    f'With MiniLM, {"; ".join(sentences)}: the published ordering (CFS-R stack best) does not hold with this '
+    f'embedder.{lex_line}{fit_line}',
     '',
   ]
   tide = summaries['tide_table']['datasets']
