@@ -400,6 +400,14 @@ def _bench_table(block: dict, metrics: list[str], link: str, rows: list[str] | N
   return out
 
 
+def _alone(entry: dict, stack_name: str) -> str:
+  """', and ``bm25en`` alone by ...' when the protocol's ledger row pairs its fit with ``bm25en``."""
+  d = entry['paired'].get('fitted - bm25en (hand-set)', {}).get('ndcg@10')
+  if 'bm25en' not in stack_name or d is None:
+    return ''
+  return f' and `bm25en` alone by {d["delta"]:+.3f} [{d["lo"]:+.3f}, {d["hi"]:+.3f}] ndcg@10'
+
+
 def _lexical_table(block: dict, metrics: list[str], link: str) -> list[str]:
   """The LoCoMo headline: each seed row on the default lexical leg (its ``*bm25en*`` twin, where the run has one)
   and on the seeds' BM25, ours with 95% CI, the published number beside."""
@@ -469,7 +477,7 @@ def headline(summaries: dict[str, dict], ledger: list[dict]) -> str:
     )
   fit_line = ''.join(
     f' Fitted by gradient (`{name}`), the stack {"passes" if fitted > r[base]["ndcg@10"][0] else "does not pass"} '
-    f'`{base}`.'
+    f'`{base}`' + _alone(by_name[name], stack_name) + '.'
     for name, stack_name, base, fitted in fitted_rows
     if base in r
   )

@@ -323,7 +323,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   compile_cache = common.enable_compile_cache(cfg)
   datasets = checks.datasets_of(cfg)
   pipes, expanded = common.build_pipelines(cfg)
-  embed_fn = common.make_embedder(cfg)
+  embed_fn = common.make_embedder(cfg) if needs_vectors(cfg, pipes) else common.no_embedder()
   with timer.phase('load'):  # checked before any embedding or retrieval (once per loaded dataset in a process)
     loaded = {
       name: common.memo(

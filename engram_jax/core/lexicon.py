@@ -90,9 +90,10 @@ def uax29_tokenize(text: str) -> list[str]:
 
 
 def lucene_lower(token: str) -> str:
-  """Lower case per character, as Java's ``Character.toLowerCase`` (Lucene's LowerCaseFilter): ``'İ'`` becomes
-  ``'i'`` (Python's ``str.lower`` adds a combining dot: the one character whose full lower case is two)."""
-  return token.replace('\u0130', 'i').lower()
+  """Lower case character by character, as Java's ``Character.toLowerCase`` (Lucene's LowerCaseFilter): no context
+  (a final ``'Σ'`` becomes ``'σ'``, not ``'ς'``), and ``'İ'`` becomes ``'i'`` (the one character whose full lower
+  case in Python is two characters)."""
+  return ''.join('i' if c == '\u0130' else c.lower() for c in token)
 
 
 _POSSESSIVE = re.compile("['\u2019\uff07][sS]$")

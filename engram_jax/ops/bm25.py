@@ -163,7 +163,8 @@ def bm25_sparse_scores(
   (tested), to ``rank_bm25.BM25Okapi`` (``'okapi'``) and to Lucene (``'lucene'``).
 
   Per item, the score is a sum over its own distinct terms :math:`t` of :math:`q_t\,\mathrm{idf}_t\,
-  f_{t,d}(k_1+1)/(f_{t,d} + k_1(1-b+b|d|/\mathrm{avgdl}))`, with :math:`q_t` gathered from the question's
+  f_{t,d}(k_1+1)/(f_{t,d} + k_1(1-b+b|d|/\mathrm{avgdl}))` (``form='okapi'``; the other forms' idf and term
+  weight: the module docstring), with :math:`q_t` gathered from the question's
   count table (``[V, batch_size]``, built ``batch_size`` questions at a time). Cost ``N x L x Q``; memory
   ``[N, L]`` weights and an ``[N, L, batch_size]`` gather per chunk; no ``[N, V]``.
 
@@ -223,7 +224,7 @@ def bm25_scores(
 ) -> Array:
   r"""BM25 scores (the ``form``; ``'okapi'``: equal to ``rank_bm25.BM25Okapi(corpus).get_scores(query)``).
 
-  Definition:
+  Definition (``form='okapi'``; the other forms' idf and term weight: the module docstring):
     .. math::
       s(q, d) = \sum_t q_t \, \mathrm{idf}_t \frac{f_{t,d}(k_1+1)}{f_{t,d} + k_1(1 - b + b\,|d|/\mathrm{avgdl})}
 

@@ -59,6 +59,111 @@ def bm25(query_tokens, docs_tokens, k1=_BM25['k1'], b=_BM25['b'], epsilon=_BM25[
   return np.array(out)
 
 
+# Lucene's SmallFloat (org.apache.lucene.util.SmallFloat, Lucene 8 and later), transcribed in Python ints: the
+# one-byte length norm BM25Similarity stores per document and reads back through byte4ToInt.
+def _long_to_int4(i: int) -> int:
+  num_bits = i.bit_length()
+  if num_bits < 4:  # subnormal value
+    return i
+  shift = num_bits - 4
+  encoded = (i >> shift) & 0x07  # the 4 most significant bits, the implicit leading one cleared
+  return encoded | ((shift + 1) << 3)  # the shift, plus one (0 is reserved for subnormal values)
+
+
+def _int4_to_long(i: int) -> int:
+  bits, shift = i & 0x07, (i >> 3) - 1
+  return bits if shift == -1 else (bits | 0x08) << shift
+
+
+LUCENE_NUM_FREE_VALUES = 255 - _long_to_int4(2**31 - 1)  # 24
+
+
+def lucene_int_to_byte4(i: int) -> int:
+  """``SmallFloat.intToByte4`` (as an unsigned byte): exact below 24, then 4 significant bits of ``i - 24``."""
+  if i < 0:
+    raise ValueError(f'Only supports positive values, got {i}')
+  return i if i < LUCENE_NUM_FREE_VALUES else LUCENE_NUM_FREE_VALUES + _long_to_int4(i - LUCENE_NUM_FREE_VALUES)
+
+
+def lucene_byte4_to_int(b: int) -> int:
+  """``SmallFloat.byte4ToInt`` of an unsigned byte."""
+  return b if b < LUCENE_NUM_FREE_VALUES else LUCENE_NUM_FREE_VALUES + _int4_to_long(b - LUCENE_NUM_FREE_VALUES)
+
+
+def bm25_forms_ref(
+  query_tf,
+  doc_tf,
+  *,
+  form,
+  k1=_BM25['k1'],
+  b=_BM25['b'],
+  epsilon=_BM25['epsilon'],
+  delta=_BM25['delta'],
+  where=None,
+):
+  """``[Q, N]`` BM25 scores of each form from dense counts (``query_tf [Q, V]``, ``doc_tf [N, V]``), with loops.
+
+  Statistics over the real documents (``where``); masked documents score ``-inf``. A term a document lacks adds 0.
+
+  * ``'okapi'``: rank_bm25's BM25Okapi (negative idf -> ``epsilon`` x the mean idf of the corpus vocabulary);
+  * ``'lucene'``: Lucene's BM25Similarity: ``idf = log(1 + (n - df + 0.5) / (df + 0.5))``, ``tf / (tf + k1 (1 - b
+    + b L / avgdl))``, ``L`` the document length through SmallFloat's one byte, ``n`` and ``avgdl`` over the
+    documents holding at least one term (docCount);
+  * ``'lucene_exact'``: the same with exact lengths and every document counted (bm25s ``method='lucene'``);
+  * ``'bm25+'``: ``log((n + 1) / df)``, ``tf (k1 + 1) / (tf + k1 (...)) + delta``;
+  * ``'bm25l'``: ``log((n + 1) / (df + 0.5))``, ``c = tf / (1 - b + b |d| / avgdl)``,
+    ``(k1 + 1)(c + delta) / (k1 + c + delta)``.
+  """
+  q = np.asarray(query_tf, np.float64)
+  d = np.asarray(doc_tf, np.float64)
+  n_docs, n_vocab = d.shape
+  docs = [i for i in range(n_docs) if where is None or bool(where[i])]
+  dl = {i: float(sum(d[i])) for i in docs}
+  counted = [i for i in docs if dl[i] > 0] if form == 'lucene' else docs
+  n = len(counted)
+  total = sum(dl[i] for i in counted)
+  avgdl = total / n if n and total > 0 else 1.0
+  length = {i: float(lucene_byte4_to_int(lucene_int_to_byte4(int(dl[i])))) if form == 'lucene' else dl[i] for i in docs}
+  df = {t: sum(1 for i in docs if d[i, t] > 0) for t in range(n_vocab)}
+  idf = {}
+  for t, f in df.items():
+    if f == 0:
+      continue
+    if form == 'okapi':
+      idf[t] = math.log(n - f + 0.5) - math.log(f + 0.5)
+    elif form in ('lucene', 'lucene_exact'):
+      idf[t] = math.log(1.0 + (n - f + 0.5) / (f + 0.5))
+    elif form == 'bm25+':
+      idf[t] = math.log((n + 1.0) / f)
+    elif form == 'bm25l':
+      idf[t] = math.log((n + 1.0) / (f + 0.5))
+    else:
+      raise ValueError(f'unknown form {form!r}')
+  if form == 'okapi':
+    mean_idf = sum(idf.values()) / len(idf) if idf else 0.0
+    idf = {t: (epsilon * mean_idf if v < 0 else v) for t, v in idf.items()}
+
+  def weight(tf, ratio):
+    norm = 1.0 - b + b * ratio
+    if form == 'bm25l':
+      c = tf / norm
+      return (k1 + 1.0) * (c + delta) / (k1 + c + delta)
+    w = tf / (tf + k1 * norm)
+    if form in ('okapi', 'bm25+'):
+      w *= k1 + 1.0
+    return w + delta if form == 'bm25+' else w
+
+  out = np.full((q.shape[0], n_docs), -np.inf)
+  for j in range(q.shape[0]):
+    for i in docs:
+      s = 0.0
+      for t in range(n_vocab):
+        if q[j, t] > 0 and d[i, t] > 0 and t in idf:
+          s += q[j, t] * idf[t] * weight(d[i, t], length[i] / avgdl)
+      out[j, i] = s
+  return out
+
+
 def rrf(leg_scores, weights, depths, k0=60.0, where=None):
   """Weighted RRF; a leg ranks only its finite, unmasked items, and only its top ``depth`` count."""
   n = len(leg_scores[0])

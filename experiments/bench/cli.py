@@ -3,6 +3,7 @@
     python -m experiments.bench                       # operator timing: 10 synthetic LoCoMo-sized episodes
     python -m experiments.bench --episodes 2 --repeats 2 --rounds 3 --ops cosine,cfsr,rrf
     python -m experiments.bench --ops bm25        # BM25 vs rank_bm25 and bm25s (pip install "engram_jax[bench]")
+    python -m experiments.bench --ops bm25_lucene_exact   # Lucene's BM25 on the English analyzer vs bm25s's lucene
     python -m experiments.bench --data locomo         # the real LoCoMo episodes (MiniLM, cached)
     python -m experiments.bench --ref-queries 0       # time the references on every query (slow)
     python -m experiments.bench --set tide.pool=10    # change one operator's knob
@@ -35,7 +36,7 @@ from engram_jax.ops import OPERATORS
 from engram_jax.testing.synthetic import synthetic_episodes
 from experiments.bench import device, encode, floor, harness, operators, scale
 from experiments.bench.common import environment, locomo_episodes, parse_sets
-from experiments.bench.operators import FUSION
+from experiments.bench.operators import FUSION, ROWS
 
 
 def parser() -> argparse.ArgumentParser:
@@ -78,7 +79,8 @@ def parser() -> argparse.ArgumentParser:
   ap.add_argument(
     '--ops',
     default=None,
-    help=f'comma-separated operator names and/or {FUSION!r} (default: every registered operator, then rrf)',
+    help=f'comma-separated operator names, named rows ({", ".join(ROWS)}) and/or {FUSION!r} (default: every '
+    'registered operator, the named rows, then rrf)',
   )
   ap.add_argument('--ops-modules', default='', help='comma-separated modules to import first (they register operators)')
   ap.add_argument(
@@ -86,7 +88,7 @@ def parser() -> argparse.ArgumentParser:
     action='append',
     default=[],
     metavar='OP.KNOB=VALUE',
-    help='a knob value over the bench defaults (repeatable)',
+    help='a knob value over the bench defaults (repeatable; OP: an operator or a named row)',
   )
   ap.add_argument(
     '--cfsr-floor',
@@ -182,16 +184,17 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]] | dict[str, 
     return scale_main(args, ap)
   names = None if args.ops is None else [o for o in args.ops.split(',') if o]
   if names is not None:
-    unknown = sorted(set(names) - set(OPERATORS) - {FUSION})
+    unknown = sorted(set(names) - set(OPERATORS) - set(ROWS) - {FUSION})
     if unknown:
-      ap.error(f'unknown ops {unknown}; choose from {sorted(OPERATORS) + [FUSION]}')
+      ap.error(f'unknown ops {unknown}; choose from {sorted(OPERATORS) + list(ROWS) + [FUSION]}')
   try:
     overrides = parse_sets(args.set)
   except ValueError as e:
     ap.error(str(e))
-  if set(overrides) - set(OPERATORS):
+  if set(overrides) - set(OPERATORS) - set(ROWS):
     ap.error(
-      f'--set names unknown operators {sorted(set(overrides) - set(OPERATORS))}; choose from {sorted(OPERATORS)}'
+      f'--set names unknown operators {sorted(set(overrides) - set(OPERATORS) - set(ROWS))}; choose from '
+      f'{sorted(OPERATORS) + list(ROWS)}'
     )
   if args.cfsr_batch is not None:
     for name, op in OPERATORS.items():

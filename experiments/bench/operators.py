@@ -3,11 +3,11 @@ interleaved in rounds, plus RRF fusion and BM25 against its peer libraries (rank
 
 The operators come from the registry (:data:`engram_jax.ops.OPERATORS`): every registered operator is timed
 with its declaration's knob defaults, except where :data:`OVERRIDES` pins the locked setups of the published
-pages (greedy pool 50, Tide pool 50 / recency 0.1). A benchmark episode is an
-:class:`engram_jax.testing.synthetic.EmbeddedEpisode` ``(episode, docs [N, D], queries [Q, D])`` (synthetic, or
-LoCoMo's with ``--data locomo``), padded by :func:`engram_jax.core.batch.episode_arrays` with its default buckets, as
-``experiments.evaluate`` pads each episode before stacking episodes of similar size into one group (the bench
-times one episode per call), so any loader's episodes can be benched.
+pages (greedy pool 50, Tide pool 50 / recency 0.1); then the named rows (:data:`ROWS`) and RRF. A benchmark
+episode is an :class:`engram_jax.testing.synthetic.EmbeddedEpisode` ``(episode, docs [N, D], queries [Q, D])``
+(synthetic, or LoCoMo's with ``--data locomo``), padded by :func:`engram_jax.core.batch.episode_arrays` with its
+default buckets, as ``experiments.evaluate`` pads each episode before stacking episodes of similar size into one
+group (the bench times one episode per call), so any loader's episodes can be benched.
 
 Rounds: every episode is padded, compiled and warmed up first; then, in each of ``--rounds`` rounds (5), every
 episode and operator is timed on the JAX side and the reference side back to back (JAX first in even rounds, the
@@ -28,15 +28,24 @@ What is timed, per episode and round:
   scaled by Q / R (the references are per query, so the cost is linear in Q).
 * ``rrf``: :func:`engram_jax.ops.rrf.rrf_fuse` (not a leg operator) over the legs of :data:`RRF_STACK` (the CFS-R
   page's stack: cosine, BM25, CFS-R top-50 weighted 3), whose leg scores are computed outside the timer.
-* BM25 peers (with ``bm25`` in ``--ops``): ``rank_bm25.BM25Okapi.get_scores`` and bm25s (an optional extra:
-  ``engram_jax[bench]``; without it the row says unavailable) on all queries of the episode, one query at a time,
-  with the bm25 row's tokens (:func:`engram_jax.ops.bm25.tokenize`), k1 and b; their indexes are built outside
-  the timer; ratio = peer / JAX bm25. bm25s runs ``method='atire', idf_method='robertson'``, the closest of its
+* Named rows (:data:`ROWS`, named in ``--ops`` like an operator, changed with ``--set ROW.KNOB=VALUE``): an
+  operator at fixed knob values, timed as a row of its own. ``bm25_lucene_exact``: BM25 of the form
+  ``'lucene_exact'`` (Lucene's BM25Similarity with exact lengths, every item counted) on Lucene's English analyzer
+  (``tokenizer='english'``), k1 0.9, b 0.4 (Anserini's): bm25s's ``method='lucene'`` exactly. Its reference column
+  is ``n/a`` (the NumPy reference is Okapi's, :data:`REFERENCE_COVERS`); bm25s is its check.
+* Reference tokens: every BM25 reference and peer reads the tokens of its row's analyzer (the ``tokenizer`` knob,
+  :data:`engram_jax.core.lexicon.ANALYZERS`), analysed outside the timer, as the JAX leg's term counts are.
+* BM25 peers (:data:`ROW_PEERS`, with ``bm25`` or ``bm25_lucene_exact`` in ``--ops``): other libraries' BM25 on all
+  queries of the episode, one query at a time, with the row's analyzer tokens (passed pre-tokenised), k1 and b;
+  their indexes are built outside the timer; ratio = peer / the row's JAX time. The ``bm25`` row's:
+  ``rank_bm25.BM25Okapi.get_scores`` and bm25s ``method='atire', idf_method='robertson'``, the closest of its
   variants to BM25Okapi: equal scores except for terms in more than half the documents (idf 0 there, rank_bm25
-  ``epsilon * mean idf``), so its agreement is top-10, not equality (see :func:`_bm25s_peer`).
+  ``epsilon * mean idf``), so its agreement is top-10, not equality (see :func:`_bm25s_peer`). The
+  ``bm25_lucene_exact`` row's: bm25s ``method='lucene'`` (equal scores up to float32 rounding). A peer whose form
+  is not its row's (``--set bm25.form=lucene``) gets a row that says unavailable, and so does one not importable.
 * ``agree``: the fraction of reference-timed queries whose JAX top-10 ids (in order, ties to the later item)
-  equal the reference's (the peer's for a peer row), from the first round: the same picks for the greedy
-  operators; float32 vs float64 can flip near-ties.
+  equal the reference's (the peer's for a peer row, on all queries), from the first round: the same picks for the
+  greedy operators; float32 vs float64 (or another library's float32 sums) can flip near-ties.
 
 Run as ``python -m experiments.bench [--data locomo] [--ops ...]`` (:mod:`experiments.bench.cli`).
 """
@@ -73,7 +82,19 @@ RRF_STACK: dict[str, dict[str, Any]] = {
   'bm25': {'op': 'bm25'},
   'cfsr': {'op': 'cfsr', 'depth': 50, 'weight': 3.0},
 }
+# Named rows: row name -> an operator (``op``) at fixed knob values, timed as a row of its own with its own peers
+# (:data:`ROW_PEERS`); ``--ops`` names it like an operator, ``--set ROW.KNOB=VALUE`` changes a value.
+ROWS: dict[str, dict[str, Any]] = {
+  # Lucene's BM25 (exact lengths, every item counted) on Lucene's English analyzer, k1 / b Anserini's: bm25s's
+  # method='lucene' exactly (the bm25_lucene pipeline is form 'lucene': Lucene's one-byte lengths, which bm25s lacks)
+  'bm25_lucene_exact': {'op': 'bm25', 'tokenizer': 'english', 'form': 'lucene_exact', 'k1': 0.9, 'b': 0.4},
+}
 TOP = 10  # agreement compares the top-10 ids
+
+
+def row_operator(name: str) -> str:
+  """The registered operator a row times: a named row's (:data:`ROWS`) ``op``, else ``name`` itself."""
+  return ROWS[name]['op'] if name in ROWS else name
 
 
 # ----------------------------------------------------------------------------------------------
@@ -86,25 +107,41 @@ class RefEpisode(NamedTuple):
 
   docs: np.ndarray  # [N, D]
   queries: np.ndarray  # [Q, D]
-  doc_tokens: list[list[str]]  # N token lists ('words' tokenizer)
-  query_tokens: list[list[str]]  # Q token lists
+  tokens: Mapping[str, tuple[list[list[str]], list[list[str]]]]  # analyzer -> (N item, Q question token lists)
   positions: np.ndarray  # [N] write order
 
+  @property
+  def doc_tokens(self) -> list[list[str]]:
+    """The items' ``'words'`` tokens."""
+    return self.tokens['words'][0]
 
-def ref_episode(b: EmbeddedEpisode) -> RefEpisode:
+  @property
+  def query_tokens(self) -> list[list[str]]:
+    """The questions' ``'words'`` tokens."""
+    return self.tokens['words'][1]
+
+
+def ref_episode(b: EmbeddedEpisode, analyzers: Sequence[str] = ('words',)) -> RefEpisode:
+  """``b`` for the references, its texts analysed by ``'words'`` and each of ``analyzers``
+  (:data:`engram_jax.core.lexicon.ANALYZERS`)."""
+  tokens = {}
+  for name in dict.fromkeys(('words', *analyzers)):
+    analyze = bm25_ops.ANALYZERS[name]
+    tokens[name] = ([analyze(it.text) for it in b.episode.items], [analyze(q.text) for q in b.episode.questions])
   return RefEpisode(
     docs=np.asarray(b.docs, np.float64),
     queries=np.asarray(b.queries, np.float64),
-    doc_tokens=[bm25_ops.tokenize(it.text) for it in b.episode.items],
-    query_tokens=[bm25_ops.tokenize(q.text) for q in b.episode.questions],
+    tokens=tokens,
     positions=np.arange(b.episode.n_items, dtype=np.float64),
   )
 
 
 def _bm25_ref(e: RefEpisode, i: int, o: Mapping[str, Any]) -> np.ndarray:
-  if o.get('tokenizer', 'words') != 'words':
-    raise NotImplementedError('the bench reference tokenises with the words tokenizer only')
-  return ref.bm25(e.query_tokens[i], e.doc_tokens, k1=o['k1'], b=o['b'], epsilon=o['epsilon'])
+  """rank_bm25's Okapi BM25 on the tokens of the analyzer ``o['tokenizer']``."""
+  if o.get('form', 'okapi') != 'okapi':
+    raise NotImplementedError(f"the bench's BM25 reference is the okapi form, not {o['form']!r}")
+  docs, queries = e.tokens[o.get('tokenizer', 'words')]
+  return ref.bm25(queries[i], docs, k1=o['k1'], b=o['b'], epsilon=o['epsilon'])
 
 
 def _picks(sel: tuple[np.ndarray, np.ndarray], n: int) -> np.ndarray:
@@ -115,14 +152,15 @@ def _tide_ref(e: RefEpisode, i: int, o: Mapping[str, Any]) -> np.ndarray:
   base = (
     ref.cosine_scores_ref(e.queries[i], e.docs)
     if o['base'] == 'cosine'
-    else _bm25_ref(e, i, {'k1': o['k1'], 'b': o['b'], 'epsilon': o['epsilon']})
+    else _bm25_ref(e, i, o)  # its k1, b, epsilon, tokenizer and form
   )
   return ref.tide_scores_ref(base, e.positions, weight=o['recency'], depth=o['pool'])
 
 
 def _mem0_ref(e: RefEpisode, i: int, o: Mapping[str, Any]) -> np.ndarray:
   cos = ref.cosine_scores_ref(e.queries[i], e.docs)
-  bm = ref.bm25(e.query_tokens[i], e.doc_tokens)
+  docs, queries = e.tokens['words']
+  bm = ref.bm25(queries[i], docs)
   fused = ref.additive_fuse_ref(cos, bm, max(len(e.query_tokens[i]), 1), threshold=o['threshold'], pool=o['pool'])
   return np.where(np.isneginf(fused), -10.0 + cos, fused)  # the leg's equal-k backfill (engram_jax.ops.controls)
 
@@ -147,6 +185,21 @@ REFERENCES: dict[str, Callable[[RefEpisode, int, Mapping[str, Any]], np.ndarray]
 }
 
 
+# The knob values an adapter covers (an operator not listed: all); elsewhere the row is JAX only, reference n/a.
+REFERENCE_COVERS: dict[str, Callable[[Mapping[str, Any]], bool]] = {
+  'bm25': lambda o: o['form'] == 'okapi',
+  'tide': lambda o: o['base'] == 'cosine' or o['form'] == 'okapi',
+}
+
+
+def reference(op: str, options: Mapping[str, Any]) -> Callable[[RefEpisode, int, Mapping[str, Any]], np.ndarray] | None:
+  """The reference adapter of operator ``op`` at knob values ``options`` (:data:`REFERENCES`), or None where
+  there is none or it does not cover them (:data:`REFERENCE_COVERS`)."""
+  adapter = REFERENCES.get(op)
+  covers = REFERENCE_COVERS.get(op)
+  return adapter if adapter is not None and (covers is None or covers(options)) else None
+
+
 def top_ids(scores: np.ndarray, k: int = TOP) -> list[int]:
   """The top-``k`` ids of the finite entries of ``scores [N]`` (ties to the later item)."""
   scores = np.asarray(scores, np.float64)
@@ -154,16 +207,20 @@ def top_ids(scores: np.ndarray, k: int = TOP) -> list[int]:
 
 
 # ----------------------------------------------------------------------------------------------
-# BM25 peers: other BM25 implementations timed on the same queries as the JAX ``bm25`` row.
+# BM25 peers: other BM25 implementations timed on the same queries and tokens as a JAX BM25 row (ROW_PEERS).
 
 
 class Peer(NamedTuple):
   """A BM25 peer: ``build(doc_tokens, k1, b, epsilon) -> score(query_tokens) -> [N]`` (the index is built outside
-  the timer), or None with ``why`` when the library is not importable."""
+  the timer), or None with ``why`` when the library is not importable. ``form``: the BM25 form (of
+  :data:`engram_jax.ops.bm25.FORMS`) it computes (a row of another form gets it as unavailable); ``note``: printed
+  under the table, formatted with the peer's row (``{high_df_queries}``, ``{queries}``)."""
 
   name: str
   build: Callable[[list[list[str]], float, float, float], Callable[[list[str]], np.ndarray]] | None
   why: str = ''
+  form: str = 'okapi'
+  note: str = ''
 
 
 def _rank_bm25_peer() -> Peer:
@@ -176,41 +233,65 @@ def _rank_bm25_peer() -> Peer:
   def build(docs, k1, b, epsilon):
     return rank_bm25.BM25Okapi(docs, k1=k1, b=b, epsilon=epsilon).get_scores
 
-  return Peer(name, build)
+  return Peer(name, build, note='rank_bm25 BM25Okapi.get_scores per query: the okapi form the JAX leg reproduces.')
 
 
-def _bm25s_peer() -> Peer:
+def _bm25s_peer(name: str = 'bm25 (bm25s)', method: str = 'atire') -> Peer:
   """bm25s: a sparse (CSC) matrix of precomputed per-(term, doc) scores; a query sums its terms' columns.
 
   ``method='atire'`` (term part ``tf (k1 + 1) / (tf + k1 (1 - b + b |d| / avgdl))``, as Okapi) with
   ``idf_method='robertson'`` (``log((n - df + 0.5) / (df + 0.5))``) is the closest of its variants to
   ``BM25Okapi``: equal scores, except that a term in more than half the documents gets idf 0 where rank_bm25
-  gives it ``epsilon * mean idf``. (``method='robertson'`` also drops the constant ``k1 + 1``; ``'lucene'`` uses
-  ``log(1 + ...)``.) Timed path: ``get_scores(tokens)`` per query (the full ``[N]`` scores, like the other rows;
-  its batched ``retrieve`` adds top-k selection and a thread pool, and is slower on these small episodes).
+  gives it ``epsilon * mean idf``. (``method='robertson'`` also drops the constant ``k1 + 1``.)
+  ``method='lucene'`` (its default idf, ``log(1 + (n - df + 0.5) / (df + 0.5))``; term part
+  ``tf / (tf + k1 (1 - b + b |d| / avgdl))``, exact lengths, every document counted) is the JAX form
+  ``'lucene_exact'``: equal scores up to float32 rounding. Timed path: ``get_scores(tokens)`` per query (the full
+  ``[N]`` scores, like the other rows; its batched ``retrieve`` adds top-k selection and a thread pool, and is
+  slower on these small episodes).
   """
-  name = 'bm25 (bm25s)'
+  if method == 'atire':
+    kw, form = {'method': 'atire', 'idf_method': 'robertson'}, 'okapi'
+    note = (
+      'bm25s method=atire, idf_method=robertson, get_scores per query; it floors the idf of terms in more than half '
+      "the documents at 0 (rank_bm25: epsilon x mean idf), so its scores equal rank_bm25's only on queries without "
+      'such terms; {high_df_queries}/{queries} queries here have one.'
+    )
+  elif method == 'lucene':
+    kw, form = {'method': 'lucene'}, 'lucene_exact'
+    note = (
+      'bm25s method=lucene, get_scores per query: idf log(1 + (n - df + 0.5) / (df + 0.5)), '
+      'tf / (tf + k1 (1 - b + b |d| / avgdl)), exact lengths: the JAX form lucene_exact, the same scores up to '
+      'float32 rounding (top-10 differ only at near-ties).'
+    )
+  else:
+    raise ValueError(f"bench: bm25s peer method {method!r}; known: 'atire', 'lucene'")
   try:
     import bm25s
   except ImportError as e:
-    return Peer(name, None, f'bm25s not installed ({e}); pip install "engram_jax[bench]"')
+    return Peer(name, None, f'bm25s not installed ({e}); pip install "engram_jax[bench]"', form)
 
   def build(docs, k1, b, epsilon):
-    del epsilon  # bm25s floors negative idf at 0
-    index = bm25s.BM25(k1=k1, b=b, method='atire', idf_method='robertson')
+    del epsilon  # bm25s floors negative idf at 0 (atire / robertson); no epsilon in Lucene's idf
+    index = bm25s.BM25(k1=k1, b=b, **kw)
     index.index(docs, show_progress=False)
     zeros = np.zeros(len(docs), np.float32)
     return lambda q: index.get_scores(q) if q else zeros
 
-  return Peer(name, build)
+  return Peer(name, build, form=form, note=note)
 
 
-PEERS: dict[str, Callable[[], Peer]] = {'rank_bm25': _rank_bm25_peer, 'bm25s': _bm25s_peer}
-PEER_OF = 'bm25'  # the JAX row the peers are compared with
+PEERS: dict[str, Callable[[], Peer]] = {'rank_bm25': _rank_bm25_peer, 'bm25s': _bm25s_peer}  # the bm25 row's
+# Each JAX BM25 row's peers (timed when the row is in --ops): the bm25 row's, and bm25s's Lucene method for the
+# named row of the same form and analyzer.
+ROW_PEERS: dict[str, dict[str, Callable[[], Peer]]] = {
+  'bm25': PEERS,
+  'bm25_lucene_exact': {'bm25s': lambda: _bm25s_peer('bm25_lucene_exact (bm25s)', method='lucene')},
+}
 
 
-def available_peers() -> list[Peer]:
-  return [make() for make in PEERS.values()]
+def available_peers(row: str = 'bm25') -> list[Peer]:
+  """The peers of JAX row ``row`` (:data:`ROW_PEERS`; none for a row without any)."""
+  return [make() for make in ROW_PEERS.get(row, {}).values()]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -225,10 +306,12 @@ def _time_ref(fn: Callable[[int], np.ndarray], n_queries: int) -> tuple[float, l
 
 
 def operator_options(name: str, overrides: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
-  """The knob values the bench times operator ``name`` with: its defaults, then :data:`OVERRIDES`, then
-  ``overrides`` (validated by the declaration)."""
-  given = {**OVERRIDES.get(name, {}), **(overrides or {}).get(name, {})}
-  return OPERATORS[name].options(given, where=f'bench {name}')
+  """The knob values the bench times operator (or named row, :data:`ROWS`) ``name`` with: the operator's defaults,
+  then :data:`OVERRIDES`, then the named row's values, then ``overrides[name]`` (validated by the declaration)."""
+  op = row_operator(name)
+  row = {k: v for k, v in ROWS.get(name, {}).items() if k != 'op'}
+  given = {**OVERRIDES.get(op, {}), **row, **(overrides or {}).get(name, {})}
+  return OPERATORS[op].options(given, where=f'bench {name}')
 
 
 POWER_ITERATIONS = 20  # the CFS-R solve's power iterations (engram_jax.ops.nnls.nnls_ridge_pg's default)
@@ -285,8 +368,8 @@ def time_operators(
   log: Callable[[str], None] | None = None,
   devices: Sequence[Any] | None = None,
 ) -> list[dict[str, Any]]:
-  """Time operators (registered names, or :data:`FUSION` for RRF) on every episode; one row per name, then the
-  BM25 peer rows.
+  """Time operators (registered names, named rows of :data:`ROWS`, or :data:`FUSION` for RRF) on every episode; one
+  row per name, then the BM25 peer rows.
 
   The two sides are interleaved: all episodes are prepared (padded, compiled, warmed up) first; then, in each of
   ``rounds`` rounds, every episode and operator is timed on the JAX side and on the reference side back to back,
@@ -295,14 +378,16 @@ def time_operators(
 
   Args:
     episodes: the benchmark episodes.
-    names: registered operator names and/or ``'rrf'``; None = every registered operator, then ``'rrf'``.
+    names: registered operator names, named rows and/or ``'rrf'``; None = every registered operator, the named
+      rows, then ``'rrf'``.
     repeats: JAX calls per operator, episode and round (their median is the round's JAX sample).
     rounds: interleaved rounds (samples per side).
     ref_queries: reference-timed queries per episode (0 = all); the time is scaled to all queries.
-    overrides: ``{operator: {knob: value}}`` over the bench's knob values (:func:`operator_options`).
-    peers: with ``'bm25'`` in ``names``, also time the :data:`PEERS` (rank_bm25, bm25s) on all queries of every
-      episode, with the bm25 row's k1 / b / epsilon and tokens; a peer that is not importable gets a row with
-      ``unavailable`` set and no times.
+    overrides: ``{operator or named row: {knob: value}}`` over the bench's knob values (:func:`operator_options`).
+    peers: for each row of :data:`ROW_PEERS` in ``names`` (``'bm25'``: rank_bm25, bm25s; ``'bm25_lucene_exact'``:
+      bm25s's Lucene method), also time its peers on all queries of every episode, with the row's k1 / b / epsilon
+      and its analyzer's tokens; a peer that is not importable, or computes another form than the row's, gets a
+      row with ``unavailable`` set and no times.
     seed: the PRNG key of the legs (only stochastic legs such as cos2 read it).
     log: called with one progress line per episode and per round.
     devices: with more than one (one CPU device per core), each round also times every episode's call at once (all
@@ -315,34 +400,42 @@ def time_operators(
     rounds of the time summed over episodes), ``ref_s`` (the same for the reference, scaled to all queries, or the
     peer; None without one), ``ratio`` (median over rounds of ``ref / jax``, or None), ``jax_rounds`` /
     ``ref_rounds`` / ``ratio_rounds`` (the per-round samples), ``agree`` / ``checked`` (queries whose top-10 ids
-    agree / queries compared, first round), ``episodes``, ``queries``, ``peer_of`` (``'bm25'`` for a peer row,
-    whose JAX side is the bm25 row's), ``unavailable`` (why a peer was not timed).
+    agree / queries compared, first round), ``episodes``, ``queries``, ``peer_of`` (for a peer row, the JAX row
+    whose time it is compared with), ``unavailable`` (why a peer was not timed).
 
   Raises:
     ValueError: an unknown operator name (listing the registered ones) or an invalid knob value.
   """
   if names is None:  # every operator that runs on its defaults (trec_run reads a run file: named with --set only)
-    names = [*(n for n, op in OPERATORS.items() if op.check_options is None), FUSION]
+    names = [*(n for n, op in OPERATORS.items() if op.check_options is None), *ROWS, FUSION]
   names = list(names)
-  unknown = [n for n in names if n not in OPERATORS and n != FUSION]
+  unknown = [n for n in names if n not in OPERATORS and n not in ROWS and n != FUSION]
   if unknown:
-    raise ValueError(f'unknown operators {unknown}; registered: {sorted(OPERATORS)} (and {FUSION!r}, the fusion)')
-  unknown = sorted(set(overrides or {}) - set(OPERATORS))
+    raise ValueError(
+      f'unknown operators {unknown}; registered: {sorted(OPERATORS)} (and the named rows {list(ROWS)}, '
+      f'{FUSION!r}, the fusion)'
+    )
+  unknown = sorted(set(overrides or {}) - set(OPERATORS) - set(ROWS))
   if unknown:
-    raise ValueError(f'knob overrides for unknown operators {unknown}; registered: {sorted(OPERATORS)}')
+    raise ValueError(
+      f'knob overrides for unknown operators {unknown}; registered: {sorted(OPERATORS)}, named rows: {list(ROWS)}'
+    )
   rounds = max(int(rounds), 1)
   key = jax.random.key(seed)
   legs = {
-    n: pipeline.make_pipeline(name=n, legs={n: {'op': n, **operator_options(n, overrides)}}).legs[0]
+    n: pipeline.make_pipeline(name=n, legs={n: {'op': row_operator(n), **operator_options(n, overrides)}}).legs[0]
     for n in names
     if n != FUSION
   }
+  adapters = {n: reference(leg.op, dict(leg.options)) for n, leg in legs.items()}
   stack = pipeline.make_pipeline(name=FUSION, fusion='rrf', legs=RRF_STACK) if FUSION in names else None
   built = pipeline.build_options(
     [pipeline.Pipeline(legs=(leg,)) for leg in legs.values()] + ([stack] if stack is not None else [])
   )
   fns = {n: jax.jit(leg.score) for n, leg in legs.items()}
-  rows = {n: _row(n, legs[n].options if n in legs else {}, n in REFERENCES or n == FUSION, rounds) for n in names}
+  rows = {
+    n: _row(n, legs[n].options if n in legs else {}, n == FUSION or adapters[n] is not None, rounds) for n in names
+  }
   if stack is not None:
     stack_fns = [jax.jit(leg.score) for leg in stack.legs]
     weights = jnp.asarray([leg.weight for leg in stack.legs])
@@ -354,19 +447,23 @@ def time_operators(
       'depths': depths,
       'k0': stack.k0,
     }
-  peer_list = available_peers() if peers and PEER_OF in legs else []
+  peer_list = [(of, p) for of in legs for p in available_peers(of)] if peers else []  # (JAX row, peer)
   peer_rows = {}
-  for p in peer_list:
-    opts = {k: dict(legs[PEER_OF].options)[k] for k in ('k1', 'b', 'epsilon')}
-    row = _row(p.name, opts, p.build is not None, rounds)
-    row['peer_of'] = PEER_OF
+  for of, p in peer_list:
+    o = dict(legs[of].options)
+    why = p.why if p.build is None else ''
+    if not why and o['form'] != p.form:
+      why = f"it computes BM25's {p.form!r} form; the {of} row runs {o['form']!r}"
+    row = _row(p.name, {k: o[k] for k in ('k1', 'b', 'epsilon', 'tokenizer')}, not why, rounds)
+    row['peer_of'] = of
     row['jax_rounds'] = None
     row['high_df_queries'] = 0  # queries with a term in more than half the documents (bm25s's idf differs there)
-    if p.build is None:
-      row['unavailable'] = p.why
+    row['note'] = p.note
+    row['unavailable'] = why or None
+    if p.name in peer_rows or p.name in rows:
+      raise ValueError(f'bench: two rows named {p.name!r}')
     peer_rows[p.name] = row
-  if peer_list and dict(legs[PEER_OF].options).get('tokenizer', 'words') != 'words':
-    raise ValueError('the BM25 peers tokenise with the words tokenizer only')
+  analyzers = [o['tokenizer'] for o in (dict(leg.options) for leg in legs.values()) if 'tokenizer' in o]
 
   devices = list(devices) if devices is not None and len(devices) > 1 else []
   home = deal_episodes([len(b.episode.questions) for b in episodes], len(devices)) if devices else []
@@ -378,7 +475,7 @@ def time_operators(
     arr = batch.episode_arrays(b.episode, b.docs, b.queries, **built)
     n, q = b.episode.n_items, len(b.episode.questions)
     r_q = q if ref_queries <= 0 else min(q, ref_queries)
-    e_ref = ref_episode(b)
+    e_ref = ref_episode(b, analyzers)
     timed = {}
     for name in names:
       if name == FUSION:
@@ -390,7 +487,7 @@ def time_operators(
         )
       else:
         thunk = (lambda f, a: lambda: f(a, key))(fns[name], arr)
-        adapter = REFERENCES.get(name)
+        adapter = adapters[name]
         opts = dict(legs[name].options)
         fn_ref = None if adapter is None else (lambda ad, ee, o: lambda i: ad(ee, i, o))(adapter, e_ref, opts)
       first = jax.block_until_ready(thunk())  # compile + warm-up
@@ -412,21 +509,24 @@ def time_operators(
         rows[name]['gbytes'] = (rows[name]['gbytes'] or 0.0) + cost[1] / 1e9
       rows[name]['episodes'] += 1
       rows[name]['queries'] += q
-    scorers = {}
-    df: dict[str, int] = {}
-    for d in e_ref.doc_tokens:
-      for t in set(d):
-        df[t] = df.get(t, 0) + 1
-    high_df = sum(any(2 * df.get(t, 0) > n for t in toks) for toks in e_ref.query_tokens)
-    for p in peer_list:
+    scorers: dict[str, dict[str, Callable[[int], np.ndarray]]] = {}  # JAX row -> {peer: score fn}
+    high_df = {}  # analyzer -> queries with a term in more than half the documents
+    for of, p in peer_list:
       row = peer_rows[p.name]
+      o = row['options']
+      doc_toks, query_toks = e_ref.tokens[o['tokenizer']]
+      if o['tokenizer'] not in high_df:
+        df: dict[str, int] = {}
+        for d in doc_toks:
+          for t in set(d):
+            df[t] = df.get(t, 0) + 1
+        high_df[o['tokenizer']] = sum(any(2 * df.get(t, 0) > n for t in toks) for toks in query_toks)
       row['episodes'] += 1
       row['queries'] += q
-      row['high_df_queries'] += high_df
-      if p.build is not None:
-        o = row['options']
-        score = p.build(e_ref.doc_tokens, o['k1'], o['b'], o['epsilon'])  # the index, outside the timer
-        scorers[p.name] = (lambda s, toks: lambda i: s(toks[i]))(score, e_ref.query_tokens)
+      row['high_df_queries'] += high_df[o['tokenizer']]
+      if row['ref_rounds'] is not None:
+        score = p.build(doc_toks, o['k1'], o['b'], o['epsilon'])  # the index, outside the timer
+        scorers.setdefault(of, {})[p.name] = (lambda s, toks: lambda i: s(toks[i]))(score, query_toks)
     prepared.append((n, q, r_q, timed, scorers))
     if log is not None:
       log(
@@ -460,13 +560,12 @@ def time_operators(
           if fn_ref is not None:
             row['agree'] += sum(top_ids(got[i]) == top_ids(want[i]) for i in range(r_q))
             row['checked'] += r_q
-        if name == PEER_OF:
-          for p_name, fn_peer in scorers.items():
-            p_s, p_out = _time_ref(fn_peer, q)
-            peer_rows[p_name]['ref_rounds'][r] += p_s
-            if r == 0:
-              peer_rows[p_name]['agree'] += sum(top_ids(got[i]) == top_ids(p_out[i]) for i in range(q))
-              peer_rows[p_name]['checked'] += q
+        for p_name, fn_peer in scorers.get(name, {}).items():
+          p_s, p_out = _time_ref(fn_peer, q)
+          peer_rows[p_name]['ref_rounds'][r] += p_s
+          if r == 0:
+            peer_rows[p_name]['agree'] += sum(top_ids(got[i]) == top_ids(p_out[i]) for i in range(q))
+            peer_rows[p_name]['checked'] += q
     if devices:  # every episode at once, over the devices
       for name in names:
         rows[name]['all_rounds'][r] = time_jax(lambda ts=spread_thunks[name]: [t() for t in ts], repeats)[0]
@@ -486,7 +585,7 @@ def time_operators(
         row['ratio_all_rounds'] = [a / t for a, t in zip(row['ref_rounds'], row['all_rounds'])]
         row['ratio_all'] = spread(row['ratio_all_rounds'])['median']
   for row in peer_rows.values():
-    base = rows[PEER_OF]
+    base = rows[row['peer_of']]
     row['jax_s'] = base['jax_s']
     row['jax_rounds'] = list(base['jax_rounds'])
     if row['ref_rounds'] is not None:
@@ -559,16 +658,18 @@ def format_table(
       f'{agree} | {work} |'
     )
   notes = [f'- {r["op"]}: unavailable: {r["unavailable"]}' for r in rows if r.get('unavailable')]
+  for r in rows:
+    if r['op'] in ROWS and not r.get('peer_of'):
+      fixed = ', '.join(f'{k}={v}' for k, v in ROWS[r['op']].items() if k != 'op')
+      notes.append(f'- {r["op"]}: {ROWS[r["op"]]["op"]} with {fixed}')
   peer_rows = [r for r in rows if r.get('peer_of')]
   if peer_rows:
     notes.append(
-      '- peer rows: ratio = peer time / JAX bm25 time on the same queries (all of them), index built '
-      "outside the timer; agree = JAX top-10 ids equal to the peer's. bm25s: method=atire, "
-      'idf_method=robertson, get_scores per query; it floors the idf of terms in more than half the '
-      "documents at 0 (rank_bm25: epsilon x mean idf), so its scores equal rank_bm25's only on queries "
-      f'without such terms; {peer_rows[0]["high_df_queries"]}/{peer_rows[0]["queries"]} queries here '
-      'have one.'
+      '- peer rows: ratio = peer time / the JAX time of the row in parentheses, on the same queries (all of them) '
+      "and the row's analyzer tokens, the peer's index built outside the timer; agree = JAX top-10 ids equal to "
+      "the peer's."
     )
+    notes += [f'- {r["op"]}: {r["note"].format(**r)}' for r in peer_rows if r.get('note') and not r.get('unavailable')]
   if any(r.get('gflop') for r in rows):
     notes.append(
       '- solve work (the CFS-R family): per real question, 20 power + `iterations` projected-gradient matvecs on the '

@@ -68,7 +68,10 @@ def scale_pipelines(
 def reads_text(pipe: pipeline.Pipeline) -> bool:
   """Whether a pipeline reads the texts (a BM25 leg, or an operator built on BM25), not only the embeddings."""
   return any(
-    leg.op in TEXT_OPS or leg.operator.needs is not None or dict(leg.options).get('base') == 'bm25' for leg in pipe.legs
+    leg.op in TEXT_OPS
+    or bool(leg.operator.needs is not None and leg.operator.needs(dict(leg.options)).get('tokenizers'))
+    or dict(leg.options).get('base') == 'bm25'
+    for leg in pipe.legs
   )
 
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from hydra.utils import instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -322,6 +323,17 @@ def make_embedder(cfg: DictConfig):
   if queries is not documents:  # questions embedded apart, with their own prompt and cache key
     embed_fn.queries = encode_with(queries)
   embed_fn.cache_reports = reports
+  return embed_fn
+
+
+def no_embedder():
+  """The embedder of a run whose legs read no vector: one constant unit vector per text; no model is looked for,
+  nothing is encoded or cached."""
+
+  def embed_fn(texts):
+    return np.ones((len(texts), 1), np.float32)
+
+  embed_fn.cache_reports = []
   return embed_fn
 
 

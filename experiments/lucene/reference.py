@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -87,10 +88,20 @@ def sha256(path: Path) -> str:
   return h.hexdigest()
 
 
+@functools.lru_cache(maxsize=8)
+def _checked(path: str, size: int, mtime_ns: int) -> bool:
+  """Whether the file (as of this size and modification time) has the pinned sha256: hashed once per process."""
+  del size, mtime_ns  # the cache key: a changed file is hashed again
+  return sha256(Path(path)) == JAR_SHA256
+
+
 def jar_path(cache: Path = CACHE) -> Path | None:
   """The checked Anserini jar under ``cache``, or None when it is not there (or its sha256 differs)."""
   path = cache / Path(JAR_MEMBER).name
-  return path if path.is_file() and sha256(path) == JAR_SHA256 else None
+  if not path.is_file():
+    return None
+  st = path.stat()
+  return path if _checked(str(path), st.st_size, st.st_mtime_ns) else None
 
 
 def fetch_jar(cache: Path = CACHE) -> Path:

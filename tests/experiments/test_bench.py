@@ -8,6 +8,7 @@ from run_script import script_result
 from engram_jax.core import batch
 from engram_jax.data import io
 from engram_jax.ops import OPERATORS
+from engram_jax.ops import bm25 as bm25_ops
 from engram_jax.testing.synthetic import synthetic_episodes
 from experiments.bench import cli, device, floor, harness, operators, scale
 
@@ -22,17 +23,19 @@ def test_every_registered_operator_and_the_fusion_get_a_row(episodes):
   rows = operators.time_operators(episodes, repeats=1, rounds=2, ref_queries=3, peers=False)
   assert [r['op'] for r in rows] == [
     *(o for o in OPERATORS if o != 'trec_run'),
+    *operators.ROWS,
     operators.FUSION,
   ]  # trec_run needs a run file
   for r in rows:
     assert r['jax_s'] > 0 and r['episodes'] == 2 and r['queries'] == 12
-    if r['op'] in operators.REFERENCES or r['op'] == operators.FUSION:
+    if r['op'] == operators.FUSION or operators.reference(operators.row_operator(r['op']), r['options']):
       assert r['ref_s'] > 0 and r['ratio'] > 0 and r['checked'] == 6
       assert r['agree'] == r['checked'], r['op']
     else:
       assert r['ref_s'] is None and r['ratio'] is None
   by_op = {r['op']: r for r in rows}
   assert by_op['tide']['options']['pool'] == 50 and by_op['mmr']['options']['pool'] == 50  # locked setups
+  assert by_op['bm25']['ref_s'] > 0 and by_op['bm25_lucene_exact']['ref_s'] is None  # Okapi's reference only
 
 
 def test_episodes_are_padded_with_the_evaluations_buckets():
@@ -83,6 +86,16 @@ def test_cli_prints_the_environment_and_the_table(capsys):
   assert out.count('threads:') == 2  # the environment header, and the thread settings under the table
   with pytest.raises(SystemExit):
     cli.main(['--ops', 'nope'])
+  with pytest.raises(SystemExit):
+    cli.main(['--ops', 'bm25', '--set', 'nope.k1=1.0'])
+  rows = cli.main(
+    ['--episodes', '1', '--queries', '4', '--repeats', '1', '--rounds', '1', '--ops', 'bm25_lucene_exact']
+    + ['--set', 'bm25_lucene_exact.b=0.5', '--cpu-devices', '1']
+  )
+  out = capsys.readouterr().out
+  assert [r['op'] for r in rows] == ['bm25_lucene_exact', 'bm25_lucene_exact (bm25s)']
+  assert rows[0]['options']['b'] == rows[1]['options']['b'] == 0.5
+  assert '| bm25_lucene_exact (bm25s) | (bm25_lucene_exact) ' in out
 
 
 def test_interleaved_rounds_give_one_sample_per_round_and_the_bm25_peers(episodes):
@@ -101,7 +114,7 @@ def test_interleaved_rounds_give_one_sample_per_round_and_the_bm25_peers(episode
   assert len(peer['ref_rounds']) == 3 and all(t > 0 for t in peer['ref_rounds']) and peer['ratio'] > 0
   assert peer['checked'] == 12 and peer['agree'] == 12  # rank_bm25 is the semantics the JAX leg reproduces
   assert 0 <= peer['high_df_queries'] <= 12
-  assert peer['options'] == {k: by_op['bm25']['options'][k] for k in ('k1', 'b', 'epsilon')}
+  assert peer['options'] == {k: by_op['bm25']['options'][k] for k in ('k1', 'b', 'epsilon', 'tokenizer')}
   table = operators.format_table(rows, n_episodes=2, n_queries=12, threads='threads: test')
   assert '| bm25 (rank_bm25) |' in table and '| bm25 (bm25s) |' in table and 'threads: test' in table
   assert '3 interleaved rounds' in table
@@ -125,6 +138,72 @@ def test_an_unavailable_peer_is_reported_not_fatal(episodes, monkeypatch):
   assert (
     operators.time_operators(episodes[:1], ['cosine'], repeats=1, rounds=1)[0]['op'] == 'cosine'
   )  # no bm25: no peers
+
+
+def test_the_lucene_row_is_timed_against_bm25s_on_its_analyzers_tokens(episodes):
+  """bm25_lucene_exact: BM25 form lucene_exact on the english analyzer, k1 0.9, b 0.4, against bm25s
+  method='lucene' indexed on the same analyzer's tokens: the same scores up to float32 rounding, so the same top-10;
+  no NumPy reference of that form (n/a)."""
+  rows = operators.time_operators(episodes, ['bm25_lucene_exact'], repeats=1, rounds=2, ref_queries=2)
+  assert [r['op'] for r in rows] == ['bm25_lucene_exact', 'bm25_lucene_exact (bm25s)']
+  row, peer = rows
+  assert {k: row['options'][k] for k in ('tokenizer', 'form', 'k1', 'b')} == {
+    'tokenizer': 'english',
+    'form': 'lucene_exact',
+    'k1': 0.9,
+    'b': 0.4,
+  }
+  assert row['ref_s'] is None and row['ratio'] is None and row['checked'] == 0 and row['jax_s'] > 0
+  assert peer['peer_of'] == 'bm25_lucene_exact' and peer['unavailable'] is None
+  assert peer['options'] == {k: row['options'][k] for k in ('k1', 'b', 'epsilon', 'tokenizer')}
+  assert peer['jax_rounds'] == row['jax_rounds'] and len(peer['ref_rounds']) == 2 and peer['ratio'] > 0
+  assert peer['checked'] == 12 and peer['agree'] == 12
+  table = operators.format_table(rows, n_episodes=2, n_queries=12, threads='')
+  assert '| bm25_lucene_exact | ' in table and '| n/a | n/a | n/a |' in table
+  assert '| bm25_lucene_exact (bm25s) | (bm25_lucene_exact) ' in table and 'bm25s method=lucene' in table
+  assert 'bm25 with tokenizer=english, form=lucene_exact, k1=0.9, b=0.4' in table
+
+  # the peer's scores are the JAX leg's, both on the english analyzer's tokens
+  b = episodes[0]
+  e = operators.ref_episode(b, ['english'])
+  assert e.tokens['english'][0][0] == bm25_ops.ANALYZERS['english'](b.episode.items[0].text)
+  assert e.doc_tokens == [bm25_ops.tokenize(it.text) for it in b.episode.items]  # 'words', as before
+  (p,) = operators.available_peers('bm25_lucene_exact')
+  score = p.build(e.tokens['english'][0], 0.9, 0.4, 0.25)
+  arr = batch.episode_arrays(b.episode, b.docs, b.queries, tokenizers=['english'])
+  got = np.asarray(bm25_ops.bm25_leg(arr, None, k1=0.9, b=0.4, tokenizer='english', form='lucene_exact'))
+  got = got[: len(b.episode.questions), : b.episode.n_items]
+  want = np.stack([score(toks) for toks in e.tokens['english'][1]])
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+  # a knob of the named row is set by its name; the peer follows
+  rows = operators.time_operators(
+    episodes[:1], ['bm25_lucene_exact'], repeats=1, rounds=1, overrides={'bm25_lucene_exact': {'k1': 1.2}}
+  )
+  assert rows[0]['options']['k1'] == 1.2 and rows[0]['options']['tokenizer'] == 'english'
+  assert rows[1]['options']['k1'] == 1.2 and rows[1]['agree'] == rows[1]['checked'] == 6
+
+
+def test_the_bm25_reference_and_peers_read_the_rows_analyzer(episodes):
+  """The okapi reference and rank_bm25 take the tokens of the bm25 row's analyzer; a peer of another form than its
+  row's is reported unavailable, and a form the reference lacks prints n/a."""
+  rows = operators.time_operators(
+    episodes[:1], ['bm25'], repeats=1, rounds=1, ref_queries=3, overrides={'bm25': {'tokenizer': 'english'}}
+  )
+  by_op = {r['op']: r for r in rows}
+  assert by_op['bm25']['ref_s'] > 0 and by_op['bm25']['agree'] == by_op['bm25']['checked'] == 3
+  assert by_op['bm25 (rank_bm25)']['options']['tokenizer'] == 'english'
+  assert by_op['bm25 (rank_bm25)']['agree'] == by_op['bm25 (rank_bm25)']['checked'] == 6
+  rows = operators.time_operators(
+    episodes[:1], ['bm25'], repeats=1, rounds=1, ref_queries=3, overrides={'bm25': {'form': 'lucene_exact'}}
+  )
+  assert rows[0]['ref_s'] is None and rows[0]['ratio'] is None
+  for r in rows[1:]:
+    assert "computes BM25's 'okapi' form; the bm25 row runs 'lucene_exact'" in r['unavailable']
+    assert r['ref_s'] is None and r['ratio'] is None and r['checked'] == 0
+  assert 'unavailable' in operators.format_table(rows, n_episodes=1, n_queries=6, threads='')
+  with pytest.raises(ValueError, match='unknown operators'):
+    operators.time_operators(episodes[:1], ['bm25'], repeats=1, overrides={'bm25_okapi': {'k1': 1.0}})
 
 
 def _have_locomo() -> bool:

@@ -45,10 +45,12 @@ def bm25_recent_leg(
   b: float = _D['b'],
   epsilon: float = _D['epsilon'],
   tokenizer: str = _D['tokenizer'],
+  form: str = _D['form'],
+  delta: float = _D['delta'],
   c: float = _D['c'],
   p: float = _D['p'],
 ) -> Array:
-  s = bm25.bm25_leg(ep, key, k1=k1, b=b, epsilon=epsilon, tokenizer=tokenizer)
+  s = bm25.bm25_leg(ep, key, k1=k1, b=b, epsilon=epsilon, tokenizer=tokenizer, form=form, delta=delta)
   return s * boost(write_time(ep.positions, ep.where), c=c, p=p)  # [N]: right
 
 

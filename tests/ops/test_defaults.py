@@ -143,7 +143,15 @@ def _legs_using(op_names):
   return out
 
 
-BM25_LEGS = _legs_using(BM25_OPS + ('mem0',))
+# The seeds' BM25 legs (the 'words' analyzer; 'flat' is LongMemEval's official flat-bm25); the legs on the default lexical leg (protocol lexical_default) are
+# checked against the protocol's ledger row below.
+ALL_BM25_LEGS = _legs_using(BM25_OPS + ('mem0',))
+BM25_LEGS = [
+  (s, l)
+  for s, l in ALL_BM25_LEGS
+  if dict(_build(CONF / f'{s}.yaml')[0].leg(l).options).get('tokenizer', 'words') in ('words', 'flat')
+]
+EN_LEGS = [pair for pair in ALL_BM25_LEGS if pair not in BM25_LEGS]
 CFS_LEG_IDS = _legs_using(CFS_OPS)
 CFSR_LEG_IDS = _legs_using(CFSR_OPS)
 RRF_YAMLS = [p.stem for p in YAMLS if _build(p)[0].fusion == 'rrf']
@@ -172,6 +180,30 @@ def test_yaml_bm25_legs(stem, leg_name):
   for name, value in BM25.items():
     assert kw[name] == value, (stem, leg_name, name)
     assert f'legs.{leg_name}.{name}' not in _varied(node)
+
+
+def test_every_other_bm25_leg_is_the_adopted_lexical_default():
+  """A BM25 leg off the seeds' analyzer carries exactly the winner of the scored protocol lexical_default (its
+  ledger row), under a pipeline whose name says so (``bm25en``); ``bm25_lucene`` is Anserini's defaults."""
+  import json
+
+  (row,) = [json.loads(l) for l in (CONF.parents[0] / 'lexical' / 'scored.jsonl').read_text().splitlines()]
+  assert row['protocol'] == 'lexical_default' and row['adopted'] == 'winner' and not row['forced']
+  assert {'bm25en', 'rrf_cos_bm25en', 'rrf_cos_bm25en_cfsr', 'bm25en_recency'} <= {s for s, _ in EN_LEGS}
+  for stem, leg_name in EN_LEGS:
+    _, node, _, kw = _leg(stem, leg_name)
+    if stem == 'bm25_lucene':  # Lucene's BM25 as Anserini runs it: its own settings, not the protocol's
+      assert {n: kw[n] for n in ('tokenizer', 'form', 'k1', 'b')} == {
+        'tokenizer': 'english',
+        'form': 'lucene',
+        'k1': 0.9,
+        'b': 0.4,
+      }
+      continue
+    assert 'bm25en' in stem, stem
+    for name, value in row['winner'].items():
+      assert kw[name] == value, (stem, leg_name, name)
+    assert f'legs.{leg_name}.k1' not in _varied(node)
 
 
 @pytest.mark.parametrize('stem,leg_name', CFS_LEG_IDS, ids=[f'{p}-{l}' for p, l in CFS_LEG_IDS])
