@@ -489,14 +489,15 @@ def headline(summaries: dict[str, dict], ledger: list[dict]) -> str:
   ]
   tide = summaries['tide_table']['datasets']
   out += [
-    '**LongMemEval_S** (pilot, session level, 76 scored questions of our 498-question copy; published: the '
-    'Tide page, bge-small, 83 scored questions):',
+    '**LongMemEval_S** (pilot, session level, 76 scored questions of our 498-question copy; BM25 rows on `bm25en` and '
+    "on the seeds' `bm25`; published: the Tide page, bge-small, 83 scored questions):",
     '',
   ]
-  out += _bench_table(tide['longmemeval_s'], ['recall_any@5', 'ndcg_any@10'], 'docs/reproduce.md#tide_table')
+  out += _lexical_table(tide['longmemeval_s'], ['recall_any@5', 'ndcg_any@10'], 'docs/reproduce.md#tide_table')
   out += [
     '',
-    '**FactConsolidation** 6K (100 questions each; 95% Wilson intervals; published: the Tide page, bge-small):',
+    "**FactConsolidation** 6K (100 questions each; 95% Wilson intervals; BM25 rows on `bm25en` and on the seeds' "
+    '`bm25`; published: the Tide page, bge-small):',
     '',
   ]
   fc = {
@@ -509,7 +510,7 @@ def headline(summaries: dict[str, dict], ledger: list[dict]) -> str:
     },
     'reference': {p: {'FC-MH answer@10': v['answer@10']} for p, v in tide['fc_mh_6k']['reference'].items()},
   }
-  out += _bench_table(fc, ['FC-SH answer@1', 'FC-MH answer@10'], 'docs/reproduce.md#tide_table')
+  out += _lexical_table(fc, ['FC-SH answer@1', 'FC-MH answer@10'], 'docs/reproduce.md#tide_table')
   out += [
     '',
     'Every number with its command: [reproduce](docs/reproduce.md); all of them: [results](docs/results.md).',
