@@ -387,5 +387,7 @@ def load_locomo(
   return episodes, report
 
 
-# dataset-owned metrics (name -> fn(episode, question, ranked indices, k)); evaluation.evaluate reads these
-METRICS = {'parent_recall': boundary.parent_recall_at}
+# dataset-owned metrics (name -> fn(episode, question, ranked indices, k)); evaluation.evaluate reads these.
+# field_session_recall_any: the turn ranking folded to sessions, any evidence session among the first k (a memory
+# package's headline protocol, not LoCoMo's; conf/dataset/locomo_field.yaml)
+METRICS = {'parent_recall': boundary.parent_recall_at, 'field_session_recall_any': boundary.field_session_recall_any_at}

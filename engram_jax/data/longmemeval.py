@@ -30,7 +30,14 @@ doc_id))`` (:func:`engram_jax.metrics.official.longmemeval_correct_docs`): the i
   ``has_answer: true`` turn at all, and some have it on the assistant side only).
 
 A question with no gold at its level is excluded (``excluded_no_gold``): with user turns these are exactly the
-questions upstream skips as having no user-side evidence, at both levels. ``Question.gold_parents`` =
+questions upstream skips as having no user-side evidence, at both levels.
+
+``gold='answer_sessions'`` (not the official definition: the memory packages' headline protocol, see
+:func:`engram_jax.metrics.boundary.field_session_recall_any_at` and ``conf/dataset/longmemeval_s_field.yaml``)
+takes the gold from ``answer_session_ids`` instead: every item of an answer session present in the haystack is
+gold (at session level the answer sessions themselves, ``noans`` ids included; at turn level all their selected-role
+turns), so no question is excluded for want of gold (all 498 of our copy at both levels). The questions the official
+definition would have excluded are counted as ``kept_without_official_gold``. ``Question.gold_parents`` =
 ``answer_session_ids`` present in the haystack (``noans`` ones included; used by the parent-level metrics);
 ``category`` = ``question_type``; ``time`` = ``question_date``; ``answer`` = ``str(answer)`` (32 upstream answers
 are integers).
@@ -114,6 +121,7 @@ TEMPLATES = {'content': '{content}', 'role': '{role}: {content}'}
 FIELDS = ('role', 'content')  # the fields a turn's template may name (str.format)
 LEVELS = ('turn', 'session')
 CORPORA = ('official', 'clean')
+GOLDS = ('official', 'answer_sessions')
 REQUIRED_FIELDS = (
   'question_id',
   'question_type',
@@ -397,6 +405,7 @@ def episode_from_entry(
   template: str = 'content',
   roles: Sequence[str] = ('user',),
   corpus: str = 'official',
+  gold: str = 'official',
   report: LoadReport | None = None,
   e_i: int = 0,
 ) -> Episode | None:
@@ -408,6 +417,8 @@ def episode_from_entry(
     raise EngramError(f'level must be one of {LEVELS}, got {level!r}')
   if corpus not in CORPORA:
     raise EngramError(f'corpus must be one of {CORPORA}, got {corpus!r}')
+  if gold not in GOLDS:
+    raise EngramError(f'gold must be one of {GOLDS}, got {gold!r}')
   report = report if report is not None else LoadReport('longmemeval')
   template = check_template(template, names=TEMPLATES, fields=FIELDS, where='LongMemEval')
   roles = tuple(roles)
@@ -423,13 +434,17 @@ def episode_from_entry(
     else:
       report.add('unknown_answer_session_id', (qid, sid))
   if level == 'turn':
-    items, gold = _turn_items(sessions, qid, template=template, roles=roles, corpus=corpus, report=report)
+    items, gold_ids = _turn_items(sessions, qid, template=template, roles=roles, corpus=corpus, report=report)
   else:
-    items, gold = _session_items(
+    items, gold_ids = _session_items(
       sessions, qid, template=template, roles=roles, answer_sessions=set(answer_sessions), corpus=corpus, report=report
     )
   report.add('turns_read', n=sum(len(turns) for _, _, _, turns in sessions))
-  if not gold:
+  if gold == 'answer_sessions':  # the field's protocol: every item of an answer session (no repeat is one)
+    if not gold_ids:
+      report.add('kept_without_official_gold', (qid, entry['question_type']))
+    gold_ids = [it.id for it in items if it.parent in set(answer_sessions)]
+  if not gold_ids:
     report.add('excluded_no_gold', (qid, entry['question_type']))
     return None
   report.add('items', n=len(items))
@@ -442,7 +457,7 @@ def episode_from_entry(
   question = Question(
     id=qid,
     text=entry['question'],
-    gold=tuple(gold),
+    gold=tuple(gold_ids),
     gold_parents=tuple(answer_sessions),
     category=entry['question_type'],
     answer=str(answer),
@@ -458,6 +473,7 @@ def episodes_from_entries(
   template: str = 'content',
   roles: Sequence[str] = ('user',),
   corpus: str = 'official',
+  gold: str = 'official',
   dataset: str = 'longmemeval_s',
 ) -> tuple[list[Episode], LoadReport]:
   """Raw entries (from :func:`read_longmemeval`) -> ``(episodes, report)``; see :func:`load_longmemeval`."""
@@ -467,7 +483,9 @@ def episodes_from_entries(
   episodes = []
   seen: set[str] = set()
   for e_i, entry in enumerate(entries):
-    ep = episode_from_entry(entry, level=level, template=template, roles=roles, corpus=corpus, report=report, e_i=e_i)
+    ep = episode_from_entry(
+      entry, level=level, template=template, roles=roles, corpus=corpus, gold=gold, report=report, e_i=e_i
+    )
     qid = entry['question_id']
     if qid in seen:
       raise EngramError(f'LongMemEval question {qid}: duplicate question id')
@@ -486,6 +504,7 @@ def load_longmemeval(
   roles: Sequence[str] = ('user',),
   corpus: str = 'official',
   file: str | os.PathLike | None = None,
+  gold: str = 'official',
 ) -> tuple[list[Episode], LoadReport]:
   """Load LongMemEval as one :class:`Episode` per question.
 
@@ -502,6 +521,10 @@ def load_longmemeval(
       ``#dup<n>`` ids, never gold); ``'clean'``: blank turns / non-evidence sessions and repeated sessions dropped.
       Both are counted in the report (see the module docstring).
     file: the file to read (absolute, or relative to ``<root>/longmemeval/``); default :func:`find_file`'s.
+    gold: ``'official'`` (the default: upstream's ``correct_docs``, questions without such gold excluded) or
+      ``'answer_sessions'`` (the field's headline protocol, not the official one: every item of an
+      ``answer_session_ids`` session is gold and no question is excluded for want of gold; see the module
+      docstring).
 
   Returns:
     ``(episodes, report)``; episode id = question id; questions without gold at this level are excluded.
@@ -516,7 +539,7 @@ def load_longmemeval(
   path = find_file(root, split, file)
   entries = read_longmemeval(root, split=split, file=path)
   episodes, report = episodes_from_entries(
-    entries, level=level, template=template, roles=roles, corpus=corpus, dataset=f'longmemeval_{split}'
+    entries, level=level, template=template, roles=roles, corpus=corpus, gold=gold, dataset=f'longmemeval_{split}'
   )
   report.read_ids = frozenset(str(e['question_id']) for e in entries)
   report.source = source_name(root, path)
@@ -563,8 +586,11 @@ def session_ndcg_any_at(ep: Episode, q: Question, ranked: list[int], k: int) -> 
 # dataset-owned metrics (name -> fn(episode, question, ranked indices, k)); evaluation.evaluate reads these.
 # session_*: upstream's turn->session conversion (evaluate_retrieval_turn2session) at turn level; ``k`` counts
 # distinct sessions, so eval.k (turns retrieved) must be large enough for the grown cutoff.
+# field_session_recall_any: the memory packages' headline protocol (any answer_session_ids session among the first k
+# sessions), not an official metric; with conf/dataset/longmemeval_s_field.yaml it is scored on every question.
 METRICS = {
   'parent_recall': boundary.parent_recall_at,
   'session_recall_any': session_recall_any_at,
   'session_ndcg_any': session_ndcg_any_at,
+  'field_session_recall_any': boundary.field_session_recall_any_at,
 }

@@ -23,6 +23,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from engram_jax.core.errors import EngramError
 from engram_jax.core.types import Episode, Question
 
 TokenCount = Callable[[str], int]
@@ -204,3 +205,49 @@ def parent_recall_at(ep: Episode, q: Question, ranked: list[int], k: int) -> flo
   gold = set(q.gold_parents) or {ep.items[i].parent for i in (ep.index_of()[g] for g in q.gold)}
   found = {ep.items[i].parent for i in ranked[:k] if i >= 0}
   return len(gold & found) / len(gold)
+
+
+def parent_ranking(ep: Episode, ranked: Sequence[int]) -> list[str]:
+  """The parents of the ranked items (indices into ``ep.items``; negative indices, padding, are skipped), each
+  once, in the order of its first ranked item: a turn ranking collapsed to its sessions."""
+  return list(dict.fromkeys(ep.items[i].parent for i in ranked if i >= 0))
+
+
+def field_session_recall_any_at(ep: Episode, q: Question, ranked: list[int], k: int) -> float:
+  """The field's headline session recall (``field_session_recall_any@k``): 1.0 when any of the question's gold
+  parents (``Question.gold_parents``; the gold items' parents when none are given) is among the first ``k``
+  distinct parents of the ranking (:func:`parent_ranking`), else 0.0. Not an official metric of either benchmark.
+
+  The protocol of memory packages' published ``R@5`` (read in their benchmark scripts; see ``docs/peers.md``):
+
+  * LongMemEval_S: the session is the unit, gold = the question's ``answer_session_ids``, every question of the
+    file scored, the 30 abstention (``_abs``) questions and those without user-side evidence included (the
+    official retrieval metric skips both and takes its gold from ids containing ``answer`` only). MemPalace
+    ``benchmarks/longmemeval_bench.py`` (raw mode: one document per session), agentmemory
+    ``benchmark/longmemeval-bench.ts`` and RecallOS ``backend/src/bench/longmemeval.ts`` (turns folded to
+    sessions, first occurrence first). Run with ``dataset=longmemeval_s_field`` (all 498 questions of our copy,
+    gold = ``answer_session_ids``); at session level the first ``k`` sessions are the first ``k`` items, a repeated
+    session (13 filler copies in S) counting once.
+  * LoCoMo: RecallOS ``backend/src/bench/locomo.ts`` "session-level R@5": the turn ranking folded to sessions in
+    order of first occurrence, hit when a session holding an evidence turn is among the first ``k``
+    (``dataset=locomo_field``).
+
+  The ranking must reach ``k`` distinct parents: when it holds fewer and does not cover the whole episode, a
+  one-line :class:`~engram_jax.core.errors.EngramError` asks for a larger ``eval.k`` (a short ranking would
+  otherwise be scored as a miss).
+
+  Example:
+    >>> from engram_jax.core.types import Episode, Item, Question
+    >>> items = tuple(Item(f't{j}', 'x', s, j) for j, s in enumerate(['S1', 'S1', 'S2', 'S3']))
+    >>> ep = Episode('e', items, (Question('q', '?', ('t3',), ('S3',), 1),))
+    >>> field_session_recall_any_at(ep, ep.questions[0], [0, 1, 3, 2], k=2)  # sessions S1, S3: a hit at 2
+    1.0
+  """
+  gold = set(q.gold_parents) or {ep.items[i].parent for i in (ep.index_of()[g] for g in q.gold)}
+  parents = parent_ranking(ep, ranked)
+  if len(parents) < k and sum(i >= 0 for i in ranked) < ep.n_items:
+    raise EngramError(
+      f'{ep.id}: the top {len(ranked)} items cover {len(parents)} distinct parents, fewer than k={k} '
+      f'(field_session_recall_any@{k}); raise eval.k'
+    )
+  return float(any(p in gold for p in parents[:k]))

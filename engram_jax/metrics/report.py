@@ -11,7 +11,7 @@ import numpy as np
 from engram_jax.eval.evaluation import EvalResult
 from engram_jax.metrics import stats
 
-BINARY = ('hit', 'recall_any', 'recall_all', 'answer', 'newest_first')
+BINARY = ('hit', 'recall_any', 'recall_all', 'answer', 'newest_first', 'field_session_recall_any')
 
 
 def is_binary(metric: str) -> bool:

@@ -297,8 +297,8 @@ def get(name: str) -> Operator:
 
   Example:
     >>> import engram_jax.ops as ops
-    >>> ops.get('bm25').doc
-    "Okapi BM25 (rank_bm25's BM25Okapi semantics)"
+    >>> ops.get('cosine').doc
+    'dense cosine similarity'
   """
   if name not in OPERATORS:
     raise EngramError(f'unknown operator {name!r}; registered: {sorted(OPERATORS)}')
