@@ -310,13 +310,19 @@ def begin(cfg: DictConfig, out_dir: Path) -> runfolder.Run:
         f"fitted={cfg.fitted} lies in this run's own output folder {out_dir}: the run would replace what it reads; "
         'write the run elsewhere (hydra.run.dir=...)'
       )
-  return runfolder.begin(out_dir, OUTPUTS)
+  return runfolder.begin(out_dir, OUTPUTS, expect=common.hydra_own_files(out_dir))
 
 
 def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   """Evaluate ``cfg.pipeline`` on ``cfg.dataset`` (or on every entry of ``cfg.datasets``) and write the results:
-  each file atomically, then the folder's marker (:mod:`engram_jax.core.runfolder`)."""
-  folder = begin(cfg, out_dir)
+  each file atomically, then the folder's marker (:mod:`engram_jax.core.runfolder`). The run holds the folder
+  (one writer: another run into it is refused) until it ends, however it ends."""
+  with begin(cfg, out_dir) as folder:
+    return _run(cfg, out_dir, folder)
+
+
+def _run(cfg: DictConfig, out_dir: Path, folder: runfolder.Run) -> dict[str, Any]:
+  """:func:`run` in the folder it holds."""
   checks.check_evaluate(cfg)
   checks.check_reader_packages(cfg)  # a Tier-1 reader's packages on this machine: before loading and retrieval
   timer = timing.RunTimer()

@@ -376,8 +376,15 @@ def load(cfg: DictConfig, options: dict, metrics: list[str]) -> Data:
 def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   """Fit ``cfg.pipeline`` (one pipeline) on ``cfg.dataset`` and score it out of fold; write the results, the
   Markdown, the artifact and the ledger row. The folder is whole or marked (:mod:`engram_jax.core.runfolder`): an
-  earlier run's marker and outputs are removed first, every file is written atomically, the marker last."""
-  folder = runfolder.begin(out_dir, outputs(cfg) + stale_outputs(out_dir))
+  earlier run's marker and outputs are removed first, every file is written atomically, the marker last; the run
+  holds the folder (one writer: another run into it is refused) until it ends, however it ends."""
+  expect = common.hydra_own_files(out_dir)
+  with runfolder.begin(out_dir, outputs(cfg) + stale_outputs(out_dir), expect=expect) as folder:
+    return _run(cfg, out_dir, folder)
+
+
+def _run(cfg: DictConfig, out_dir: Path, folder: runfolder.Run) -> dict[str, Any]:
+  """:func:`run` in the folder it holds."""
   t0 = time.perf_counter()
   names = list(cfg.pipeline)
   if len(names) != 1:

@@ -2,6 +2,17 @@
 
 A run (``experiments.evaluate``, ``experiments.fit``) writes its folder through a :class:`Run` (:func:`begin`):
 
+0. one writer: :func:`begin` takes the folder's lock (``.run.lock``, ``flock``) for the run's life (released by
+   :meth:`Run.finish`, by :meth:`Run.release` / leaving ``with run:``, and by the OS when the process exits or is
+   killed, so a killed run's lock never blocks: its file is cleared by the next run). A second run into a folder in
+   use is refused in one line naming the holder (its pid, host, start and command line)::
+
+     run folder RUN is in use by another run (pid 4242 on host, since ...: python -m experiments.evaluate ...): ...
+
+   and a file the caller knows to be its own (``expect``: Hydra's ``.hydra/overrides.yaml`` as this process's Hydra
+   wrote it) that another run rewrote before the lock was taken refuses the run too. Hydra's files of the run are
+   kept as they were at :func:`begin`: another process's Hydra rewriting them while this run holds the folder is
+   undone at :meth:`Run.finish`.
 1. :func:`begin` removes the old marker ``run_complete.json`` FIRST (before any other write), then every output
    this run will write (files, and folders such as ``artifact/``) that an earlier run left there. A rerun into a used
    folder clears rather than refuses: the docs' own commands rerun into fixed ``hydra.run.dir`` folders, and once
@@ -10,7 +21,9 @@ A run (``experiments.evaluate``, ``experiments.fit``) writes its folder through 
 2. every file is written atomically (:func:`write_file`: a hidden temporary file in the same folder, flushed, then
    ``os.replace``; :func:`engram_jax.data.embed.atomic_write`), mode ``0644`` under the usual umask;
 3. :meth:`Run.finish` writes the marker LAST: the run's id (a fresh uuid) and the sha256 of every file it vouches
-   for (the run's outputs and Hydra's ``.hydra/*.yaml`` of the run, written before the run started).
+   for (the run's outputs and Hydra's ``.hydra/*.yaml`` of the run, written before the run started). It vouches only
+   for this run's files: an output file the run did not write (through :func:`write_file` while it held the folder),
+   or one whose bytes changed after the run wrote it, refuses the marker (one line; the folder stays unmarked).
 
 Every reader calls :func:`check` (the folder and the files it reads) and gets one line (``EngramError``) for a folder
 with no marker, a file the marker does not vouch for, or a file whose bytes differ from the marker's hash::
@@ -29,6 +42,10 @@ Example:
   >>> from pathlib import Path
   >>> d = Path(tempfile.mkdtemp())
   >>> run = begin(d, ['results.json'])
+  >>> begin(d, ['results.json'])
+  Traceback (most recent call last):
+  ...
+  engram_jax.core.errors.EngramError: run folder ... is in use by another run (pid ...
   >>> _ = run.write('results.json', '{}')
   >>> sorted(run.finish()['files'])
   ['results.json']
@@ -46,19 +63,32 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import shutil
 import signal
+import socket
+import sys
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+import warnings
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from engram_jax.core.errors import EngramError
 from engram_jax.data.embed import atomic_write
 
+try:
+  import fcntl
+except ImportError:  # not POSIX: runs are not locked (one writer per folder is then up to the user)
+  fcntl = None
+
+log = logging.getLogger(__name__)
+
 MARKER = 'run_complete.json'
+LOCK = '.run.lock'
 FORMAT = 'engram_jax.run/1'
 FAULT_ENV = 'ENGRAM_FAULT_AT'
 FAULT_LOG_ENV = 'ENGRAM_FAULT_LOG'
@@ -67,6 +97,7 @@ HYDRA_FILES = ('.hydra/config.yaml', '.hydra/hydra.yaml', '.hydra/overrides.yaml
 RUN_SIGNS = (MARKER, 'results.json', 'results.md', 'config_resolved.yaml', '.hydra', 'artifact')
 
 _steps = 0
+_active: weakref.WeakValueDictionary[Path, Run] = weakref.WeakValueDictionary()  # folder (resolved) -> its Run here
 
 
 def _step(path: Path) -> None:
@@ -90,6 +121,11 @@ def write_file(path: Path | str, data: str | bytes) -> Path:
   raw = data.encode('utf-8') if isinstance(data, str) else bytes(data)
   _step(path)
   atomic_write(path, lambda f: f.write(raw))
+  if _active:  # a file of a run this process is writing: the run vouches for these bytes (Run.finish)
+    full = path.resolve()
+    for folder, run in list(_active.items()):
+      if folder in full.parents:
+        run.written[full.relative_to(folder).as_posix()] = hashlib.sha256(raw).hexdigest()
   return path
 
 
@@ -116,13 +152,127 @@ def _files_under(folder: Path, name: str) -> list[str]:
   )
 
 
-@dataclasses.dataclass
+def _unlock(fd: int, path: str, owner: int) -> None:
+  """Release a folder's lock: its file removed while still held (so that no one locks a file on its way out),
+  then the descriptor closed (which releases ``flock``). A forked child that inherited it leaves both alone."""
+  if os.getpid() != owner:
+    return
+  try:
+    os.unlink(path)
+  except OSError:
+    pass
+  try:
+    os.close(fd)
+  except OSError:
+    pass
+
+
+def _holder(raw: bytes) -> str:
+  """The holder a lock file names (its pid, host, start and command line), as words for the refusal."""
+  try:
+    info = json.loads(raw.decode('utf-8'))
+    pid, host = int(info['pid']), str(info.get('host', '?'))
+  except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+    return 'holder unknown: it is starting'
+  argv = ' '.join(map(str, info.get('argv') or [])).replace('\n', ' ')[:160]
+  words = f'pid {pid} on {host}, since {info.get("since", "?")}: {argv}'
+  if host == socket.gethostname() and pid == os.getpid():
+    words += '; this process'
+  elif host == socket.gethostname():
+    try:
+      os.kill(pid, 0)
+    except ProcessLookupError:
+      words += f'; pid {pid} is gone, a process it started still holds the lock'
+    except OSError:
+      pass
+  return words
+
+
+class FolderLock:
+  """A run folder's lock (:data:`LOCK`, an exclusive ``flock``), held from :func:`begin` until :meth:`release`, the
+  lock's collection, or the process's end (the OS releases a killed holder's ``flock``: a stale lock file is only
+  overwritten). Raises EngramError (one line naming the holder) when another run holds it, in this or another
+  process."""
+
+  def __init__(self, folder: Path):
+    self.path = folder / LOCK
+    self.stale: str | None = None  # what a killed holder's lock file named, when this lock cleared one
+    self._fd: int | None = None
+    if fcntl is None:
+      return
+    while True:
+      fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+      try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except BlockingIOError:
+        raw = os.pread(fd, 4096, 0)
+        os.close(fd)
+        raise EngramError(
+          f'run folder {folder} is in use by another run ({_holder(raw)}): one writer per folder; wait until it '
+          'ends or write this run elsewhere (hydra.run.dir=...)'
+        ) from None
+      except OSError as e:  # a file system without flock: the run goes on unlocked
+        os.close(fd)
+        warnings.warn(f'run folder {folder} cannot be locked ({e}): another run into it would not be refused')
+        return
+      try:
+        same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+      except FileNotFoundError:
+        same = False
+      if same:  # else its holder removed the file as it released it: lock the new one
+        break
+      os.close(fd)
+    raw = os.pread(fd, 4096, 0)
+    if raw.strip():  # a lock file is removed at release: this one's holder was killed (its flock went with it)
+      self.stale = _holder(raw)
+      log.info('run folder %s: cleared the lock of a run that was killed (%s)', folder, self.stale)
+    info = {
+      'pid': os.getpid(),
+      'host': socket.gethostname(),
+      'since': time.strftime('%Y-%m-%dT%H:%M:%S%z'),
+      'argv': [os.path.basename(sys.executable), *sys.argv],
+    }
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(info) + '\n').encode('utf-8'), 0)
+    self._fd = fd
+    self._release = weakref.finalize(self, _unlock, fd, str(self.path), os.getpid())
+
+  @property
+  def held(self) -> bool:
+    return self._fd is not None and self._release.alive
+
+  def release(self) -> None:
+    """Release the lock (idempotent)."""
+    if self._fd is not None:
+      self._release()
+
+
+@dataclasses.dataclass(eq=False)
 class Run:
-  """A run writing its folder (:func:`begin`): ``outputs`` are the names it writes (files or folders)."""
+  """A run writing its folder (:func:`begin`): ``outputs`` are the names it writes (files or folders); it holds the
+  folder's lock (``lock``) until :meth:`finish` or :meth:`release` (also as ``with run:``), ``written`` the sha256
+  of each file it wrote (:func:`write_file`), ``hydra`` the bytes of Hydra's files of the run at :func:`begin`."""
 
   folder: Path
   outputs: tuple[str, ...]
   run_id: str
+  lock: FolderLock | None = None
+  written: dict[str, str] = dataclasses.field(default_factory=dict)
+  hydra: dict[str, bytes] = dataclasses.field(default_factory=dict)
+
+  def __enter__(self) -> Run:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.release()
+
+  def release(self) -> None:
+    """Release the folder's lock (idempotent): another run may write the folder from now on."""
+    key = self.folder.resolve()
+    if _active.get(key) is self:
+      del _active[key]
+    if self.lock is not None:
+      self.lock.release()
 
   def write(self, name: str, data: str | bytes) -> Path:
     """Write output ``name`` (a path relative to the folder, inside one of ``outputs``) atomically."""
@@ -138,40 +288,86 @@ class Run:
 
   def finish(self, info: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write the marker, last: the run's id, when, and the sha256 of every output present (each file of an output
-    folder) and of Hydra's files of the run. Returns the marker."""
-    names = [n for out in self.outputs for n in _files_under(self.folder, out)]
-    names += [n for n in HYDRA_FILES if (self.folder / n).is_file()]
-    marker = {
-      'format': FORMAT,
-      'run_id': self.run_id,
-      'finished': time.strftime('%Y-%m-%dT%H:%M:%S%z'),
-      'files': {n: sha256_file(self.folder / n) for n in sorted(set(names))},
-      **dict(info or {}),
-    }
-    write_file(self.folder / MARKER, json.dumps(marker, indent=1) + '\n')
-    return marker
+    folder) and of Hydra's files of the run; then release the folder. Returns the marker.
+
+    Raises:
+      EngramError: (one line; no marker written) an output file this run did not write, or one changed since.
+    """
+    try:
+      names = [n for out in self.outputs for n in _files_under(self.folder, out)]
+      if self.lock is not None:  # a run of begin(): it vouches only for what it wrote (mark() vouches for what is)
+        for name in names:
+          if name not in self.written:
+            raise refuse(self.folder, f'file {name} was not written by this run (another process writes into it)')
+          if sha256_file(self.folder / name) != self.written[name]:
+            raise refuse(self.folder, f'file {name} changed after this run wrote it (another process writes into it)')
+      for name, raw in self.hydra.items():  # another process's Hydra rewrote them while this run held the folder
+        target = self.folder / name
+        if not target.is_file() or target.read_bytes() != raw:
+          write_file(target, raw)
+      if self.lock is not None:  # Hydra's files of this run (as they were at begin), never another process's
+        names += list(self.hydra)
+      else:
+        names += [n for n in HYDRA_FILES if (self.folder / n).is_file()]
+      return _write_marker(self.folder, names, self.run_id, info)
+    finally:
+      self.release()
 
 
-def begin(folder: Path | str, outputs: Iterable[str]) -> Run:
-  """Start a run into ``folder`` (created): remove the old marker first, then each of ``outputs`` an earlier run
-  left (a file, or a folder with all it holds), so that a run killed at any point leaves a folder every reader
-  refuses (module docstring: why clear rather than refuse). Returns the :class:`Run` that writes the folder."""
+def _write_marker(folder: Path, names: Iterable[str], run_id: str, info: dict[str, Any] | None) -> dict[str, Any]:
+  marker = {
+    'format': FORMAT,
+    'run_id': run_id,
+    'finished': time.strftime('%Y-%m-%dT%H:%M:%S%z'),
+    'files': {n: sha256_file(folder / n) for n in sorted(set(names))},
+    **dict(info or {}),
+  }
+  write_file(folder / MARKER, json.dumps(marker, indent=1) + '\n')
+  return marker
+
+
+def begin(folder: Path | str, outputs: Iterable[str], expect: Mapping[str, str | bytes] | None = None) -> Run:
+  """Start a run into ``folder`` (created): take the folder's lock (refused, one line, while another run holds it),
+  remove the old marker first, then each of ``outputs`` an earlier run left (a file, or a folder with all it holds),
+  so that a run killed at any point leaves a folder every reader refuses (module docstring: why clear rather than
+  refuse). ``expect``: files already in the folder that are this run's, by their content (Hydra's
+  ``.hydra/overrides.yaml`` as this process's Hydra wrote it), refused when another run rewrote them before the
+  lock was taken. Returns the :class:`Run` that writes the folder and holds its lock until it finishes.
+
+  Raises:
+    EngramError: one line, the folder in use by another run (its holder named), or a file of ``expect`` not this
+      run's.
+  """
   folder = Path(folder)
   folder.mkdir(parents=True, exist_ok=True)
-  marker = folder / MARKER
-  if marker.exists() or marker.is_symlink():
-    _step(marker)
-    marker.unlink()
-  outputs = tuple(dict.fromkeys(outputs))
-  for name in outputs:
-    path = folder / name
-    if path.is_dir() and not path.is_symlink():
-      _step(path)
-      shutil.rmtree(path)
-    elif path.exists() or path.is_symlink():
-      _step(path)
-      path.unlink()
-  return Run(folder, outputs, uuid.uuid4().hex)
+  lock = FolderLock(folder)
+  run = Run(folder, tuple(dict.fromkeys(outputs)), uuid.uuid4().hex, lock)
+  try:
+    for name, data in (expect or {}).items():
+      raw = data.encode('utf-8') if isinstance(data, str) else bytes(data)
+      if not (folder / name).is_file() or (folder / name).read_bytes() != raw:
+        raise EngramError(
+          f"run folder {folder}: file {name} is not this run's (another run started into this folder at the same "
+          'time and rewrote it): one writer per folder; rerun each run into its own folder (hydra.run.dir=...)'
+        )
+    run.hydra = {n: (folder / n).read_bytes() for n in HYDRA_FILES if (folder / n).is_file()}
+    marker = folder / MARKER
+    if marker.exists() or marker.is_symlink():
+      _step(marker)
+      marker.unlink()
+    for name in run.outputs:
+      path = folder / name
+      if path.is_dir() and not path.is_symlink():
+        _step(path)
+        shutil.rmtree(path)
+      elif path.exists() or path.is_symlink():
+        _step(path)
+        path.unlink()
+  except BaseException:
+    lock.release()
+    raise
+  _active[folder.resolve()] = run
+  return run
 
 
 def is_run_folder(folder: Path | str) -> bool:
@@ -247,5 +443,10 @@ def check_file(path: Path | str) -> None:
 
 def mark(folder: Path | str, outputs: Iterable[str]) -> dict[str, Any]:
   """Vouch for ``outputs`` as they are in ``folder`` now: write its marker (a run written by hand, e.g. a test's,
-  or one written before run markers, once checked). Returns the marker."""
-  return Run(Path(folder), tuple(outputs), uuid.uuid4().hex).finish()
+  or one written before run markers, once checked); refused while a run holds the folder. Returns the marker."""
+  folder = Path(folder)
+  lock = FolderLock(folder)
+  try:
+    return Run(folder, tuple(outputs), uuid.uuid4().hex).finish()
+  finally:
+    lock.release()

@@ -40,6 +40,21 @@ def one_line(message: str) -> str:
   return '; '.join(line.strip() for line in str(message).splitlines() if line.strip())
 
 
+def hydra_own_files(out_dir: Path | str) -> dict[str, str]:
+  """Hydra's files of this job that this process knows by content: ``.hydra/overrides.yaml`` as Hydra wrote it from
+  this job's overrides, for :func:`engram_jax.core.runfolder.begin` to refuse a folder whose copy another run
+  (started into it at the same time) rewrote. Empty outside a Hydra job whose output folder is ``out_dir``."""
+  from hydra.core.hydra_config import HydraConfig
+
+  try:
+    hc = HydraConfig.get()
+    if hc.output_subdir is None or Path(hc.runtime.output_dir).resolve() != Path(out_dir).resolve():
+      return {}
+    return {f'{hc.output_subdir}/overrides.yaml': OmegaConf.to_yaml(hc.overrides.task)}
+  except Exception:  # no Hydra job in this process (a test's compose, a library call): nothing known
+    return {}
+
+
 def plain_errors(fn):
   """Wrap an entry point's main function: the project's own errors (:class:`EngramError`) print one line on
   stderr and exit with status 1; ``ENGRAM_FULL_ERROR=1`` raises them with their traceback (as Hydra's

@@ -8,8 +8,10 @@ run; the run records the file's SHA-256 in ``results.json`` and appends a line t
 the protocol's own (the config composed from ``+protocol=<name>`` alone): an override that changes a fixed setting
 (anything but paths, progress bars, devices and the protocol switches) is refused, and the resolved configuration's
 SHA-256 is recorded beside the file's. A second scoring of a protocol name that has been scored (whatever its file's
-hash: a comment-only edit is the same protocol) is refused. ``protocol_force=true`` runs any of these anyway, marked
-as forced (with every reason) in its results and in the ledger.
+hash: a comment-only edit is the same protocol) is refused. A run from a dirty checkout (a tracked file differs from
+HEAD: :func:`dirty_files`, the ledger files included, so an earlier run's row must be committed first) is refused,
+naming the first files, so that a row's ``git_commit`` is the code that ran. ``protocol_force=true`` runs any of these
+anyway, marked as forced (with every reason) in its results and in the ledger.
 
 The committed ledger is always consulted for earlier scorings; ``protocol_ledger=<file>`` only adds a scratch
 ledger (consulted too, and the one the run appends to). Each row records what was run: a fingerprint of the data
@@ -168,6 +170,49 @@ def annotated(rows: list[dict[str, Any]], notes: list[dict[str, Any]]) -> list[d
     for r in hit:
       r['notes'].append(n)
   return out
+
+
+def dirty_files(root: Path = ROOT) -> list[str] | None:
+  """The tracked files of the checkout at ``root`` that differ from HEAD (staged or not; added, changed or deleted),
+  relative to it and sorted; untracked files are not listed. None outside git. The ledger files
+  (:data:`LEDGER`, :data:`NOTES`) are listed like any other: a row appended by an earlier run is committed first.
+
+  Example:
+    >>> import subprocess, tempfile
+    >>> from pathlib import Path
+    >>> d = Path(tempfile.mkdtemp())
+    >>> git = lambda *a: subprocess.run(['git', '-c', 'user.name=t', '-c', 'user.email=t@t', '-c', 'commit.gpgsign=false',
+    ...                                  *a], cwd=d, check=True, capture_output=True)
+    >>> _ = git('init', '-q'); _ = (d / 'a.txt').write_text('a'); _ = git('add', 'a.txt'); _ = git('commit', '-qm', 'a')
+    >>> dirty_files(d)
+    []
+    >>> _ = (d / 'a.txt').write_text('b'); _ = (d / 'new.txt').write_text('untracked')
+    >>> dirty_files(d)
+    ['a.txt']
+  """
+  try:
+    head = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=root, capture_output=True, check=False)
+    if head.returncode != 0:
+      return None
+    diff = subprocess.run(
+      ['git', 'diff', '--name-only', '-z', 'HEAD', '--'], cwd=root, capture_output=True, text=True, check=False
+    )
+  except FileNotFoundError:
+    return None
+  if diff.returncode != 0:
+    return None
+  return sorted(n for n in diff.stdout.split('\0') if n)
+
+
+def dirty_reason(dirty: list[str], shown: int = 3) -> str:
+  """The words for a dirty checkout: how many tracked files differ from HEAD and the first ``shown`` of them.
+
+  Example:
+    >>> dirty_reason(['a.py', 'b.py', 'c.py', 'd.py'])
+    'dirty checkout: 4 tracked files differ from HEAD (a.py, b.py, c.py, ...)'
+  """
+  more = ', ...' if len(dirty) > shown else ''
+  return f'dirty checkout: {len(dirty)} tracked files differ from HEAD ({", ".join(dirty[:shown])}{more})'
 
 
 def git_commit() -> str | None:
@@ -353,7 +398,8 @@ def check(
 
   Raises:
     ValueError: when the protocol file is not committed unmodified, the run's overrides change a fixed setting,
-      or the protocol name was already scored, and ``protocol_force`` is not set.
+      the protocol name was already scored, or a tracked file of the checkout differs from HEAD (:func:`dirty_files`),
+      and ``protocol_force`` is not set.
   """
   name = cfg.get('protocol_name')
   if not name:
@@ -367,6 +413,7 @@ def check(
   if fixed is None:
     fixed = fixed_config(str(name))
   changed = changed_settings(settings(cfg), settings(fixed))
+  dirty = dirty_files()
   if committed is False and not force:
     raise EngramError(
       f'protocol {name}: {_rel(path)} is not committed (or differs from HEAD); commit '
@@ -385,6 +432,11 @@ def check(
       f"protocol {name}: the run's overrides change settings the protocol fixes ({shown}); run "
       f'`+protocol={name}` alone (protocol_force=true runs it anyway, marked as forced)'
     )
+  if dirty and not force:
+    raise EngramError(
+      f'protocol {name}: {dirty_reason(dirty)}; a confirmation runs committed code: commit (the ledger rows of '
+      'earlier runs too) or stash first (protocol_force=true runs it anyway, marked as forced)'
+    )
   reasons = (
     (
       [f'already scored {len(earlier)}x (first on {earlier[0]["date"]}, run {earlier[0]["run_dir"]})']
@@ -393,6 +445,7 @@ def check(
     )
     + (['file not committed unmodified'] if committed is False else [])
     + ([f'changed settings: {changed}'] if changed else [])
+    + ([dirty_reason(dirty)] if dirty else [])
   )
   if force and reasons:
     refuse_tracked_ledger(str(name), reasons, ledger, cfg)
@@ -409,6 +462,7 @@ def check(
     'force': force,
     'forced': force and bool(reasons),
     'forced_because': reasons if force else [],
+    'dirty_files': dirty or [],
     'git_commit': git_commit(),
     'packages': package_versions(),
   }

@@ -1,13 +1,23 @@
 """Protocols fixed in advance: committed before the run, scored once (refused again unless forced), recorded."""
 
 import json
+import subprocess
 
 import pytest
 from omegaconf import OmegaConf
 
+from engram_jax.core.errors import EngramError
 from engram_jax.core.types import Episode, Item, LoadReport, Question
 from engram_jax.data import splits
 from experiments.lib import protocol
+
+REAL_DIRTY_FILES = protocol.dirty_files
+
+
+@pytest.fixture(autouse=True)
+def clean_checkout(monkeypatch):
+  """These tests run in a working checkout (often dirty): its state is not theirs; the dirty-tree tests set it."""
+  monkeypatch.setattr(protocol, 'dirty_files', lambda: [])
 
 
 def _cfg(**kw):
@@ -234,3 +244,63 @@ def test_notes_annotate_ledger_rows_without_changing_them(tmp_path):
   (tmp_path / 'bad.jsonl').write_text('{"a": 1}\nnot json\n')
   with pytest.raises(ValueError, match='line 2 is not JSON'):
     protocol.read_jsonl(tmp_path / 'bad.jsonl')
+
+
+def test_a_dirty_checkout_is_refused_unless_forced_naming_its_files(tmp_path, monkeypatch):
+  """Issue 50, item 5: a protocol run from a checkout whose tracked files differ from HEAD was recorded as an unforced
+  confirmation (its row's git_commit ``...+dirty`` names code that never existed); now refused in one line naming
+  the first files, or, forced, marked as forced with the reason."""
+  (tmp_path / 'p.yaml').write_text('protocol_name: p\n')
+  monkeypatch.setattr(protocol, 'committed_unmodified', lambda path: True)
+  dirty = ['conf/protocol/scored.jsonl', 'engram_jax/fit/a.py', 'engram_jax/fit/b.py', 'experiments/fit.py']
+  monkeypatch.setattr(protocol, 'dirty_files', lambda: dirty)
+  ledger = tmp_path / 'scored.jsonl'
+  with pytest.raises(EngramError, match='protocol p: dirty checkout: 4 tracked files differ from HEAD') as e:
+    protocol.check(_cfg(protocol_name='p'), ledger=ledger, protocol_dir=tmp_path, fixed=_FIXED)
+  assert '(conf/protocol/scored.jsonl, engram_jax/fit/a.py, engram_jax/fit/b.py, ...)' in str(e.value)
+  assert '\n' not in str(e.value) and 'protocol_force=true' in str(e.value)
+  forced = protocol.check(
+    _cfg(protocol_name='p', protocol_force=True), ledger=ledger, protocol_dir=tmp_path, fixed=_FIXED
+  )
+  assert forced['forced'] and forced['forced_because'] == [protocol.dirty_reason(dirty)]
+  assert forced['dirty_files'] == dirty
+  assert protocol.markdown_lines(forced)[1].startswith('Protocol p: **forced** (dirty checkout: 4 tracked files')
+  protocol.record(forced, tmp_path / 'run', summary={}, paired={}, n_questions=1)
+  row = json.loads(ledger.read_text())
+  assert row['forced'] and row['forced_because'][0].startswith('dirty checkout')
+
+
+def _git(repo, *args):
+  cmd = ['git', '-c', 'user.name=t', '-c', 'user.email=t@t', '-c', 'commit.gpgsign=false', *args]
+  subprocess.run(cmd, cwd=repo, check=True, capture_output=True)
+
+
+def test_an_earlier_runs_uncommitted_ledger_row_makes_the_checkout_dirty(tmp_path, monkeypatch):
+  """In a real git checkout: the ledger an earlier run appended to is a tracked file that differs from HEAD, so the
+  next confirmation is refused until that row is committed; untracked files (run folders, scratch ledgers) are not."""
+  repo = tmp_path / 'repo'
+  (repo / 'conf' / 'protocol').mkdir(parents=True)
+  (repo / 'conf' / 'protocol' / 'scored.jsonl').write_text('')
+  (repo / 'code.py').write_text('x = 1\n')
+  _git(repo, 'init', '-q')
+  _git(repo, 'add', '.')
+  _git(repo, 'commit', '-qm', 'protocol')
+  assert REAL_DIRTY_FILES(repo) == []
+  (repo / 'outputs').mkdir()
+  (repo / 'outputs' / 'results.json').write_text('{}')  # untracked: not dirty
+  assert REAL_DIRTY_FILES(repo) == []
+  (repo / 'conf' / 'protocol' / 'scored.jsonl').write_text('{"protocol": "q"}\n')  # an earlier run's row
+  assert REAL_DIRTY_FILES(repo) == ['conf/protocol/scored.jsonl']
+  (repo / 'code.py').unlink()
+  assert REAL_DIRTY_FILES(repo) == ['code.py', 'conf/protocol/scored.jsonl']
+  (tmp_path / 'p.yaml').write_text('protocol_name: p\n')
+  monkeypatch.setattr(protocol, 'committed_unmodified', lambda path: True)
+  monkeypatch.setattr(protocol, 'dirty_files', lambda: REAL_DIRTY_FILES(repo))
+  args = {'ledger': tmp_path / 'l.jsonl', 'protocol_dir': tmp_path, 'fixed': _FIXED}
+  with pytest.raises(EngramError, match=r'2 tracked files differ from HEAD \(code.py, conf/protocol/scored.jsonl\)'):
+    protocol.check(_cfg(protocol_name='p'), **args)
+  _git(repo, 'commit', '-qam', 'the ledger row, with its results')
+  info = protocol.check(_cfg(protocol_name='p'), **args)
+  assert not info['forced'] and info['dirty_files'] == []
+  (tmp_path / 'plain').mkdir()
+  assert REAL_DIRTY_FILES(tmp_path / 'plain') is None  # not a git checkout: nothing to refuse
