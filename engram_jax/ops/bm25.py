@@ -95,7 +95,7 @@ def lucene_length(dl: ArrayLike, xp=jnp) -> Array:
   return xp.where(i < 0, i + 24, ((i >> shift) << shift) + 24).astype(xp.float32)
 
 
-def _idf(df: Array, n: Array, epsilon: ArrayLike, form: str = 'okapi', xp=jnp) -> Array:
+def _idf(df: Array, n: Array, epsilon: ArrayLike, form: str = _D['form'], xp=jnp) -> Array:
   """The form's idf over vocabulary columns with ``df > 0`` (0 elsewhere). ``'okapi'``: rank_bm25's, negative idf
   floored at ``epsilon x`` the mean idf."""
   in_vocab = df > 0

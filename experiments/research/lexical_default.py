@@ -44,6 +44,12 @@ LEDGER = LEXICAL_DIR / 'scored.jsonl'
 N_RESAMPLES = 10_000
 
 
+def rel(path: Path) -> str:
+  """``path`` relative to the repository when inside it (for messages), else as given."""
+  path = Path(path).resolve()
+  return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def constant_vectors(episodes) -> list[tuple[np.ndarray, np.ndarray]]:
   """One unit vector per text: what a run whose legs read no vector is given (nothing is embedded)."""
   return [(np.ones((ep.n_items, 1), np.float32), np.ones((len(ep.questions), 1), np.float32)) for ep in episodes]
@@ -128,12 +134,12 @@ def refusals(path: Path, name: str, ledger: Path) -> list[str]:
   """Why this scoring would not be the protocol's one clean scoring (empty when it is)."""
   reasons = []
   if protocol.committed_unmodified(path) is not True:
-    reasons.append(f'{protocol._rel(path)} is not committed unmodified')
+    reasons.append(f'{rel(path)} is not committed unmodified')
   commit = protocol.git_commit() or ''
   if commit.endswith('+dirty') or not commit:
     reasons.append(f'the tree is not clean (git commit {commit or "unknown"})')
   if protocol.scorings(name, ledger=ledger, committed=LEDGER):
-    reasons.append(f'protocol {name} has been scored already (ledger {protocol._rel(LEDGER)})')
+    reasons.append(f'protocol {name} has been scored already (ledger {rel(LEDGER)})')
   return reasons
 
 
@@ -246,7 +252,7 @@ def run(name: str, out_dir: Path, *, force: bool, ledger: Path) -> dict[str, Any
     'git_commit': protocol.git_commit(),
     'packages': protocol.package_versions(),
     'date': time.strftime('%Y-%m-%dT%H:%M:%S+00:00', time.gmtime()),
-    'run_dir': protocol._rel(out_dir.resolve()) if out_dir.resolve().is_relative_to(ROOT) else str(out_dir),
+    **protocol.run_dir_record(out_dir),
     'winner': winner,
     'adopted': adopted,
     'summary': {

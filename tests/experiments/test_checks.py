@@ -31,9 +31,15 @@ def _compose(overrides=(), name='config'):
 @pytest.mark.parametrize(
   'overrides, match',
   [
-    (['eval.baselines=[nope]'], r"eval.baselines names \['nope'\].*allowed: \['cosine', 'bm25', 'rrf_cos_bm25'\]"),
+    (
+      ['eval.baselines=[nope]'],
+      r"eval.baselines names \['nope'\].*allowed: \['cosine', 'bm25en', 'rrf_cos_bm25en', 'bm25', 'rrf_cos_bm25'\]",
+    ),
     (['pipeline=[cosine]', 'eval.baselines=[rrf_cos_bm25]'], 'eval.baselines names'),
-    (['eval.metrics=[answer@10]'], r"dataset locomo: metric 'answer@10' cannot be computed.*\['parent_recall'\]"),
+    (
+      ['eval.metrics=[answer@10]'],
+      r"dataset locomo: metric 'answer@10' cannot be computed.*\['field_session_recall_any', 'parent_recall'\]",
+    ),
     (['eval.metrics=[ndcg@20]'], r"metric 'ndcg@20' needs cutoff 20, but eval.k=10"),
     (['eval.metrics=[nope@3]'], r"unknown metric 'nope@3'; allowed"),
     (['eval.metrics=[]'], 'no metrics given'),

@@ -30,9 +30,10 @@ def _compose(overrides=()):
     return compose(config_name='config', overrides=list(overrides))
 
 
-def test_default_config_composes_three_pipelines():
+def test_default_config_composes_the_default_pipelines():
+  """The main job: cosine, the default lexical leg and its fusion, the seeds' BM25 and its fusion beside them."""
   cfg = _compose()
-  assert list(cfg.pipeline) == ['cosine', 'bm25', 'rrf_cos_bm25']
+  assert list(cfg.pipeline) == ['cosine', 'bm25en', 'rrf_cos_bm25en', 'bm25', 'rrf_cos_bm25']
   assert cfg.eval.k == 10 and cfg.dataset.name == 'locomo'
 
 
