@@ -21,7 +21,7 @@ from engram_jax.core.errors import EngramError
 from experiments.research.embedder_tables import load_run, paired
 
 BEGIN, END = '<!-- lexical-tables -->', '<!-- /lexical-tables -->'
-LABELS = {'hashing': 'hashing', 'minilm': 'MiniLM', 'mpnet': 'mpnet'}
+LABELS = {'hashing': 'hashing', 'minilm': 'MiniLM', 'mpnet': 'mpnet', 'mpnet_fc': 'mpnet (FC only, weights fit on FC)'}
 # (claim, metric, a, b) on the seeds' leg and on bm25en: a minus b
 CFSR_CLAIMS = (
   ('CFS-R stack - RRF(cos, BM25)', 'rrf_cos_bm25_cfsr', 'rrf_cos_bm25', 'rrf_cos_bm25en_cfsr', 'rrf_cos_bm25en'),
