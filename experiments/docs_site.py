@@ -389,17 +389,6 @@ def _cell(row: list[float]) -> str:
   return f'{row[0]:.3f} [{row[1]:.3f}, {row[2]:.3f}]'
 
 
-def _bench_table(block: dict, metrics: list[str], link: str, rows: list[str] | None = None) -> list[str]:
-  """One headline table: ours with 95% CI, the published number beside it, each row linked to its command."""
-  head = ['method'] + [f'{m} (ours)' for m in metrics] + [f'{m} (published)' for m in metrics]
-  out = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
-  for pipe in rows or list(block['rows']):
-    row, ref = block['rows'][pipe], block['reference'].get(pipe, {})
-    cells = [f'[`{pipe}`]({link})'] + [_cell(row[m]) for m in metrics] + [str(ref.get(m, '-')) for m in metrics]
-    out.append('| ' + ' | '.join(cells) + ' |')
-  return out
-
-
 def _alone(entry: dict, stack_name: str) -> str:
   """', and ``bm25en`` alone by ...' when the protocol's ledger row pairs its fit with ``bm25en``."""
   d = entry['paired'].get('fitted - bm25en (hand-set)', {}).get('ndcg@10')

@@ -134,9 +134,7 @@ def run_dataset(
   timer = timer or timing.RunTimer()
   if not needs_vectors(cfg, pipes):  # a lexical-only run: one constant unit vector per text, nothing encoded
     timer.add('embed skipped (no leg reads vectors)', 0.0)
-    embeddings = [
-      (np.ones((ep.n_items, 1), np.float32), np.ones((len(ep.questions), 1), np.float32)) for ep in episodes
-    ]
+    embeddings = evaluation.embed_episodes(episodes, common.no_embedder())
   else:
     embeddings = embed(cfg, ds, episodes, embed_fn, timer)
   if cfg.get('fitted') and Path(str(cfg.fitted)).is_dir():  # the artifact's dimension, before any retrieval

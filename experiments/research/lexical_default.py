@@ -11,7 +11,7 @@ rows the winner is paired with, and the adoption rule. As for the fit protocols 
 the file must be committed unmodified and the tree clean, a protocol is scored once, and the row records the file's
 SHA-256, the git commit, the package versions and a fingerprint of the data read; ``--force`` runs anyway, marked as
 forced with every reason (into a scratch ``--ledger`` unless it names the tracked one). BM25 reads no vector, so
-nothing is embedded.
+nothing is embedded (:func:`experiments.lib.common.no_embedder`).
 
 Outputs (``--out``, default ``outputs/protocols/<name>``): ``selection.json`` (every grid point's selection scores),
 ``results.json`` (the winner, the adoption, each confirmation set's summary with paired tests) and ``results.md``.
@@ -50,11 +50,6 @@ def rel(path: Path) -> str:
   return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
-def constant_vectors(episodes) -> list[tuple[np.ndarray, np.ndarray]]:
-  """One unit vector per text: what a run whose legs read no vector is given (nothing is embedded)."""
-  return [(np.ones((ep.n_items, 1), np.float32), np.ones((len(ep.questions), 1), np.float32)) for ep in episodes]
-
-
 def load(overrides: Sequence[str]):
   """``(episodes, dataset config)`` of ``conf/config.yaml`` composed with ``overrides``."""
   from hydra import compose, initialize_config_dir
@@ -77,7 +72,7 @@ def grid_means(
 ) -> dict[tuple[str, str, float, float], float]:
   """Every grid point's mean ``metric`` over ``episodes``' questions: ``{(tokenizer, form, k1, b): mean}``."""
   g = spec['grid']
-  vectors = constant_vectors(episodes)
+  vectors = evaluation.embed_episodes(episodes, common.no_embedder())
   out = {}
   for tokenizer in g['tokenizer']:
     arrays = [episode_arrays(ep, d, q, tokenizers=[tokenizer]) for ep, (d, q) in zip(episodes, vectors)]
@@ -117,7 +112,7 @@ def confirm(
   """The pipelines scored on ``episodes`` with the winner paired against each other row."""
   result = evaluation.evaluate(
     episodes,
-    constant_vectors(episodes),
+    evaluation.embed_episodes(episodes, common.no_embedder()),
     dict(pipes),
     k=k,
     metrics=list(metrics),
