@@ -122,9 +122,12 @@ def run_dataset(
   embed_fn,
   timer: timing.RunTimer | None = None,
   tier1: answer.Tier1 | None = None,
+  applying: tuple[Any, list[str]] | None = None,
 ) -> tuple[dict[str, Any], str]:
   """Evaluate the pipelines on one dataset; returns (results dict, Markdown table). With ``tier1`` (a reader
-  is configured), also answers from every pipeline's top-k and scores the answers (``results['tier1']``)."""
+  is configured), also answers from every pipeline's top-k and scores the answers (``results['tier1']``). With
+  ``applying`` (the artifact of ``fitted=RUN``, loaded once for the run, and what ``fitted_force`` let through),
+  its pipeline is scored with every learned part."""
   metrics = checks.metrics_for(cfg, ds)
   baselines = checks.resolve_baselines(cfg)
   skip = {n for n in cfg.pipeline if ds.name in cfg.pipeline[n].get('skip_datasets', [])}
@@ -137,10 +140,15 @@ def run_dataset(
     embeddings = evaluation.embed_episodes(episodes, common.no_embedder())
   else:
     embeddings = embed(cfg, ds, episodes, embed_fn, timer)
-  if cfg.get('fitted') and Path(str(cfg.fitted)).is_dir():  # the artifact's dimension, before any retrieval
-    from experiments.lib import fit_artifact
+  if applying is not None:  # the artifact's embedder and dimension, before any retrieval
+    from engram_jax.fit import apply as road  # flax and safetensors: only when an artifact is applied
 
-    fit_artifact.check_dimension(cfg, fit_artifact.load(cfg), embeddings, [])
+    dim = int(np.shape(embeddings[0][0])[-1]) if embeddings else None
+    node = OmegaConf.to_container(cfg.embedder, resolve=True)
+    road.check_vectors(
+      applying[0], road.Vectors(dim, node=node), force=bool(cfg.get('fitted_force')), where=f'fitted={cfg.fitted}',
+      force_hint='fitted_force=true',
+    )  # fmt: skip
   only = {
     v: {ep for ep, vv in extra.items() if vv == v}
     for kind, variants, extra in expanded.values()
@@ -205,10 +213,10 @@ def run_dataset(
     else:
       merged[name] = evaluation.merge_by_episode(result, name, extra)
   applied = None
-  if cfg.get('fitted') and Path(str(cfg.fitted)).is_dir():  # a fit's artifact: every learned part of it applied
+  if applying is not None:  # a fit's artifact: every learned part of it applied
     from experiments.lib import fit_artifact  # flax and safetensors: only when an artifact is applied
 
-    applied = fit_artifact.apply(cfg, episodes, embeddings, result, metrics=metrics)
+    applied = fit_artifact.apply(cfg, *applying, episodes, embeddings, result, metrics=metrics)
   order = [n for n in cfg.pipeline if n not in skip]
   result.scores = {n: result.scores[n] for n in order}
   result.retrieved = {n: result.retrieved[n] for n in order}
@@ -272,6 +280,20 @@ def run_dataset(
   return results, table
 
 
+def external_markdown(external: dict[str, dict[str, Any]]) -> str:
+  """The external runs' matching, counted (:func:`engram_jax.ops.trec_run.reports`): a line per run file."""
+  lines = ['', 'External runs (trec_run legs):']
+  for path, r in external.items():
+    miss = f' (first: {", ".join(r["first_missing"])})' if r['questions_missing'] else ''
+    unk = f' (first: {", ".join(r["first_unknown"])})' if r['unknown_docids'] else ''
+    lines.append(
+      f'- {path}: {r["questions"] - r["questions_missing"]} of {r["questions"]} questions matched, '
+      f'{r["questions_missing"]} missing{miss} (scored by no item of this leg); {r["unknown_docids"]} unknown doc '
+      f'ids{unk}; {r["run_qids_unmatched"]} run qids matched no question'
+    )
+  return '\n'.join(lines) + '\n'
+
+
 def trec_files(name: str, results: dict[str, Any], episodes) -> dict[str, str]:
   """Dataset ``name``'s files for trec_eval, ir_measures or ranx (:mod:`engram_jax.eval.trec`): per pipeline the
   run of what it scored (``runs/<name>/<pipeline>.trec``, each question's top-k as in ``results['per_question']``)
@@ -285,16 +307,17 @@ def trec_files(name: str, results: dict[str, Any], episodes) -> dict[str, str]:
   return files
 
 
-def _load_checked(cfg: DictConfig, ds: DictConfig, name: str):
-  """:func:`common.load_dataset`, refused when it has no question to score or two episodes with equal content."""
+def _load_checked(cfg: DictConfig, ds: DictConfig, name: str, art=None):
+  """:func:`common.load_dataset`, refused when it has no question to score or two episodes with equal content
+  (or, with ``art``, the artifact applied, an episode it has no fit for)."""
   episodes, load_report = common.load_dataset(cfg, ds)
   checks.check_scored_questions(episodes, f'dataset {name}')
   checks.check_distinct_corpora(episodes, f'dataset {name}')
   checks.check_loaded(cfg, name, episodes)  # k, reader.questions, fitted= episodes: before any embedding
-  if cfg.get('fitted') and Path(str(cfg.fitted)).is_dir():  # an artifact: a fit for every episode (fold or final)
-    from experiments.lib import fit_artifact
+  if art is not None:  # an artifact: a fit for every episode (fold or final)
+    from engram_jax.fit import apply as road
 
-    fit_artifact.check_episodes(cfg, fit_artifact.load(cfg), episodes, f'dataset {name}')
+    road.check_episodes(art, episodes, f'dataset {name}', prefix=f'fitted={cfg.fitted}')
   return episodes, load_report
 
 
@@ -326,6 +349,11 @@ def _run(cfg: DictConfig, out_dir: Path, folder: runfolder.Run) -> dict[str, Any
   timer = timing.RunTimer()
   compile_cache = common.enable_compile_cache(cfg)
   datasets = checks.datasets_of(cfg)
+  applying = None
+  if cfg.get('fitted') and Path(str(cfg.fitted)).is_dir():  # an artifact, loaded and checked once for the run
+    from experiments.lib import fit_artifact
+
+    applying = fit_artifact.check(cfg)  # the run folder whole, the pipeline selected and unchanged, the embedder
   pipes, expanded = common.build_pipelines(cfg)
   embed_fn = common.make_embedder(cfg) if needs_vectors(cfg, pipes) else common.no_embedder()
   with timer.phase('load'):  # checked before any embedding or retrieval (once per loaded dataset in a process)
@@ -334,18 +362,19 @@ def _run(cfg: DictConfig, out_dir: Path, folder: runfolder.Run) -> dict[str, Any
         cfg,
         'dataset',
         {'dataset': ds, 'data_root': cfg.paths.data_root},
-        functools.partial(_load_checked, cfg, ds, name),
+        functools.partial(_load_checked, cfg, ds, name, applying[0] if applying else None),
       )
       for name, ds in datasets.items()
     }
-  for episodes, _ in loaded.values():  # a vectors file's ids, before any embedding or retrieval
+  for episodes, _ in loaded.values():  # a vectors file's ids and the external runs, before any embedding or retrieval
     common.check_embeddable(embed_fn, episodes)
+    checks.check_external_runs(cfg, pipes, episodes, int(cfg.eval.k))
   with timer.phase('fit_on_train'):
     fits = fit_on_train(cfg, pipes, expanded, embed_fn, {n: eps for n, (eps, _) in loaded.items()})
   per_ds, tables = {}, []
   tier1 = answer.Tier1(cfg) if answer.enabled(cfg) else None
   for name, ds in datasets.items():
-    per_ds[name], table = run_dataset(cfg, ds, *loaded[name], pipes, expanded, embed_fn, timer, tier1)
+    per_ds[name], table = run_dataset(cfg, ds, *loaded[name], pipes, expanded, embed_fn, timer, tier1, applying)
     tables.append(table)
   report_t0 = time.perf_counter()
   if len(datasets) == 1:
@@ -360,6 +389,10 @@ def _run(cfg: DictConfig, out_dir: Path, folder: runfolder.Run) -> dict[str, Any
     results = {'datasets': per_ds, 'fitted': fits, 'reference': reference}
   if fits:
     tables.append(report.fits_markdown(fits))
+  ext = [dict(leg.options)['path'] for p in pipes.values() for leg in p.legs if leg.op == 'trec_run']
+  external = trec_run.reports(ext) if ext else {}
+  if external:  # partial matches counted where the numbers are read, not only in a log
+    tables.append(external_markdown(external))
   text = '\n'.join(tables)
   files = {
     'results.json': json.dumps(results, indent=1),
@@ -382,9 +415,8 @@ def _run(cfg: DictConfig, out_dir: Path, folder: runfolder.Run) -> dict[str, Any
   }
   if tier1 is not None:
     run_info['reader'] = tier1.info
-  ext = [dict(leg.options)['path'] for p in pipes.values() for leg in p.legs if leg.op == 'trec_run']
-  if ext:  # the external runs of trec_run legs: questions missing, unknown doc ids, unmatched qids (counted)
-    run_info['external_runs'] = trec_run.reports(ext)
+  if external:  # the external runs of trec_run legs: questions missing, unknown doc ids, unmatched qids (counted)
+    run_info['external_runs'] = external
     for path, r in run_info['external_runs'].items():
       log.info(
         'external run %s: %d of %d questions missing (skipped), %d unknown doc ids, %d run qids unmatched',

@@ -34,6 +34,7 @@ from engram_jax.core import batch, runfolder
 from engram_jax.core.errors import EngramError
 from engram_jax.data import splits
 from engram_jax.eval import evaluation, pipeline
+from engram_jax.fit import apply as road
 from engram_jax.fit import artifact
 from engram_jax.metrics import stats
 from experiments.lib import checks, common, fit_artifact, fit_setup, protocol
@@ -226,28 +227,15 @@ def fit_variant(
     final = fit_setup.fit_rows(
       plan, rows, np.arange(rows.where.shape[0]), problem=problem, components=components, inputs=inputs
     )
-  by_ep: dict[str, dict[str, np.ndarray]] = {}
-  for fold, res in zip(folds, fits):
-    sel = [i for i, e in enumerate(episodes) if e.id in fold]
-    got = artifact.score(
-      pipe,
-      problem,
-      plan.every,
-      res,
-      components,
-      [episodes[i] for i in sel],
-      [embeddings[i] for i in sel],
-      [arrays[i] for i in sel],
-      k=int(cfg.eval.k),
-      metrics=data.metrics,
-      seed=int(cfg.seed),
-      episode_metrics=common.dataset_metrics(cfg.dataset),
-    )
-    lens = np.cumsum([0] + [len(episodes[i].questions) for i in sel])
-    for j, i in enumerate(sel):
-      by_ep[episodes[i].id] = {m: got[m][lens[j] : lens[j + 1]] for m in data.metrics}
-  order = [e.id for e in episodes if e.id in by_ep]
-  scores = {m: np.concatenate([by_ep[e][m] for e in order]) for m in data.metrics}
+  labels = [f'fold_{f:02d}' for f in range(len(folds))]
+  held = artifact.in_memory(pipe, problem, plan.every, components, dict(zip(labels, fits)), dict(zip(labels, folds)))
+  in_folds = [i for i, e in enumerate(episodes) if any(e.id in fold for fold in folds)]
+  got = road.apply(
+    held, [episodes[i] for i in in_folds], [embeddings[i] for i in in_folds], k=int(cfg.eval.k),
+    metrics=data.metrics, seed=int(cfg.seed), episode_metrics=common.dataset_metrics(cfg.dataset),
+    arrays=[arrays[i] for i in in_folds], where=f'dataset {cfg.dataset.name}',
+  )  # fmt: skip
+  scores = got.scores
   return {'problem': problem, 'components': components, 'fits': fits, 'final': final, 'scores': scores}
 
 
@@ -401,6 +389,7 @@ def _run(cfg: DictConfig, out_dir: Path, folder: runfolder.Run) -> dict[str, Any
   if protocol_info:
     protocol.warn_run_dir(out_dir)  # before the work: a row whose run folder is outside the repository says so
   data = load(cfg, pipeline.build_options([pipe, *baselines.values()]), metrics)
+  checks.check_external_runs(cfg, {name: pipe, **baselines}, data.episodes, int(cfg.eval.k))
   protocol.check_data(protocol_info, cfg, data.episodes)  # the data read against its pinned fingerprint (unless forced)
   t_load = time.perf_counter() - t0
   checked: set = set()  # (component, settings) whose contract passed in this run

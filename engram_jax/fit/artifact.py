@@ -21,10 +21,12 @@ import hashlib
 import importlib
 import importlib.metadata
 import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 import safetensors
 import safetensors.numpy
@@ -40,8 +42,8 @@ from engram_jax.fit import adapter as _adapter  # noqa: F401 - registers the bui
 from engram_jax.fit import components as registry
 from engram_jax.fit import conditioned as _conditioned  # noqa: F401
 from engram_jax.fit.components import component_of, component_spec
-from engram_jax.fit.problem import Problem, make_problem
-from engram_jax.fit.train import KNOBS, FitResult
+from engram_jax.fit.problem import Problem, effective_values, make_problem
+from engram_jax.fit.train import KNOBS, FitResult, fitted_values
 
 FORMAT = 'engram_jax.fitted/1'
 PACKAGES = ('engram_jax', 'jax', 'jaxlib', 'flax', 'optax', 'numpy', 'safetensors')
@@ -152,18 +154,42 @@ class Artifact:
     return self.fits[label]
 
   def scorer(self, label: str = 'final') -> Callable[..., dict[str, np.ndarray]]:
-    """A callable pipeline: ``(episodes, embeddings, *, k=10, metrics=('ndcg@10',), seed=0) -> {metric: [Q]}``,
-    fit ``label`` applied (every learned part: knobs, adapter, conditioned knobs). Label-free questions:
+    """A callable pipeline: ``(episodes, embeddings, *, k=10, metrics=('ndcg@10',), seed=0, embedder=None,
+    force=False) -> {metric: [Q]}``, fit ``label`` applied to every episode (every learned part: knobs, adapter,
+    conditioned knobs) through :func:`engram_jax.fit.apply.apply` and its guards: ``embedder`` (the encoder, or its
+    config node, that made ``embeddings``) must be the fit's, else ``force=True``. Label-free questions:
     :func:`engram_jax.fit.retrieve.retrieve`."""
-    res = self.result(label)
+    self.result(label)
 
-    def run(episodes, embeddings, *, k: int = 10, metrics: Sequence[str] = ('ndcg@10',), seed: int = 0, **kw):
-      return score(
-        self.pipe, self.problem, self.every, res, self.components, episodes, embeddings, None,
-        k=k, metrics=metrics, seed=seed, **kw,
+    def run(episodes, embeddings, *, k=10, metrics=('ndcg@10',), seed=0, embedder=None, force=False, **kw):
+      from engram_jax.fit import apply  # the road (apply imports this module)
+
+      dim = int(np.shape(embeddings[0][0])[-1]) if len(embeddings) else None
+      got = apply.apply(
+        self, list(episodes), list(embeddings), k=k, metrics=metrics, seed=seed, fit=label,
+        vectors=apply.vectors_of(embedder, dim), force=force, **kw,
       )  # fmt: skip
+      return got.scores
 
     return run
+
+
+def in_memory(
+  pipe: Pipeline,
+  problem: Problem,
+  every: Mapping[str, float],
+  components: Sequence[Any],
+  fits: Mapping[str, FitResult],
+  scored: Mapping[str, Sequence[str]],
+  where: str = '<fit in memory>',
+) -> Artifact:
+  """An :class:`Artifact` of fits not yet saved (a fit's folds as it scores them: ``scored``, label -> the
+  episode ids each fit scores), to apply through the same road as a loaded one."""
+  entries = [{'label': label, 'scored_episodes': list(scored.get(label, ()))} for label in fits]
+  return Artifact(
+    path=Path(where), manifest={'fits': entries}, pipe=pipe, problem=problem, every=dict(every),
+    components=tuple(components), fits=dict(fits),
+  )  # fmt: skip
 
 
 def save(
@@ -220,6 +246,7 @@ def save(
     'format': FORMAT,
     'pipeline': {'name': pipe_name, 'node': dict(pipe_node), 'params': list(params), 'k': int(k)},
     'components': [component_spec(c) for c in components],
+    'runs': run_pins(pipeline_from_node(pipe_name, pipe_node)),
     'modules': needed_modules(pipeline_from_node(pipe_name, pipe_node), components, modules),
     'fits': entries,
     'packages': package_versions(),
@@ -227,6 +254,35 @@ def save(
   }
   runfolder.write_file(path / 'manifest.json', json.dumps(manifest, indent=1, default=str))  # last: it vouches
   return path
+
+
+def run_pins(pipe: Pipeline) -> dict[str, str]:
+  """``{absolute path: sha256}`` of the run files the pipeline's ``trec_run`` legs read (what a fit weighed)."""
+  from engram_jax.ops.trec_run import file_sha256
+
+  paths = [os.path.abspath(str(leg.option('path'))) for leg in pipe.legs if leg.op == 'trec_run']
+  return {p: file_sha256(p) for p in paths}
+
+
+def check_values(file: Path, problem: Problem, every: Mapping[str, float], entry: Mapping[str, Any], res: FitResult):
+  """The manifest entry's ``values`` are those its tensors give (the constrained knobs of the raw values, every
+  fixed knob at its hand-set value): an edited manifest, standalone or in its run folder, is refused."""
+  fixed = {p: jnp.asarray(v, jnp.float32) for p, v in every.items()}
+  raw = {p: jnp.asarray(v, jnp.float32).reshape(()) for p, v in res.raw.items()}  # scalars, stored as [1]
+  want = fitted_values(problem, effective_values(problem, raw, fixed))
+  got = dict(entry.get('values') or {})
+  if set(got) != set(want):
+    raise EngramError(
+      f'{file}: fit {entry.get("label")!r} lists values for {sorted(got)}, its tensors give {sorted(want)} '
+      '(edited, or from another fit)'
+    )
+  for p, v in want.items():
+    x = got[p]
+    if not isinstance(x, (int, float)) or not np.isclose(float(x), v, rtol=1e-5, atol=1e-6):
+      raise EngramError(
+        f'{file}: fit {entry.get("label")!r} says {p} = {x!r}, its tensors give {v:.6g} (the manifest was edited, '
+        'or comes from another fit)'
+      )
 
 
 def needed_modules(pipe: Pipeline, components: Sequence[Any] = (), extra: Sequence[str] = ()) -> list[str]:
@@ -318,6 +374,8 @@ def load(path: Path | str, variant: str | None = None) -> Artifact:
     problem, _, every = make_problem(pipe, node['params'], k=int(node['k']))
     components = tuple(component_of(s) for s in manifest['components'])
     fits = {e['label']: from_tensors(_read_tensors(path, e), e['values']) for e in manifest['fits']}
+    for e in manifest['fits']:
+      check_values(file, problem, every, e, fits[e['label']])
   except (KeyError, TypeError, AttributeError) as e:
     raise EngramError(f'{file}: a damaged artifact manifest ({type(e).__name__}: {e} missing or malformed)') from None
   return Artifact(
@@ -368,7 +426,7 @@ def score(
   retrieved: list | None = None,
 ) -> dict[str, np.ndarray]:
   """Per-question hard scores ``{metric: [Q]}`` (``episodes``' order; ``retrieved``, a list, receives each
-  question's top-k item ids where the scorer gives them, else empty lists) of the fitted pipeline with every learned
+  question's top-k item ids) of the fitted pipeline with every learned
   part of ``res``: the knob values; the adapter (queries adapted, pools re-formed under them); the conditioned
   knobs (per-question fusion, :func:`engram_jax.fit.components.score_episodes`; with an adapter too, the module
   reads the base queries' features, as in the fit). ``arrays``: the episodes' padded
@@ -396,8 +454,6 @@ def score(
   options = build_options([pipe])
   base = arrays or [episode_arrays(e, d, q, **options) for e, (d, q) in zip(episodes, embeddings)]
   legs_see = [episode_arrays(e, d, q, **options) for e, (d, q) in zip(episodes, moved)] if changed else base
-  if retrieved is not None:
-    retrieved.extend([] for e in episodes for _ in e.questions)
   return registry.score_episodes(
     pipe,
     problem,
@@ -412,6 +468,7 @@ def score(
     indices=range(len(episodes)),
     episode_metrics=episode_metrics,
     feature_arrays=base if changed else None,
+    retrieved=retrieved,
   )
 
 

@@ -46,7 +46,7 @@ from engram_jax.core import ranking
 from engram_jax.core.batch import EpisodeArrays
 from engram_jax.core.errors import EngramError
 from engram_jax.core.types import Episode
-from engram_jax.eval.pipeline import Pipeline, legs_scores, split_path, with_values
+from engram_jax.eval.pipeline import Pipeline, check_equal_k, legs_scores, split_path, with_values
 from engram_jax.fit.knobs import Knobs
 from engram_jax.fit.problem import Problem, per_question_fusion
 from engram_jax.metrics import labels as metrics_lib
@@ -313,11 +313,13 @@ def score_episodes(
   indices: Sequence[int],
   episode_metrics: Mapping[str, Callable] | None = None,
   feature_arrays: Sequence[EpisodeArrays] | None = None,
+  retrieved: list | None = None,
 ) -> dict[str, np.ndarray]:
   """Per-question metrics (NumPy float64) of :func:`hard_scores` on ``episodes`` (episode ``i`` of the run gets key
   ``fold_in(key(seed), indices[i])``, as :func:`engram_jax.eval.evaluation.evaluate`): label metrics and the
   dataset's ``episode_metrics``. ``feature_arrays``: the base arrays the components' hard inputs read when they are
-  not ``arrays`` (a component changed the queries the legs see)."""
+  not ``arrays`` (a component changed the queries the legs see). ``retrieved`` (a list) receives each question's
+  top-k item ids."""
   episode_metrics = dict(episode_metrics or {})
   parsed = {m: metrics_lib.parse_metric(m, tuple(episode_metrics)) for m in metrics}  # unknown names: before work
 
@@ -336,6 +338,9 @@ def score_episodes(
         f'episode {e.id}: feature arrays pad {fa.queries.shape[0]} questions, arrays {a.queries.shape[0]}'
       )
     top = np.asarray(run(a, hard_inputs(components, fa, nq), jax.random.fold_in(base, i)))[:nq]
+    check_equal_k(top, nq, k=k, name=pipe.name, episode=e.id, n_items=e.n_items)  # as evaluation.evaluate
+    if retrieved is not None:
+      retrieved.extend(np.array([it.id for it in e.items], dtype=object)[top].tolist())
     labels = np.asarray(a.labels)[:nq]
     for m in metrics:
       base_m, cut = parsed[m]

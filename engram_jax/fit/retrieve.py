@@ -4,7 +4,7 @@ r"""A fitted (or hand-set) pipeline as a thing one calls: one's own items and la
 :class:`~engram_jax.eval.pipeline.Pipeline`, the items of one memory in write order (texts, or
 :class:`~engram_jax.core.types.Item` s) and questions (texts, or :class:`~engram_jax.core.types.Question` s whose
 ``gold`` is never read), and returns each question's top-``k`` item ids and the pipeline's final scores at them. It
-scores as the artifact's hard scorer (:func:`engram_jax.fit.artifact.score`) does: the fit's knob values, the query
+scores through the one road from a fit to a score (:func:`engram_jax.fit.apply.rank`, its guards first): the fit's knob values, the query
 adapter (queries adapted), the conditioned knobs (per-question fusion, the module reading the base queries). Vectors
 are given (``item_vectors`` / ``question_vectors``, unit-norm) or embedded: with ``embedder`` (``texts -> [T, D]``),
 else with the encoder the artifact's manifest records (``embedder.encoder``: its ``_target_`` and arguments).
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -26,9 +27,11 @@ from engram_jax.core import ranking
 from engram_jax.core.batch import episode_arrays
 from engram_jax.core.errors import EngramError
 from engram_jax.core.types import Episode, Item, Question
-from engram_jax.eval.pipeline import Pipeline, build_options, pipeline_scores, with_values
-from engram_jax.fit import components as registry
+from engram_jax.eval.pipeline import Pipeline, build_options, pipeline_scores
+from engram_jax.fit import apply
 from engram_jax.fit.artifact import Artifact, load
+
+log = logging.getLogger(__name__)
 
 
 class Retrieved(NamedTuple):
@@ -113,6 +116,7 @@ def retrieve(
   embedder: Callable[[list[str]], np.ndarray] | None = None,
   fit: str = 'final',
   seed: int = 0,
+  force: bool = False,
 ) -> list[Retrieved]:
   """Rank one's own items for label-free questions with a fitted artifact or a hand-set pipeline.
 
@@ -125,6 +129,9 @@ def retrieve(
     item_vectors, question_vectors: ``[N, D]`` / ``[Q, D]`` unit-norm vectors; embedded when None.
     embedder: ``texts -> [T, D]`` for what is embedded; default: the artifact's recorded encoder.
     fit: the artifact's fit to apply (``'final'``, or a fold such as ``'fold_00'``).
+    force: apply an artifact to vectors it was not fitted on (another embedder, or one nothing vouches for: given
+      vectors without the ``embedder`` that made them; another dimension) anyway, with a warning; never an
+      adapter to another dimension.
     seed: the key of stochastic legs (question set ``i`` of a run gets ``fold_in(key(seed), 0)``, as episode 0 of
       :func:`engram_jax.eval.evaluation.evaluate`).
 
@@ -132,7 +139,10 @@ def retrieve(
     One :class:`Retrieved` per question, in order.
 
   Raises:
-    EngramError: no items, a missing fit, no way to embed, vectors of the wrong shape, a component it cannot apply.
+    EngramError: no items, a string where a list is meant, ``k`` not a positive integer, a missing fit, no way to
+      embed, vectors of the wrong shape, vectors the artifact was not fitted on (its embedder and dimension; pass
+      the ``embedder`` that made given vectors), a changed or unservable external run leg, a component it cannot
+      apply (:func:`engram_jax.fit.apply.guard`).
 
   Example:
     >>> from engram_jax import make_pipeline, retrieve
@@ -145,47 +155,29 @@ def retrieve(
   """
   if isinstance(model, (str, Path)):
     model = load(model)
-  its = _items(items)
-  qs = _questions(questions, its[0].id)
+  k = apply.check_k(k)
+  its = _items(apply.check_list(items, 'items'))
+  qs = _questions(apply.check_list(questions, 'questions'), its[0].id)
   if not qs:
     return []
-  encode = embedder
+  encode, vouch = embedder, embedder
   if encode is None and (item_vectors is None or question_vectors is None):
     spec = model.manifest.get('embedder') if isinstance(model, Artifact) else None
     if spec is None:
       raise EngramError('retrieve: pass embedder= (texts -> [T, D]) or item_vectors= and question_vectors=')
-    encode = encoder_of(spec)
+    encode, vouch = encoder_of(spec), spec  # the fit's own encoder: its node vouches for the vectors
   docs = _vectors(item_vectors, [it.text for it in its], encode, 'item_vectors')
   queries = _vectors(question_vectors, [q.text for q in qs], encode, 'question_vectors')
   episode = Episode('retrieve', its, qs)
-  key = jax.random.fold_in(jax.random.key(seed), 0)
   if isinstance(model, Artifact):
-    fused, where = _artifact_scores(model, model.result(fit), episode, docs, queries, key)
+    vectors = apply.vectors_of(vouch, docs.shape[1])
+    idx, vals, forced = apply.rank(model, episode, docs, queries, k=k, seed=seed, fit=fit, vectors=vectors, force=force)
+    for why in forced:
+      log.warning('retrieve: force=True: applying %s although %s', model.path, why)
   else:
     arrays = episode_arrays(episode, docs, queries, **build_options([model]))
+    key = jax.random.fold_in(jax.random.key(seed), 0)
     fused = jax.jit(lambda ep, key_: pipeline_scores(model, ep, key_))(arrays, key)
-    where = arrays.where
-  kk = min(int(k), len(its))
-  idx, vals = ranking.top_k(fused, k=kk, where=jnp.asarray(where))
-  idx, vals = np.asarray(idx)[: len(qs)], np.asarray(vals, np.float32)[: len(qs)]
+    idx, vals = ranking.top_k(fused, k=min(k, len(its)), where=jnp.asarray(arrays.where))
+    idx, vals = np.asarray(idx)[: len(qs)], np.asarray(vals, np.float32)[: len(qs)]
   return [Retrieved([its[i].id for i in row], v) for row, v in zip(idx.tolist(), vals)]
-
-
-def _artifact_scores(art: Artifact, res, episode: Episode, docs, queries, key):
-  """Final scores ``[Q_pad, N_pad]`` of the artifact's fit ``res`` (as :func:`engram_jax.fit.artifact.score`: each
-  component's hard half, in order)."""
-  options = build_options([art.pipe])
-  base = episode_arrays(episode, docs, queries, **options)
-  try:
-    moved = registry.hard_queries(art.components, res.learned, queries)
-  except (TypeError, ValueError) as e:
-    raise EngramError(f'{art.path}: its components cannot take these {docs.shape[1]}-d vectors ({e})') from None
-  arrays = base if moved is queries else episode_arrays(episode, docs, moved, **options)
-  if registry.per_question(art.components):
-    inputs = registry.hard_inputs(art.components, base, len(episode.questions))
-    run = jax.jit(
-      lambda a, i, k_: registry.hard_scores(art.pipe, art.problem, art.components, res, art.every, a, i, k_)
-    )
-    return run(arrays, inputs, key), arrays.where
-  fitted = with_values(art.pipe, res.values)
-  return jax.jit(lambda a, k_: pipeline_scores(fitted, a, k_))(arrays, key), arrays.where

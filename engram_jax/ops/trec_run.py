@@ -211,6 +211,101 @@ def reports(paths: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
   return out
 
 
+def match(path: str, episodes: Sequence[Episode]) -> dict[str, Any]:
+  r"""How a run file matches ``episodes`` (read before any scoring, as the leg's builder matches it): questions and
+  those the run lacks, the run's lines for matched questions and their doc ids no episode knows, the fewest items a
+  matched question ranks, the run's qids no question matched, the first ids of each, and the likely cause when
+  nothing or little matches (:func:`likely_cause`).
+
+  Example:
+    >>> import tempfile, pathlib
+    >>> from engram_jax import Episode, Item, Question
+    >>> items = tuple(Item(f'i{j}', 'x', 'S1', j) for j in range(3))
+    >>> ep = Episode('e', items, (Question('q1', 'x?', ('i0',), ('S1',), 1),))
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / 'ext.trec'
+    >>> _ = path.write_text('Q1 Q0 i2 1 9.5 other\n')
+    >>> m = match(str(path), [ep])
+    >>> m['questions_missing'], m['cause']
+    (1, 'the question ids differ in case (run: Q1, episode: q1)')
+  """
+  from engram_jax.eval.trec import trec_id  # (engram_jax.eval imports the operators)
+
+  run = read_run(path, file_sha256(path))
+  out = {'questions': 0, 'questions_missing': 0, 'lines': 0, 'unknown_docids': 0, 'fewest_ranked': None}
+  missing, unknown, matched, ours_q, ours_d = [], [], set(), [], []
+  for e in episodes:
+    index = {trec_id(it.id) for it in e.items}
+    ours_d += list(index)[:50]
+    for q in e.questions:
+      out['questions'] += 1
+      cands = (trec_id(f'{e.id}/{q.id}'), trec_id(q.id))
+      ours_q.append(cands[1])
+      qid = next((c for c in cands if c in run), None)
+      if qid is None:
+        missing.append(q.id)
+        continue
+      matched.add(qid)
+      known = [d for d in run[qid] if d in index]
+      unknown += [d for d in run[qid] if d not in index]
+      out['lines'] += len(run[qid])
+      n = len(known)
+      out['fewest_ranked'] = n if out['fewest_ranked'] is None else min(out['fewest_ranked'], n)
+  out.update(questions_missing=len(missing), unknown_docids=len(unknown), first_missing=missing[:3])
+  out.update(first_unknown=sorted(set(unknown))[:3], run_qids_unmatched=len(set(run) - matched))
+  cause = None
+  if missing:
+    cause = likely_cause([q for q in run if q not in matched], ours_q, 'question')
+  if cause is None and unknown:
+    cause = likely_cause(sorted(set(unknown)), ours_d, 'doc')
+  out['cause'] = cause
+  return out
+
+
+def likely_cause(theirs: Sequence[str], ours: Sequence[str], what: str) -> str | None:
+  """Why ids of the run do not match ours, when a transformation would match them: case, or percent-encoding.
+
+  >>> likely_cause(['D1%3A3'], ['D1:3'], 'doc')
+  'the doc ids differ in percent-encoding (run: D1%3A3, episode: D1:3)'
+  """
+  from urllib.parse import unquote
+
+  for name, norm in (('case', str.casefold), ('percent-encoding', lambda x: unquote(unquote(x)))):
+    by = {norm(o): o for o in ours}
+    hit = next((t for t in theirs if norm(t) in by and by[norm(t)] != t), None)
+    if hit is not None:
+      return f'the {what} ids differ in {name} (run: {hit}, episode: {by[norm(hit)]})'
+  return None
+
+
+def check_match(path: str, report: Mapping[str, Any], *, max_unmatched: float, alone_k: int | None = None) -> None:
+  """Refuse a run that matches nothing, or whose share of missing questions or of unknown doc ids (of the lines of
+  matched questions) is over ``max_unmatched``; with ``alone_k`` (the leg is a pipeline's only leg), a question that
+  ranks fewer than ``alone_k`` known items. One line naming the file, the first ids and the likely cause.
+
+  Raises:
+    EngramError: as above.
+  """
+  q, miss = report['questions'], report['questions_missing']
+  lines, unknown = report['lines'], report['unknown_docids']
+  cause = f'; likely cause: {report["cause"]}' if report.get('cause') else ''
+  if q and (miss == q or miss / q > max_unmatched):
+    raise EngramError(
+      f'{path}: the run has no lines for {miss} of {q} questions (first: {", ".join(report["first_missing"])}){cause}; '
+      f'over the threshold {max_unmatched:g} (ext_run_max_unmatched)'
+    )
+  if lines and (unknown == lines or unknown / lines > max_unmatched):
+    raise EngramError(
+      f'{path}: {unknown} of the {lines} lines of matched questions name doc ids no episode has (first: '
+      f'{", ".join(report["first_unknown"])}){cause}; over the threshold {max_unmatched:g} (ext_run_max_unmatched)'
+    )
+  fewest = report.get('fewest_ranked')
+  if alone_k is not None and fewest is not None and fewest < alone_k:
+    raise EngramError(
+      f'{path}: used alone, the run must rank at least k={alone_k} known items per question; one ranks {fewest} '
+      '(fuse it with another leg, or lower eval.k)'
+    )
+
+
 def trec_run_leg(ep: EpisodeArrays, key: Array, *, path: str = _D['path'], missing: str = _D['missing']) -> Array:
   """``[Q, N]``: ``-r`` for the item at position ``r`` of the run's order of each question, ``-inf`` for items the
   run does not rank (and padding).

@@ -8,7 +8,13 @@ component and the knob (or the queries), the first that fails:
 2. **soft = hard** at random parameters (the initial ones plus seeded noise) on batched rows: the knob values its soft
    half writes (``conditions``) equal its hard half's on the same questions, and the cosine lists the soft rows carry
    equal those of the queries its hard half gives the legs;
-3. **gradients**: the soft loss's gradient with respect to its parameters is finite and reaches every parameter.
+3. **gradients**: the soft loss's gradient with respect to its parameters is finite, reaches every parameter, and
+   reaches every entry the loss depends on (an entry with a zero gradient is moved by a finite difference: if the
+   loss moves, its gradient was stopped).
+
+The hard half runs as the scorers run it (:func:`engram_jax.fit.apply.fused`: compiled, with its parameters
+round-tripped through an artifact's tensors, so NumPy arrays as a loaded artifact hands them); what it raises there
+is refused in one line (part ``hard half``).
 """
 
 from __future__ import annotations
@@ -26,9 +32,10 @@ from engram_jax.core.batch import EpisodeArrays
 from engram_jax.core.errors import EngramError
 from engram_jax.core.types import Episode
 from engram_jax.eval.pipeline import Pipeline
+from engram_jax.fit import apply as road
+from engram_jax.fit import artifact, train
 from engram_jax.fit import components as registry
 from engram_jax.fit import problem as P
-from engram_jax.fit import train
 from engram_jax.fit.knobs import Knobs
 
 
@@ -85,19 +92,33 @@ def check_component(
     values=train.fitted_values(problem, scalar), losses=[], train_rows=0, wall_s=0.0, raw=dict(knobs.raw), learned={}
   )
 
+  arts = {
+    flag: artifact.in_memory(pipe, problem, every, (c,) if flag else (), {'fit': base_res}, {}) for flag in (0, 1)
+  }
+
   def hard(ps, with_component: bool) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each episode's final scores and the queries its legs saw, through the scorers' own road
+    (:func:`engram_jax.fit.apply.fused`: compiled, the parameters as a saved artifact hands them, NumPy)."""
     res = dataclasses.replace(base_res, learned={c.name: ps}) if with_component else base_res
-    comps = (c,) if with_component else ()
+    try:
+      res = artifact.from_tensors(artifact.tensors(res), res.values)
+    except (TypeError, ValueError) as e:
+      raise _refuse('hard half', c, 'parameters', f'cannot be saved as an artifact ({type(e).__name__}: {e})') from None
     out = []
     for i, (e, a) in enumerate(zip(episodes, arrays)):
       nq = len(e.questions)
-      q = np.asarray(a.queries, np.float32)
-      moved = registry.hard_queries(comps, res.learned, q[:nq])
-      legs_see = a if moved is q[:nq] or not comps else a.replace(queries=_pad(moved, q))
-      fused = registry.hard_scores(
-        pipe, problem, comps, res, every, legs_see, registry.hard_inputs(comps, a, nq), jax.random.key(i)
-      )
-      out.append((np.asarray(fused)[:nq], np.asarray(legs_see.queries)[:nq]))
+      docs = np.asarray(a.docs, np.float32)[: e.n_items]
+      q = np.asarray(a.queries, np.float32)[:nq]
+      try:
+        fused, seen = road.fused(arts[with_component], res, e, docs, q, jax.random.key(i))
+      except EngramError:
+        raise
+      except Exception as err:  # noqa: BLE001 - whatever the component's hard half raises is the refusal
+        why = f'{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ""}'
+        raise _refuse(
+          'hard half', c, 'as the scorer runs it (compiled, its parameters NumPy arrays as an artifact loads them)', why
+        ) from None
+      out.append((np.asarray(fused)[:nq], np.asarray(seen.queries)[:nq]))
     return out
 
   # 1. identity at initialisation (unless the component declares why not). Its hard half acts through two channels,
@@ -147,10 +168,15 @@ def check_component(
     bad = float(np.max(np.abs(np.where(where, soft_cos, 0.0) - np.where(where, hard_cos, 0.0))))
     raise _refuse('soft = hard', c, 'queries', f'the soft rows and the hard legs see cosines {bad:.3g} apart')
 
-  # 3. finite gradients that reach every parameter
+  # 3. finite gradients that reach every parameter, and every entry the soft loss depends on
   full = {train.KNOBS: dict(knobs.raw), c.name: ps}
   loss = functools.partial(train.loss_fn, problem=problem, max_gold=train.max_gold_of(rows), components=(c,))
-  grads = jax.grad(loss)(full, fixed, rows_b, {c.name: c.batch(inputs, idx)}, jnp.ones(idx.shape[0]))[c.name]
+  batch_inputs = {c.name: c.batch(inputs, idx)}
+
+  def soft_loss(p):
+    return loss(p, fixed, rows_b, batch_inputs, jnp.ones(idx.shape[0]))
+
+  grads = jax.grad(soft_loss)(full)[c.name]
   for key, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
     name = jax.tree_util.keystr(key)
     g = np.asarray(g)
@@ -158,6 +184,42 @@ def check_component(
       raise _refuse('gradients', c, f'parameter {name}', 'the soft loss gradient is not finite')
     if not np.any(g != 0):
       raise _refuse('gradients', c, f'parameter {name}', 'no gradient reaches it from the soft loss')
+    stopped = _stopped_entry(jax.jit(soft_loss), full, c.name, key, g, seed=seed)
+    if stopped is not None:
+      entry, slope = stopped
+      raise _refuse(
+        'gradients', c, f'parameter {name}{list(entry)}',
+        f'no gradient reaches this entry, yet the soft loss moves with it ({slope:.3g} per unit, by finite '
+        'differences): a stopped gradient',
+      )  # fmt: skip
+
+
+def _stopped_entry(
+  soft_loss, full: dict, name: str, key, g: np.ndarray, *, seed: int, max_entries: int = 32, eps: float = 1e-2
+) -> tuple[tuple[int, ...], float] | None:
+  """The first entry of parameter ``key`` of component ``name`` whose gradient is 0 although the loss changes with
+  it (a central finite difference over ``eps``, beyond float32 noise), among up to ``max_entries`` zero-gradient
+  entries (a seeded sample); None when every such entry is truly unreached (no row of the data reads it)."""
+  zero = np.argwhere(g == 0)
+  if not len(zero):
+    return None
+  if len(zero) > max_entries:
+    zero = zero[np.random.default_rng(seed).choice(len(zero), max_entries, replace=False)]
+  leaves, tree = jax.tree_util.tree_flatten_with_path(full[name])
+  pos = [k for k, _ in leaves].index(key)
+  base = float(soft_loss(full))
+  tol = 1e-5 * max(1.0, abs(base)) / eps + 1e-4
+  for entry in zero:
+    entry = tuple(int(i) for i in entry)
+    moved = []
+    for sign in (1.0, -1.0):
+      vals = [v for _, v in leaves]
+      vals[pos] = jnp.asarray(vals[pos]).at[entry].add(sign * eps)
+      moved.append(float(soft_loss({**full, name: jax.tree_util.tree_unflatten(tree, vals)})))
+    slope = (moved[0] - moved[1]) / (2 * eps)
+    if abs(slope) > tol:
+      return entry, slope
+  return None
 
 
 def _init_moves(c, problem, init, knobs, scalar, episodes, arrays, atol: float) -> str | None:
@@ -173,9 +235,3 @@ def _init_moves(c, problem, init, knobs, scalar, episodes, arrays, atol: float) 
       if np.max(np.abs(np.asarray(v, np.float32)[..., :nq] - base) if np.ndim(v) else np.abs(v - base)) > atol:
         return f'knob {path}'
   return None
-
-
-def _pad(moved: np.ndarray, like: np.ndarray) -> np.ndarray:
-  out = np.zeros_like(like)
-  out[: moved.shape[0]] = moved
-  return out

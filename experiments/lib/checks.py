@@ -11,6 +11,7 @@ import difflib
 import json
 import logging
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,7 @@ TOP_LEVEL_KEYS = (
   'fitted_variant',  # +fitted_variant=adapter: which variant of a fit's artifact fitted=RUN applies
   'fitted_force',  # fitted_force=true: apply an artifact whose pipeline or embedder differs from the run's (recorded)
   'ext_run',  # ext_run=FILE: the TREC run of the trec_run legs of conf/pipeline/*ext.yaml (docs/formats.md)
+  'ext_run_max_unmatched',  # the share of unmatched questions / doc ids over which an external run stops the run
 )
 # the keys of the ``eval`` node that the code reads (conf/eval/default.yaml)
 EVAL_KEYS = (
@@ -278,6 +280,27 @@ def check_reader(cfg: DictConfig) -> None:
   n = cfg.reader.get('questions')
   if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
     raise EngramError(f'reader.questions must be an integer >= 1 (or null: all), got {n!r}')
+
+
+def check_external_runs(cfg: DictConfig, pipes: Mapping[str, Any], episodes, k: int) -> None:
+  """Every ``trec_run`` leg's file against the loaded episodes, before any embedding or scoring
+  (:func:`engram_jax.ops.trec_run.check_match`: nothing matched, or more missing questions or unknown doc ids than
+  ``ext_run_max_unmatched``, refused; used alone, fewer than ``k`` items for a question refused)."""
+  from engram_jax.ops import trec_run
+
+  limit = float(cfg.get('ext_run_max_unmatched', 0.5))
+  if not 0 <= limit <= 1:
+    raise EngramError(f'ext_run_max_unmatched must be in [0, 1], got {limit}')
+  seen: dict[str, int | None] = {}
+  for pipe in pipes.values():
+    alone = len(pipe.legs) == 1 and pipe.fusion == 'none'
+    for leg in pipe.legs:
+      if leg.op == 'trec_run':
+        path = str(leg.option('path'))
+        want = k if alone else None
+        seen[path] = max(want or 0, seen.get(path) or 0) or None
+  for path, alone_k in seen.items():
+    trec_run.check_match(path, trec_run.match(path, episodes), max_unmatched=limit, alone_k=alone_k)
 
 
 def check_loaded(cfg: DictConfig, name: str, episodes) -> None:

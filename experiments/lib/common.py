@@ -268,11 +268,7 @@ def build_pipelines(cfg: DictConfig) -> tuple[dict[str, pipeline.Pipeline], dict
   pipes: dict[str, pipeline.Pipeline] = {}
   expanded: dict[str, tuple[str, list[str], Any]] = {}
   fitted = None
-  if cfg.get('fitted') and Path(cfg.fitted).is_dir():  # an artifact: applied after evaluation (fit_artifact.apply)
-    from experiments.lib import fit_artifact
-
-    fit_artifact.check(cfg)  # the run folder whole, the pipeline selected and unchanged, the fit's embedder
-  elif cfg.get('fitted'):
+  if cfg.get('fitted') and not Path(cfg.fitted).is_dir():  # a fitted.json (an artifact: experiments.evaluate)
     fitted = json.loads(Path(cfg.fitted).read_text())
   if fitted is not None and fitted['pipeline'] not in cfg.pipeline:
     raise EngramError(f'fitted parameters are for pipeline {fitted["pipeline"]!r}, which is not selected')

@@ -23,15 +23,16 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from engram_jax.core import batch, runfolder
+from engram_jax.core import runfolder
 from engram_jax.core.errors import EngramError
-from engram_jax.eval import pipeline
-from engram_jax.fit import artifact, components
+from engram_jax.fit import apply as road
+from engram_jax.fit import artifact
 from experiments.lib import common
 
 log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[2]
+FORCE = 'fitted_force=true'  # how a run forces an artifact onto other vectors
 
 
 def git_commit() -> dict[str, Any]:
@@ -58,6 +59,7 @@ def write(
     else {k: protocol_info.get(k) for k in ('name', 'sha256', 'config_sha256', 'forced')},
     'git': git_commit(),
     'embedder_dim': int(np.shape(data.embeddings[0][0])[-1]) if data.embeddings else None,
+    'embedder_spec_sha256': encoder_spec_sha256(cfg.embedder),
     'array_options': array_pipes,  # the pipelines whose options the padded arrays were built with (hard scoring)
     'fit': {'split': str(cfg.fit.split), 'steps': plan.steps, 'batch_size': plan.batch_size, 'seed': plan.seed},
   }
@@ -85,11 +87,26 @@ def write(
         train_questions=train_q,
         train_episodes=train_e,
         info=info,
-        modules=[*(cfg.get('ops_modules') or []), *(cfg.fit.get('component_modules') or [])],
+        # the modules this variant needs: a scalar variant never imports another variant's component modules
+        modules=[
+          *(cfg.get('ops_modules') or []),
+          *((cfg.fit.get('component_modules') or []) if part['components'] else []),
+        ],
       )
     )
   runfolder.write_file(root / 'variants.json', json.dumps(list(parts)))
   return out
+
+
+def encoder_spec_sha256(node: DictConfig) -> str | None:
+  """The spec hash of the encoder the embedder node builds (:func:`engram_jax.data.embed.spec_hash` of its
+  ``.spec``, read without loading a model): what :func:`engram_jax.fit.retrieve.retrieve` checks a given encoder
+  against. None when the encoder has no spec."""
+  from engram_jax.data.embed import spec_hash
+  from engram_jax.fit.retrieve import encoder_of
+
+  spec = getattr(encoder_of(OmegaConf.to_container(node, resolve=True)), 'spec', None)
+  return spec_hash(spec) if isinstance(spec, dict) else None
 
 
 def is_artifact(path: str | Path | None) -> bool:
@@ -101,40 +118,6 @@ def is_artifact(path: str | Path | None) -> bool:
   except (FileNotFoundError, ValueError):
     return False
   return True
-
-
-RUNTIME_KEYS = ('batch_size', 'processes', 'device', 'download', 'progress')  # how an encoder runs, not what it is
-
-
-def embedder_spec(node: Any) -> dict[str, Any]:
-  """What identifies an embedder in its config node (``model_id`` and the encoder's settings but how it runs)."""
-  node = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
-  encoder = {k: v for k, v in dict(node.get('encoder') or {}).items() if k not in RUNTIME_KEYS}
-  return {'model_id': node.get('model_id'), 'encoder': encoder}
-
-
-def _flat(node: Any, prefix: str = '') -> dict[str, Any]:
-  if isinstance(node, dict):
-    out = {}
-    for k, v in node.items():
-      out.update(_flat(v, f'{prefix}{k}.'))
-    return out
-  return {prefix.rstrip('.'): node}
-
-
-def differences(here: Any, there: Any, limit: int = 4) -> list[str]:
-  """``path: X here, Y in the artifact`` for each leaf where two config nodes differ (at most ``limit``, then a
-  count)."""
-  a, b = _flat(here), _flat(there)
-  unset = object()
-  diffs = []
-  for key in sorted(set(a) | set(b)):
-    x, y = a.get(key, unset), b.get(key, unset)
-    same = x == y or (isinstance(x, (int, float)) and isinstance(y, (int, float)) and float(x) == float(y))
-    if not same:
-      x, y = ('unset' if v is unset else repr(v) for v in (x, y))
-      diffs.append(f'{key}: {x} here, {y} in the artifact')
-  return diffs[:limit] + ([f'... ({len(diffs)} in all)'] if len(diffs) > limit else [])
 
 
 def load(cfg: DictConfig) -> artifact.Artifact:
@@ -166,7 +149,7 @@ def check(cfg: DictConfig) -> tuple[artifact.Artifact, list[str]]:
   here = {k: v for k, v in OmegaConf.to_container(cfg.pipeline[name], resolve=True).items() if k in keys}
   there = {k: v for k, v in dict(art.manifest['pipeline']['node']).items() if k in keys}
   forced = []
-  diffs = differences(here, there)
+  diffs = road.differences(here, there)
   if diffs:
     why = f'pipeline {name} differs from the pipeline the artifact applies ({"; ".join(diffs)})'
     if not force:
@@ -175,98 +158,42 @@ def check(cfg: DictConfig) -> tuple[artifact.Artifact, list[str]]:
         "pipeline settings (refit to change them), or fitted_force=true to apply the artifact's (recorded)"
       )
     forced.append(why)
-  if art.manifest.get('embedder') is not None:
-    diffs = differences(embedder_spec(cfg.embedder), embedder_spec(art.manifest['embedder']))
-    if diffs:
-      why = (
-        f'the artifact was fitted on embeddings of {art.manifest["embedder"].get("model_id")!r}, this run embeds '
-        f'with {cfg.embedder.get("model_id")!r} ({"; ".join(diffs)})'
-      )
-      if not force:
-        raise EngramError(
-          f"fitted={cfg.fitted}: {why}: its knobs were fitted to other vectors; run with the fit's embedder, or "
-          'fitted_force=true to apply it anyway (recorded)'
-        )
-      forced.append(why)
+  vectors = road.Vectors(dim=None, node=OmegaConf.to_container(cfg.embedder, resolve=True))
+  forced += road.check_vectors(art, vectors, force=force, where=f'fitted={cfg.fitted}', force_hint=FORCE)
   return art, forced
 
 
-def check_episodes(cfg: DictConfig, art: artifact.Artifact, episodes, where: str) -> None:
-  """Every episode of ``where`` with questions has a fit in ``art`` (a fold that scored it, else the final fit):
-  before any embedding."""
-  scored = {e for entry in art.manifest['fits'] for e in entry['scored_episodes']}
-  if 'final' in art.fits:
-    return
-  new = sorted(e.id for e in episodes if e.questions and e.id not in scored)
-  if new:
-    shown = ', '.join(new[:5]) + (f', ... ({len(new)} in all)' if len(new) > 5 else '')
-    raise EngramError(
-      f'fitted={cfg.fitted}: episodes {shown} of {where} are in none of its folds and the artifact has no final '
-      'fit (fit with fit.final=true to apply it to other episodes, or evaluate the episodes it was fitted on)'
-    )
-
-
-def check_dimension(cfg: DictConfig, art: artifact.Artifact, embeddings, forced: list[str]) -> None:
-  """The run's vectors have the fit's dimension (the manifest's ``embedder_dim``, else an adapter's rows)."""
-  if not embeddings:
-    return
-  dim = int(np.shape(embeddings[0][0])[-1])
-  want = art.manifest.get('embedder_dim')
-  tied = components.fixed_dimension(art.components)  # components whose parameters are [D, ...] (the adapter)
-  if want is None and tied:  # an older manifest: the rows of the first tensor of such a component
-    entry = art.manifest['fits'][0]['tensors']
-    want = next((s['shape'][0] for k, s in entry.items() if k.startswith(f'{tied[0]}/')), None)
-  if want is None or int(want) == dim:
-    return
-  why = f"the artifact was fitted on {want}-dimensional vectors, this run's are {dim}-dimensional"
-  if tied:
-    raise EngramError(
-      f'fitted={cfg.fitted}: {why}; its {" and ".join(tied)} cannot apply to them (not even with fitted_force)'
-    )
-  if not cfg.get('fitted_force'):
-    raise EngramError(f"fitted={cfg.fitted}: {why}; run with the fit's embedder, or fitted_force=true (recorded)")
-  if why not in forced:
-    forced.append(why)
-
-
-def apply(cfg: DictConfig, episodes, embeddings, result, *, metrics: list[str]) -> dict[str, Any]:
-  """Score the artifact's pipeline in ``result`` with the artifact ``cfg.fitted`` (``+fitted_variant=adapter``
-  etc. picks a variant of a run folder; default its declared fit) (every learned part): each episode that a
-  fold of the fit scored, with that fold's fit (its out-of-fold scores, reproduced), every other episode with the
-  final fit (transfer). Replaces ``result.scores[name]`` and ``result.retrieved[name]``; returns which fit scored
-  which episodes."""
-  art, forced = check(cfg)
+def apply(
+  cfg: DictConfig, art: artifact.Artifact, forced: list[str], episodes, embeddings, result, *, metrics: list[str]
+) -> dict[str, Any]:
+  """Score the artifact's pipeline in ``result`` through the library's one road (:func:`engram_jax.fit.apply.apply`,
+  every guard: the run's embedder and vectors' dimension the fit's, its external runs unchanged, a fit for every
+  episode): each episode that a fold of the fit scored with that fold's fit (its out-of-fold scores, reproduced),
+  every other episode with the final fit (transfer). Replaces ``result.scores[name]`` and
+  ``result.retrieved[name]``; returns which fit scored which episodes and what ``fitted_force`` let through."""
   name = art.pipe.name
-  check_dimension(cfg, art, embeddings, forced)
+  dim = int(np.shape(embeddings[0][0])[-1]) if embeddings else None
+  others = (art.manifest.get('array_options') or [name])[1:]  # the run's baselines: same padded arrays as the fit's
+  got = road.apply(
+    art, episodes, embeddings, k=int(cfg.eval.k), metrics=metrics, seed=int(cfg.seed),
+    vectors=road.Vectors(dim=dim, node=OmegaConf.to_container(cfg.embedder, resolve=True)),
+    force=bool(cfg.get('fitted_force')), episode_metrics=common.dataset_metrics(cfg.dataset),
+    array_options=[common.hand_set_pipeline(n) for n in others], where=f'dataset {cfg.dataset.name}',
+    prefix=f'fitted={cfg.fitted}', force_hint=FORCE,
+  )  # fmt: skip
+  forced = list(dict.fromkeys([*forced, *got.forced]))
   for why in forced:
     log.warning('fitted_force=true: applying %s although %s', art.path, why)
-  by_fit: dict[str, list[int]] = {}
-  for i, e in enumerate(episodes):
-    by_fit.setdefault(art.fit_for(e.id)[0], []).append(i)
-  others = (art.manifest.get('array_options') or [name])[1:]  # the run's baselines: same padded arrays as the fit's
-  options = pipeline.build_options([art.pipe, *(common.hand_set_pipeline(n) for n in others)])
-  by_ep, ids = {}, {}
-  for label, sel in by_fit.items():
-    eps, embs = [episodes[i] for i in sel], [embeddings[i] for i in sel]
-    arrays = [batch.episode_arrays(e, d, q, **options) for e, (d, q) in zip(eps, embs)]
-    got_ids: list = []
-    got = artifact.score(
-      art.pipe, art.problem, art.every, art.fits[label], art.components, eps, embs, arrays, k=int(cfg.eval.k),
-      metrics=metrics, seed=int(cfg.seed), episode_metrics=common.dataset_metrics(cfg.dataset), retrieved=got_ids,
-    )  # fmt: skip
-    lens = np.cumsum([0] + [len(e.questions) for e in eps])
-    for j, e in enumerate(eps):
-      by_ep[e.id] = {m: got[m][lens[j] : lens[j + 1]] for m in metrics}
-      ids[e.id] = got_ids[lens[j] : lens[j + 1]]
-  eps_order = list(dict.fromkeys(result.episode_ids))
-  result.scores[name] = {m: np.concatenate([by_ep[e][m] for e in eps_order]) for m in metrics}
-  result.retrieved[name] = [x for e in eps_order for x in ids[e]]
-  used = {label: [episodes[i].id for i in sel] for label, sel in by_fit.items()}
-  log.info('fitted %s from %s: %s', name, art.path, {k: len(v) for k, v in used.items()})
+  by_ep = {e.id: i for i, e in enumerate(episodes)}
+  lens = np.cumsum([0] + [len(e.questions) for e in episodes])
+  eps_order = [by_ep[e] for e in dict.fromkeys(result.episode_ids)]
+  result.scores[name] = {m: np.concatenate([got.scores[m][lens[i] : lens[i + 1]] for i in eps_order]) for m in metrics}
+  result.retrieved[name] = [x for i in eps_order for x in got.retrieved[lens[i] : lens[i + 1]]]
+  log.info('fitted %s from %s: %s', name, art.path, {k: len(v) for k, v in got.episodes_by_fit.items()})
   return {
     'artifact': str(art.path),
     'pipeline': name,
     'components': [c.name for c in art.components],
-    'episodes_by_fit': used,
+    'episodes_by_fit': got.episodes_by_fit,
     **({'forced': forced} if forced else {}),
   }

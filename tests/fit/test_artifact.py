@@ -2,14 +2,19 @@
 fitted=DIR applies it (each fold's fit to that fold's episodes: its out-of-fold scores, exactly; the final fit to
 any other episode), and from Python the loaded artifact scores an episode as the CLI does."""
 
+import dataclasses
 import json
 
 import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 from test_fit import CONF, HAVE
 
+from engram_jax import retrieve
 from engram_jax.fit import artifact
+from engram_jax.fit.retrieve import encoder_of
+from engram_jax.metrics.labels import ndcg_at_k
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not HAVE, reason='LoCoMo not found under the data root')]
 
@@ -83,8 +88,24 @@ def test_evaluate_fitted_dir_reproduces_the_out_of_fold_scores(tmp_path, variant
   from engram_jax.eval import evaluation
 
   embeddings = evaluation.embed_episodes(episodes, common.make_embedder(conv))
-  py = artifact.load(run_dir).scorer('final')(episodes, embeddings, k=10, metrics=['ndcg@10'], seed=int(conv.seed))
+  node = OmegaConf.to_container(conv.embedder, resolve=True)
+  art = artifact.load(run_dir)
+  py = art.scorer('final')(episodes, embeddings, k=10, metrics=['ndcg@10'], seed=int(conv.seed), embedder=node)
   ev3 = evaluate.run(
     _compose('config', ['dataset.loader.conversations=[conv-41]', f'fitted={run_dir}'], tmp_path), tmp_path / 'e3'
   )
-  np.testing.assert_array_equal(py['ndcg@10'], [r['scores']['rrf_cos_bm25']['ndcg@10'] for r in ev3['per_question']])
+  cli = [r['scores']['rrf_cos_bm25']['ndcg@10'] for r in ev3['per_question']]
+  np.testing.assert_array_equal(py['ndcg@10'], cli)
+  # retrieve (label-free questions, the fit's own encoder vouching for the vectors) ranks as evaluate fitted= does:
+  # the same top-k ids, so the same per-question scores (issue 50: one road)
+  (ep,), ((docs, queries),) = episodes, embeddings
+  free = [dataclasses.replace(q, gold=(), gold_parents=()) for q in ep.questions]
+  top = retrieve(art, ep.items, free, k=10, item_vectors=docs, question_vectors=queries, embedder=encoder_of(node),
+                 seed=int(conv.seed))  # fmt: skip
+  assert [r.ids for r in top] == [r['retrieved']['rrf_cos_bm25'] for r in ev3['per_question']]
+  index = ep.index_of()
+  labels = np.zeros((len(ep.questions), ep.n_items), bool)
+  for j, q in enumerate(ep.questions):
+    labels[j, [index[g] for g in q.gold]] = True
+  ranked = np.asarray([[index[i] for i in r.ids] for r in top])
+  np.testing.assert_array_equal(np.asarray(ndcg_at_k(ranked, labels, k=10), np.float64), cli)

@@ -47,6 +47,31 @@ class NotIdentity(C.Conditioning):
     return jax.tree_util.tree_map(lambda x: x + 0.7, super().init(inputs, seed))
 
 
+@dataclasses.dataclass(frozen=True)
+class StoppedRow(C.Conditioning):
+  """Planted bug: its soft half stops the gradient on one row of its kernel (a pool feature every question has)."""
+
+  name: ClassVar[str] = 'stopped_row'
+
+  def apply(self, problem, params, raw, vals, rows, inputs):
+    k = params['params']['out']['kernel']
+    k = k.at[5].set(jax.lax.stop_gradient(k[5]))
+    params = {'params': {'out': {**params['params']['out'], 'kernel': k}}}
+    return super().apply(problem, params, raw, vals, rows, inputs)
+
+
+@dataclasses.dataclass(frozen=True)
+class JaxOnly(C.Conditioning):
+  """Planted bug: its hard half needs JAX arrays (``.at``), while a loaded artifact hands it NumPy arrays."""
+
+  name: ClassVar[str] = 'jax_only'
+
+  def hard_values(self, problem, params, raw, vals, inputs):
+    k = params['params']['out']['kernel']
+    params = {'params': {'out': {**params['params']['out'], 'kernel': k.at[0].add(0.0)}}}
+    return super().hard_values(problem, params, raw, vals, inputs)
+
+
 def _spec(cls):
   return cls(**{f.name: getattr(COND, f.name) for f in dataclasses.fields(COND)})
 
@@ -70,6 +95,34 @@ def _spec(cls):
   ids=['conditioned', 'adapter', 'hard_differs', 'not_identity'],
 )
 def test_the_contract(component, message):
+  _check(component, message)
+
+
+@pytest.mark.parametrize(
+  ('component', 'message'),
+  [
+    (
+      StoppedRow,
+      r"^check_component: gradients: component 'stopped_row', parameter \['params'\]\['out'\]\['kernel'\]\[5, 0\]: no "
+      r'gradient reaches this entry, yet the soft loss moves with it \([-0-9.e]+ per unit, by finite differences\): a '
+      r'stopped gradient$',
+    ),
+    (
+      JaxOnly,
+      r"^check_component: hard half: component 'jax_only', as the scorer runs it \(compiled, its parameters NumPy "
+      r"arrays as an artifact loads them\): AttributeError: 'numpy.ndarray' object has no attribute 'at'$",
+    ),
+  ],
+  ids=['stopped_row', 'jax_only'],
+)
+def test_the_contracts_two_closed_holes(component, message):
+  """Issue 50 item 4. Before: a gradient stopped on one row of a parameter passed (the whole array's gradient was
+  checked), and a hard half that needs JAX arrays passed the contract (which handed it JAX arrays) and crashed a fit
+  after six minutes with a 30-line traceback."""
+  _check(component, message)
+
+
+def _check(component, message):
   episodes, _, arrays, pipe = toy_fit_data()
   c = COND if component is None else component if not isinstance(component, type) else _spec(component)
   if message is None:
@@ -98,7 +151,12 @@ def test_unknown_and_duplicate_registrations():
 
 def test_scoring_iterates_the_registry():
   """The hard scorers (artifact.score, retrieve, components) name no component in code; only its own module does."""
-  for path in ('engram_jax/fit/artifact.py', 'engram_jax/fit/retrieve.py', 'engram_jax/fit/components.py'):
+  for path in (
+    'engram_jax/fit/artifact.py',
+    'engram_jax/fit/apply.py',
+    'engram_jax/fit/retrieve.py',
+    'engram_jax/fit/components.py',
+  ):
     tree = ast.parse((ROOT / path).read_text())
     docs = {id(n.body[0].value) for n in ast.walk(tree) if isinstance(n, DOCUMENTED) and ast.get_docstring(n)}
     names = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and id(n) not in docs]
@@ -134,7 +192,8 @@ ITERATE = {
   'engram_jax.testing.components': ('check_component',),
   'experiments.lib.fit_setup': ('component_keys', 'components_of', 'variants_of', 'check_contract', 'Plan'),
   'experiments.lib.checks': ('check_fit',),
-  'experiments.lib.fit_artifact': ('write', 'check_dimension'),
+  'experiments.lib.fit_artifact': ('write',),
+  'engram_jax.fit.apply': ('check_vectors', 'fused', 'apply', 'rank'),
   'experiments.fit': ('outputs', 'reports', 'fit_variant', 'make_results', 'variant_section', 'write_outputs'),
   'experiments.compare': ('variant_labels',),
 }

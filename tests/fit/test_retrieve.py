@@ -5,6 +5,7 @@ fresh process that never imported them; a missing fit, an unknown component or a
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import textwrap
 
@@ -17,6 +18,9 @@ import engram_jax as ej
 from engram_jax import fit
 from engram_jax.core import runfolder
 from engram_jax.core.errors import EngramError
+from engram_jax.data import hashing_encoder
+from engram_jax.data.embed import spec_hash
+from engram_jax.eval.pipeline import build_options
 from engram_jax.fit import adapter as A
 from engram_jax.fit import artifact
 from engram_jax.fit import conditioned as C
@@ -28,12 +32,12 @@ COND = C.Conditioning(knobs=('legs.bm25.weight',), features=('cues', 'pool'), hi
 HASHING = {'model_id': 'hashing-64', 'encoder': {'_target_': 'engram_jax.data.embed.hashing_encoder', 'dim': 64}}
 
 
-def _artifact(path, components=(), pipe_node=None, modules=(), final=True):
+def _artifact(path, components=(), pipe_node=None, modules=(), final=True, params=('legs.bm25.weight', 'k0')):
   episodes, embeddings, arrays, pipe = toy_fit_data()
   if pipe_node is not None:
     pipe = artifact.pipeline_from_node('hybrid', pipe_node)
-    arrays = [ej.episode_arrays(e, *x) for e, x in zip(episodes, embeddings)]
-  params = ['legs.bm25.weight', 'k0']
+    arrays = [ej.episode_arrays(e, *x, **build_options([pipe])) for e, x in zip(episodes, embeddings)]
+  params = list(params)
   problem, knobs, every = fit.make_problem(pipe, params)
   rows = fit.build_rows(problem, pipe, episodes, arrays, seed=0)
   inputs = {c.name: c.inputs(problem, episodes, arrays) for c in components}
@@ -46,7 +50,7 @@ def _artifact(path, components=(), pipe_node=None, modules=(), final=True):
   artifact.save(
     path, pipe_name='hybrid', pipe_node=node, params=params, k=10, components=components, fits={label: res},
     scored={label: []}, train_questions={label: ['x']}, train_episodes={label: ['e0', 'e1']},
-    info={'embedder': HASHING}, modules=modules,
+    info={'embedder': HASHING, 'embedder_spec_sha256': spec_hash(hashing_encoder(dim=64).spec)}, modules=modules,
   )  # fmt: skip
   return episodes, embeddings
 
@@ -55,11 +59,12 @@ def _artifact(path, components=(), pipe_node=None, modules=(), final=True):
 def test_label_free_retrieval_ranks_as_the_scorer(tmp_path, components):
   episodes, embeddings = _artifact(tmp_path / 'art', components)
   art = ej.load_artifact(tmp_path / 'art')
-  want = art.scorer('final')(episodes, embeddings, k=10, metrics=('ndcg@10',))['ndcg@10']
+  # the toy vectors are random, not the recorded embedder's: applied with force=True (the guard's own test below)
+  want = art.scorer('final')(episodes, embeddings, k=10, metrics=('ndcg@10',), force=True)['ndcg@10']
   got = []
   for ep, (docs, queries) in zip(episodes, embeddings):
     free = [dataclasses.replace(q, gold=(), gold_parents=()) for q in ep.questions]  # no labels reach retrieve
-    top = ej.retrieve(art, ep.items, free, k=10, item_vectors=docs, question_vectors=queries)
+    top = ej.retrieve(art, ep.items, free, k=10, item_vectors=docs, question_vectors=queries, force=True)
     assert all(len(r.ids) == 10 and np.all(np.diff(r.scores) <= 0) for r in top)
     index = ep.index_of()
     topk = np.asarray([[index[i] for i in r.ids] for r in top])
@@ -76,8 +81,6 @@ def test_texts_are_embedded_with_the_artifacts_encoder(tmp_path):
   memory = ['I adopted a dog named Rex.', 'The invoice is overdue.', 'We hiked in the Alps in May.']
   top = ej.retrieve(art, memory, ['Which dog did I adopt?', 'the overdue invoice'], k=2)
   assert [r.ids[0] for r in top] == ['0', '1'] and all(len(r.ids) == 2 for r in top)
-  from engram_jax.data import hashing_encoder
-
   enc = hashing_encoder(dim=64)
   given = ej.retrieve(art, memory, ['Which dog did I adopt?'], k=3, embedder=enc)
   vecs = ej.retrieve(
@@ -87,6 +90,7 @@ def test_texts_are_embedded_with_the_artifacts_encoder(tmp_path):
     k=3,
     item_vectors=enc(memory),
     question_vectors=enc(['Which dog did I adopt?']),
+    embedder=enc,  # vouches for the given vectors
   )
   assert given[0].ids == vecs[0].ids and np.array_equal(given[0].scores, vecs[0].scores)
 
@@ -174,3 +178,83 @@ def test_the_fitting_docs_quickstart_runs(tmp_path, monkeypatch):
   runfolder.mark(run, [p.relative_to(run).as_posix() for p in run.rglob('*') if p.is_file()])  # a whole run folder
   monkeypatch.chdir(tmp_path)
   exec(compile(src, 'docs/fitting.md [python]', 'exec'), {'__name__': 'docs'})
+
+
+def _refused(call, pattern):
+  with pytest.raises(EngramError, match=pattern) as e:
+    call()
+  assert '\n' not in str(e.value), str(e.value)
+
+
+def test_the_road_refuses_what_it_cannot_score_honestly(tmp_path, caplog):
+  """Issue 50 item 1. Before: another embedder of the same dimension ranked silently, another dimension ranked
+  silently, one question as a string ranked one question per character, items as one string became one item per
+  character, k=2.7 was taken as 2, k=0 gave an empty list and k=-1 raised JAX's error; an edited manifest value was
+  applied. Each is now one line (or, forced, a warning)."""
+  _artifact(tmp_path / 'art')
+  art = ej.load_artifact(tmp_path / 'art')
+  memory = ['I adopted a dog named Rex.', 'The invoice is overdue.', 'We hiked in the Alps in May.']
+  ask = ['Which dog did I adopt?']
+  other = hashing_encoder(dim=64, seed=1)  # same dimension, other vectors
+  _refused(lambda: ej.retrieve(art, memory, ask, embedder=other), r'/art: the artifact was fitted on embeddings of')
+  _refused(
+    lambda: ej.retrieve(art, memory, ask, item_vectors=other(memory), question_vectors=other(ask)),
+    r'nothing says which embedder made these vectors .*force=True to apply it anyway',
+  )
+  wide = hashing_encoder(dim=32)
+  _refused(
+    lambda: ej.retrieve(art, memory, ask, item_vectors=wide(memory), question_vectors=wide(ask), embedder=wide),
+    r'/art: the artifact was fitted on embeddings of .hashing-64., these vectors come from an encoder of another spec',
+  )
+  with caplog.at_level('WARNING'):
+    forced = ej.retrieve(art, memory, ask, embedder=other, force=True)
+  assert len(forced[0].ids) == 3 and 'force=True: applying' in caplog.text
+  _refused(lambda: ej.retrieve(art, memory, 'Which dog did I adopt?'), r'^questions: expected a list, got one str')
+  _refused(lambda: ej.retrieve(art, 'I adopted a dog.', ask), r'^items: expected a list, got one str')
+  for k in (2.7, 0, -1, True, '3'):
+    _refused(lambda k=k: ej.retrieve(art, memory, ask, k=k), rf'^k must be a positive integer, got {k!r}')
+  assert [len(r.ids) for r in ej.retrieve(art, memory, ask, k=2.0)] == [2]
+  manifest = json.loads((tmp_path / 'art' / 'manifest.json').read_text())
+  manifest['fits'][0]['values']['k0'] = 999.0
+  (tmp_path / 'art' / 'manifest.json').write_text(json.dumps(manifest))
+  _refused(lambda: ej.load_artifact(tmp_path / 'art'), r"manifest.json: fit 'final' says k0 = 999.0, its tensors give")
+
+
+def test_an_adapter_refuses_another_dimension_in_one_line(tmp_path):
+  """Before: JAX's shape error from inside the adapter."""
+  _artifact(tmp_path / 'art', (ADAPTER,))
+  art = ej.load_artifact(tmp_path / 'art')
+  wide = hashing_encoder(dim=32)
+  _refused(
+    lambda: ej.retrieve(art, ['a dog', 'a cat'], ['dog?'], embedder=wide, force=True),
+    r'fitted on 8-dimensional vectors, these are 32-dimensional; its adapter cannot apply to them \(not even with '
+    r'force=True\)$',
+  )
+
+
+def test_an_external_run_leg_is_pinned_and_refused_by_retrieve(tmp_path):
+  """Before: replacing the run file's content under the same path was scored with no message (ndcg@10 0.8624 ->
+  0.0000), and retrieve silently dropped the leg."""
+  from engram_jax.eval import trec
+
+  episodes, embeddings, _, _ = toy_fit_data()
+  run = tmp_path / 'ext.trec'
+  lines = [
+    f'{trec.trec_id(q.id)} Q0 {trec.trec_id(g)} 1 1.0 ext' for e in episodes for q in e.questions for g in q.gold
+  ]
+  run.write_text('\n'.join(lines) + '\n')
+  node = {'legs': {'cos': {'op': 'cosine'}, 'ext': {'op': 'trec_run', 'path': str(run)}}, 'fusion': 'rrf'}
+  _artifact(tmp_path / 'art', pipe_node=node, params=('legs.ext.weight', 'k0'))
+  art = ej.load_artifact(tmp_path / 'art')
+  assert art.manifest['runs'] == {str(run.resolve()): hashlib.sha256(run.read_bytes()).hexdigest()}
+  scored = art.scorer('final')(episodes, embeddings, k=10, force=True)['ndcg@10']
+  assert scored.mean() > 0.5
+  _refused(
+    lambda: ej.retrieve(art, ['a dog'], ['dog?'], embedder=hashing_encoder(dim=64)),
+    rf"/art: leg 'ext' reads the external run {run}, which ranks its own questions only; retrieve cannot serve",
+  )
+  run.write_text('\n'.join(lines[::-1]) + '\n')  # same path, other content
+  _refused(
+    lambda: art.scorer('final')(episodes, embeddings, k=10, force=True),
+    rf"/art: leg 'ext' reads the run file {run}, which changed since the fit \(sha256 ",
+  )

@@ -275,18 +275,18 @@ def test_an_artifact_of_another_embedder_is_refused(tmp_path):
   """A hashing-384 fit applied to a MiniLM run gave 0.4085 in a table labelled all-MiniLM-L6-v2; of another dimension
   it crashed inside JAX; a knob-only artifact of another embedder applied without a note."""
   run = _fit_run(tmp_path, tmp_path / 'run')  # hashing, 256 dimensions
-  from experiments.lib import common
+  from experiments.lib import fit_artifact
 
   for overrides, diff in [
     (['embedder.encoder.dim=384'], 'encoder.dim: 384 here, 256 in the artifact; model_id: .hashing-384. here'),
-    (['embedder=minilm'], "this run embeds with 'all-MiniLM-L6-v2'"),
+    (['embedder=minilm'], "these vectors are of 'all-MiniLM-L6-v2'"),
   ]:
     cfg = _compose(tmp_path, [f'pipeline=[{PIPE}]', f'fitted={run}', *overrides])
     _refused(
-      lambda cfg=cfg: common.build_pipelines(cfg),
+      lambda cfg=cfg: fit_artifact.check(cfg),
       rf"^fitted={run}: the artifact was fitted on embeddings of 'hashing-256', .*{diff}.*fitted_force=true",
     )
-  common.build_pipelines(_compose(tmp_path, [f'pipeline=[{PIPE}]', f'fitted={run}', 'fitted_force=true', *overrides]))
+  fit_artifact.check(_compose(tmp_path, [f'pipeline=[{PIPE}]', f'fitted={run}', 'fitted_force=true', *overrides]))
 
 
 def test_a_leg_override_the_artifact_would_drop_is_refused(tmp_path):
@@ -302,7 +302,9 @@ def test_a_leg_override_the_artifact_would_drop_is_refused(tmp_path):
     rf'^fitted={run}: pipeline {PIPE} differs from the pipeline the artifact applies \(legs.cos.depth: 50 here, '
     r'unset in the artifact\): the artifact would apply its own and drop this run.s',
   )
-  common.build_pipelines(_compose(tmp_path, [f'pipeline=[{PIPE}]', f'fitted={run}', depth, 'fitted_force=true']))
+  from experiments.lib import fit_artifact
+
+  fit_artifact.check(_compose(tmp_path, [f'pipeline=[{PIPE}]', f'fitted={run}', depth, 'fitted_force=true']))
   pipes, _ = common.build_pipelines(_compose(tmp_path, [f'pipeline=[{PIPE}]', f'fitted={run}/fitted.json', depth]))
   assert [p.leg('cos').depth for n, p in pipes.items() if n.startswith(f'{PIPE}[fold=')] == [50, 50]
 
@@ -391,8 +393,8 @@ def test_fitted_force_applies_and_records_what_differed(tmp_path):
   forced = res['fitted_artifact']['forced']
   assert [w.split(' (')[0] for w in forced] == [
     f'pipeline {PIPE} differs from the pipeline the artifact applies',
-    "the artifact was fitted on embeddings of 'hashing-256', this run embeds with 'hashing-384'",
-    "the artifact was fitted on 256-dimensional vectors, this run's are 384-dimensional",
+    "the artifact was fitted on embeddings of 'hashing-256', these vectors are of 'hashing-384'",
+    'the artifact was fitted on 256-dimensional vectors, these are 384-dimensional',
   ]
   assert (
     'Applied with fitted_force=true although the artifact was fitted on 256-dimensional'
@@ -406,7 +408,7 @@ def test_fitted_force_applies_and_records_what_differed(tmp_path):
   )  # fmt: skip
   _refused(
     lambda: evaluate_exp.run(cfg, tmp_path / 'out2'),
-    rf"^fitted={adapter}: the artifact was fitted on 256-dimensional vectors, this run's are 384-dimensional; its "
+    rf'^fitted={adapter}: the artifact was fitted on 256-dimensional vectors, these are 384-dimensional; its '
     'adapter cannot apply to them',
   )
 
