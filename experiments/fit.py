@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import json
 import logging
 import threading
@@ -30,7 +29,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from engram_jax import fit
-from engram_jax.core import batch, runfolder
+from engram_jax.core import batch, modules, runfolder
 from engram_jax.core.errors import EngramError
 from engram_jax.data import splits
 from engram_jax.eval import evaluation, pipeline
@@ -70,10 +69,7 @@ def reports(cfg: DictConfig) -> dict[str, Any]:
   """``fit.reports``: component name -> its report module (imported), in the order they run."""
   out = {}
   for name, module in (cfg.fit.get('reports') or {}).items():
-    try:
-      out[str(name)] = importlib.import_module(str(module))
-    except ImportError as e:
-      raise EngramError(f'fit.reports.{name}: cannot import {module!r} ({e})') from None
+    out[str(name)] = modules.import_module(str(module), f'fit.reports.{name}')
   return out
 
 

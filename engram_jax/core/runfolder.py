@@ -19,7 +19,7 @@ A run (``experiments.evaluate``, ``experiments.fit``) writes its folder through 
    the marker is gone no reader takes the old files for a run's, so removing them only keeps leftovers (an old
    ``artifact/adapter`` beside a new run's ``artifact/fitted``, an old ``final.safetensors``) out of the new run.
 2. every file is written atomically (:func:`write_file`: a hidden temporary file in the same folder, flushed, then
-   ``os.replace``; :func:`engram_jax.data.embed.atomic_write`), mode ``0644`` under the usual umask;
+   ``os.replace``; :func:`engram_jax.core.files.atomic_write`), mode ``0644`` under the usual umask;
 3. :meth:`Run.finish` writes the marker LAST: the run's id (a fresh uuid) and the sha256 of every file it vouches
    for (the run's outputs and Hydra's ``.hydra/*.yaml`` of the run, written before the run started). It vouches only
    for this run's files: an output file the run did not write (through :func:`write_file` while it held the folder),
@@ -78,7 +78,7 @@ from pathlib import Path
 from typing import Any
 
 from engram_jax.core.errors import EngramError
-from engram_jax.data.embed import atomic_write
+from engram_jax.core.files import atomic_write
 
 try:
   import fcntl

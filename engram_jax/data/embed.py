@@ -31,18 +31,18 @@ import logging
 import multiprocessing
 import os
 import re
-import tempfile
 import weakref
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import filelock
 import numpy as np
 from tqdm.auto import tqdm
 
 from engram_jax.core.errors import EngramError
+from engram_jax.core.files import UMASK, atomic_write  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
 
@@ -535,32 +535,7 @@ def sentence_transformer_encoder(
 # The cache
 
 
-def _umask() -> int:
-  mask = os.umask(0o022)
-  os.umask(mask)
-  return mask
-
-
-UMASK = _umask()
-
-
-def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
-  """Write ``path`` through a hidden temporary file in the same folder, flushed to disk, then ``os.replace``
-  (atomic on POSIX, also on NFS): a reader sees the old file or the whole new one, never a part; a crash leaves
-  at most a stray ``.*.tmp``. The file gets the usual ``0666 & ~umask`` mode (a group-shared cache stays readable),
-  not ``mkstemp``'s 0600."""
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
-  try:
-    with os.fdopen(fd, 'wb') as f:
-      if hasattr(os, 'fchmod'):
-        os.fchmod(f.fileno(), 0o666 & ~UMASK)
-      write(f)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    Path(tmp).unlink(missing_ok=True)
-    raise
+# atomic_write and UMASK live in the core (engram_jax.core.files); named here too, where the cache uses them
 
 
 def shard_name(keys: Sequence[str]) -> str:

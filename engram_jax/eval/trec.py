@@ -29,16 +29,9 @@ Example:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
-_ESCAPE = re.compile(r'[%\s]')
-
-
-def trec_id(value: str) -> str:
-  """``value`` with ``%`` and every whitespace character percent-encoded (``'a b'`` -> ``'a%20b'``), so that it is
-  one field of a whitespace-separated line; ids without them are written as they are."""
-  return _ESCAPE.sub(lambda m: ''.join(f'%{b:02X}' for b in m.group().encode('utf-8')), str(value))
+from engram_jax.core.trecid import trec_id
 
 
 def trec_qids(episode_ids: Sequence[str], question_ids: Sequence[str]) -> list[str]:

@@ -25,7 +25,7 @@ import dataclasses
 import numbers
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -34,10 +34,14 @@ from engram_jax.core import ranking
 from engram_jax.core.batch import EpisodeArrays, episode_arrays
 from engram_jax.core.errors import EngramError
 from engram_jax.core.types import Episode
+from engram_jax.eval import evaluation
 from engram_jax.eval.pipeline import Pipeline, build_options, pipeline_scores, with_values
 from engram_jax.fit import components as registry
-from engram_jax.fit.artifact import Artifact, score
+from engram_jax.fit.problem import Problem
 from engram_jax.fit.train import FitResult
+
+if TYPE_CHECKING:  # the artifact module imports this one (its scorer is the road)
+  from engram_jax.fit.artifact import Artifact
 
 RUNTIME_KEYS = ('batch_size', 'processes', 'device', 'download', 'progress')  # how an encoder runs, not what it is
 
@@ -369,6 +373,69 @@ def apply(
   retrieved = [x for i in order for x in per_ep[i][1]]
   used = {label: [episodes[i].id for i in sel] for label, sel in by_fit.items()}
   return Applied(scores=scores, retrieved=retrieved, episodes_by_fit=used, forced=forced)
+
+
+def score(
+  pipe: Pipeline,
+  problem: Problem,
+  every: Mapping[str, float],
+  res: FitResult,
+  components: Sequence[Any],
+  episodes: Sequence[Episode],
+  embeddings: Sequence[tuple[np.ndarray, np.ndarray]],
+  arrays: Sequence[EpisodeArrays] | None,
+  *,
+  k: int,
+  metrics: Sequence[str],
+  seed: int,
+  episode_metrics: Mapping[str, Callable] | None = None,
+  retrieved: list | None = None,
+) -> dict[str, np.ndarray]:
+  """Per-question hard scores ``{metric: [Q]}`` (``episodes``' order; ``retrieved``, a list, receives each
+  question's top-k item ids) of the fitted pipeline with every learned
+  part of ``res``: the knob values; the adapter (queries adapted, pools re-formed under them); the conditioned
+  knobs (per-question fusion, :func:`engram_jax.fit.components.score_episodes`; with an adapter too, the module
+  reads the base queries' features, as in the fit). ``arrays``: the episodes' padded
+  arrays when no adapter changes the queries (else rebuilt)."""
+  fitted = with_values(pipe, res.values)
+  moved = [(d, registry.hard_queries(components, res.learned, q)) for d, q in embeddings]
+  changed = any(m[1] is not e[1] for m, e in zip(moved, embeddings))
+  if not registry.per_question(components):
+    r = evaluation.evaluate(
+      episodes,
+      moved,
+      {pipe.name: fitted},
+      k=k,
+      metrics=list(metrics),
+      seed=seed,
+      progress=False,
+      arrays=None if changed else arrays,
+      episode_metrics=episode_metrics,
+    )
+    eps = np.asarray(r.episode_ids)
+    if retrieved is not None:
+      ids = r.retrieved[pipe.name]
+      retrieved.extend(ids[i] for e in episodes for i in np.flatnonzero(eps == e.id))
+    return {m: np.concatenate([np.asarray(r.scores[pipe.name][m])[eps == e.id] for e in episodes]) for m in metrics}
+  options = build_options([pipe])
+  base = arrays or [episode_arrays(e, d, q, **options) for e, (d, q) in zip(episodes, embeddings)]
+  legs_see = [episode_arrays(e, d, q, **options) for e, (d, q) in zip(episodes, moved)] if changed else base
+  return registry.score_episodes(
+    pipe,
+    problem,
+    components,
+    res,
+    every,
+    episodes,
+    legs_see,
+    k=k,
+    metrics=list(metrics),
+    seed=seed,
+    indices=range(len(episodes)),
+    episode_metrics=episode_metrics,
+    feature_arrays=base if changed else None,
+    retrieved=retrieved,
+  )
 
 
 def fused(

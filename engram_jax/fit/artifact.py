@@ -32,15 +32,15 @@ import safetensors
 import safetensors.numpy
 from flax import traverse_util
 
+from engram_jax.core import modules as modules_lib
 from engram_jax.core import runfolder
-from engram_jax.core.batch import EpisodeArrays, episode_arrays
 from engram_jax.core.errors import EngramError
-from engram_jax.core.types import Episode
-from engram_jax.eval import evaluation
-from engram_jax.eval.pipeline import Pipeline, build_options, make_pipeline, with_values
+from engram_jax.eval.pipeline import Pipeline, make_pipeline
 from engram_jax.fit import adapter as _adapter  # noqa: F401 - registers the built-in components
+from engram_jax.fit import apply
 from engram_jax.fit import components as registry
 from engram_jax.fit import conditioned as _conditioned  # noqa: F401
+from engram_jax.fit.apply import score  # noqa: F401 - the road's scorer, named here too
 from engram_jax.fit.components import component_of, component_spec
 from engram_jax.fit.problem import Problem, effective_values, make_problem
 from engram_jax.fit.train import KNOBS, FitResult, fitted_values
@@ -162,8 +162,6 @@ class Artifact:
     self.result(label)
 
     def run(episodes, embeddings, *, k=10, metrics=('ndcg@10',), seed=0, embedder=None, force=False, **kw):
-      from engram_jax.fit import apply  # the road (apply imports this module)
-
       dim = int(np.shape(embeddings[0][0])[-1]) if len(embeddings) else None
       got = apply.apply(
         self, list(episodes), list(embeddings), k=k, metrics=metrics, seed=seed, fit=label,
@@ -213,7 +211,7 @@ def save(
   components that are not the package's own (:func:`needed_modules`).
 
   >>> import tempfile; from engram_jax.fit.train import FitResult
-  >>> res = FitResult(values={'k0': 60.0}, losses=[], train_rows=1, wall_s=0.0, raw={'k0': np.float32(4.09)})
+  >>> res = FitResult(values={'k0': 60.0}, losses=[], train_rows=1, wall_s=0.0, raw={'k0': np.float32(np.log(60.0))})
   >>> node = {'fusion': 'rrf', 'legs': {'cos': {'op': 'cosine'}, 'bm25': {'op': 'bm25'}}}
   >>> d = save(tempfile.mkdtemp(), pipe_name='p', pipe_node=node, params=['k0'], k=10, components=[],
   ...          fits={'final': res}, scored={'final': []}, train_questions={'final': ['q1']},
@@ -300,14 +298,7 @@ def needed_modules(pipe: Pipeline, components: Sequence[Any] = (), extra: Sequen
 
 def import_modules(modules: Sequence[str], where: Path | str) -> None:
   """Import each module an artifact records (it registers operators or components); one line naming it if not."""
-  for name in modules:
-    try:
-      importlib.import_module(name)
-    except Exception as e:  # noqa: BLE001 - any failure of an import is the same refusal
-      raise EngramError(
-        f'{where}: the artifact needs module {name!r}, which cannot be imported ({type(e).__name__}: {e}); '
-        'install it or put it on PYTHONPATH'
-      ) from None
+  modules_lib.import_modules(modules, str(where))
 
 
 def _read_tensors(path: Path, entry: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -407,69 +398,6 @@ def pipeline_from_node(name: str, node: Mapping[str, Any]) -> Pipeline:
   """A pipeline from its config node (``legs``, ``fusion``, ``k0``, ...; other keys ignored)."""
   node = {k: v for k, v in dict(node).items() if k in ('legs', 'fusion', 'k0')}
   return make_pipeline(name=name, **node)
-
-
-def score(
-  pipe: Pipeline,
-  problem: Problem,
-  every: Mapping[str, float],
-  res: FitResult,
-  components: Sequence[Any],
-  episodes: Sequence[Episode],
-  embeddings: Sequence[tuple[np.ndarray, np.ndarray]],
-  arrays: Sequence[EpisodeArrays] | None,
-  *,
-  k: int,
-  metrics: Sequence[str],
-  seed: int,
-  episode_metrics: Mapping[str, Callable] | None = None,
-  retrieved: list | None = None,
-) -> dict[str, np.ndarray]:
-  """Per-question hard scores ``{metric: [Q]}`` (``episodes``' order; ``retrieved``, a list, receives each
-  question's top-k item ids) of the fitted pipeline with every learned
-  part of ``res``: the knob values; the adapter (queries adapted, pools re-formed under them); the conditioned
-  knobs (per-question fusion, :func:`engram_jax.fit.components.score_episodes`; with an adapter too, the module
-  reads the base queries' features, as in the fit). ``arrays``: the episodes' padded
-  arrays when no adapter changes the queries (else rebuilt)."""
-  fitted = with_values(pipe, res.values)
-  moved = [(d, registry.hard_queries(components, res.learned, q)) for d, q in embeddings]
-  changed = any(m[1] is not e[1] for m, e in zip(moved, embeddings))
-  if not registry.per_question(components):
-    r = evaluation.evaluate(
-      episodes,
-      moved,
-      {pipe.name: fitted},
-      k=k,
-      metrics=list(metrics),
-      seed=seed,
-      progress=False,
-      arrays=None if changed else arrays,
-      episode_metrics=episode_metrics,
-    )
-    eps = np.asarray(r.episode_ids)
-    if retrieved is not None:
-      ids = r.retrieved[pipe.name]
-      retrieved.extend(ids[i] for e in episodes for i in np.flatnonzero(eps == e.id))
-    return {m: np.concatenate([np.asarray(r.scores[pipe.name][m])[eps == e.id] for e in episodes]) for m in metrics}
-  options = build_options([pipe])
-  base = arrays or [episode_arrays(e, d, q, **options) for e, (d, q) in zip(episodes, embeddings)]
-  legs_see = [episode_arrays(e, d, q, **options) for e, (d, q) in zip(episodes, moved)] if changed else base
-  return registry.score_episodes(
-    pipe,
-    problem,
-    components,
-    res,
-    every,
-    episodes,
-    legs_see,
-    k=k,
-    metrics=list(metrics),
-    seed=seed,
-    indices=range(len(episodes)),
-    episode_metrics=episode_metrics,
-    feature_arrays=base if changed else None,
-    retrieved=retrieved,
-  )
 
 
 load_artifact = load  # the name the package exports (``engram_jax.fit.load_artifact``)

@@ -13,7 +13,6 @@ else with the encoder the artifact's manifest records (``embedder.encoder``: its
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -23,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from engram_jax.core import ranking
+from engram_jax.core import modules, ranking
 from engram_jax.core.batch import episode_arrays
 from engram_jax.core.errors import EngramError
 from engram_jax.core.types import Episode, Item, Question
@@ -63,10 +62,9 @@ def encoder_of(spec: Mapping[str, Any]) -> Callable[[list[str]], np.ndarray]:
   if not isinstance(target, str) or '.' not in target:
     raise EngramError(f'the embedder spec names no encoder (_target_): {dict(spec or {})}; pass embedder=')
   module, _, name = target.rpartition('.')
-  try:
-    fn = getattr(importlib.import_module(module), name)
-  except (ImportError, AttributeError) as e:
-    raise EngramError(f'cannot import the encoder {target} ({type(e).__name__}: {e}); pass embedder=') from None
+  fn = getattr(modules.import_module(module, f'the encoder {target}'), name, None)
+  if fn is None:
+    raise EngramError(f'the encoder {target}: module {module!r} has no {name!r}; pass embedder=')
   return fn(**{k: v for k, v in node.items() if not k.startswith('_')})
 
 

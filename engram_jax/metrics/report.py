@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engram_jax.eval.evaluation import EvalResult
 from engram_jax.metrics import stats
+
+if TYPE_CHECKING:  # the evaluation layer sits above the metrics: its result type is only named here
+  from engram_jax.eval.evaluation import EvalResult
 
 BINARY = ('hit', 'recall_any', 'recall_all', 'answer', 'newest_first', 'field_session_recall_any')
 

@@ -12,7 +12,7 @@ Matching, per episode:
 * a question is the run's ``qid`` ``<episode id>/<question id>`` or ``<question id>`` (the first found), with
   ``%`` and whitespace percent-encoded as :func:`engram_jax.eval.trec.trec_qids` writes them; so a run written from
   our own files, or by a tool given our question ids, matches;
-* an item is the run's ``docid`` equal to its id (percent-encoded as :func:`engram_jax.eval.trec.trec_id`);
+* an item is the run's ``docid`` equal to its id (percent-encoded as :func:`engram_jax.core.trecid.trec_id`);
 * the run's order of a question: score descending, ties by the rank column ascending, then file order. The leg's
   value of the item at position ``r`` (1-based) of that order is ``-r``, so the leg ranks exactly as the run does
   (our tie rule never applies); RRF reads only ranks.
@@ -59,6 +59,7 @@ from jax import Array
 
 from engram_jax.core.batch import EpisodeArrays
 from engram_jax.core.errors import EngramError
+from engram_jax.core.trecid import trec_id
 from engram_jax.core.types import Episode
 from engram_jax.ops.registry import Knob, Operator, knob_defaults, register
 
@@ -143,8 +144,6 @@ class RunScores:
     return cls(path, file_sha256(path), missing)
 
   def __call__(self, episode: Episode) -> np.ndarray:
-    from engram_jax.eval.trec import trec_id  # (engram_jax.eval imports the operators)
-
     run = read_run(self.path, self.sha256)
     index = {trec_id(it.id): i for i, it in enumerate(episode.items)}
     out = np.full((len(episode.questions), episode.n_items), -np.inf, np.float32)
@@ -228,8 +227,6 @@ def match(path: str, episodes: Sequence[Episode]) -> dict[str, Any]:
     >>> m['questions_missing'], m['cause']
     (1, 'the question ids differ in case (run: Q1, episode: q1)')
   """
-  from engram_jax.eval.trec import trec_id  # (engram_jax.eval imports the operators)
-
   run = read_run(path, file_sha256(path))
   out = {'questions': 0, 'questions_missing': 0, 'lines': 0, 'unknown_docids': 0, 'fewest_ranked': None}
   missing, unknown, matched, ours_q, ours_d = [], [], set(), [], []
@@ -332,8 +329,6 @@ def _needs(options: Mapping[str, Any]) -> dict[str, Any]:
 def _check_options(episodes, folder: str) -> dict[str, Any]:
   """A run over check_operator's random episodes (every question ranks its episode's items in reverse write order,
   plus an unknown docid), written under ``folder``."""
-  from engram_jax.eval.trec import trec_id
-
   lines = []
   for ep in episodes:
     for q in ep.questions:

@@ -24,7 +24,6 @@ the BM25 peers, interleaved rounds), the harness :mod:`experiments.bench.harness
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -32,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from engram_jax.core import modules
 from engram_jax.ops import OPERATORS
 from engram_jax.testing.synthetic import synthetic_episodes
 from experiments.bench import device, encode, floor, harness, operators, scale
@@ -178,8 +178,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]] | dict[str, 
     rows = harness.harness(args.harness, rounds=max(args.rounds, 2))
     print(harness.format_harness(rows))
     return rows
-  for module in filter(None, args.ops_modules.split(',')):
-    importlib.import_module(module)
+  modules.import_modules(list(filter(None, args.ops_modules.split(','))), '--ops-modules')
   if args.scale:
     return scale_main(args, ap)
   names = None if args.ops is None else [o for o in args.ops.split(',') if o]

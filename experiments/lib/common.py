@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import importlib
 import json
 import logging
 import os
@@ -20,6 +19,7 @@ import numpy as np
 from hydra.utils import instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from engram_jax.core import modules
 from engram_jax.core.errors import EngramError
 from engram_jax.core.types import Episode, LoadReport
 from engram_jax.data import embed, vectors
@@ -222,10 +222,7 @@ def fold_devices(cfg: DictConfig) -> list[Any]:
 
 def import_ops_modules(cfg: DictConfig) -> list[str]:
   """Import the modules named in ``cfg.ops_modules`` (each registers its operators); returns their names."""
-  names = list(cfg.get('ops_modules') or [])
-  for name in names:
-    importlib.import_module(name)
-  return names
+  return modules.import_modules(list(cfg.get('ops_modules') or []), 'ops_modules')
 
 
 def pipeline_from_node(name: str, node: Mapping[str, Any] | DictConfig) -> pipeline.Pipeline:
@@ -383,7 +380,7 @@ def dataset_metrics(ds: Mapping[str, Any] | DictConfig) -> dict[str, Any]:
   name = ds.get('metrics_module')
   if not name:
     return {}
-  module = importlib.import_module(str(name))
+  module = modules.import_module(str(name), f'dataset {ds.get("name")}: metrics_module')
   if not hasattr(module, 'METRICS'):
     raise EngramError(f'metrics_module {name} declares no METRICS')
   return dict(module.METRICS)

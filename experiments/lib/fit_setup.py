@@ -10,7 +10,6 @@ is read nowhere, or when a script builds a fit by hand).
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,6 +20,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from engram_jax import fit
+from engram_jax.core import modules
 from engram_jax.core.errors import EngramError
 from engram_jax.eval import pipeline
 from engram_jax.fit import components, twins
@@ -143,15 +143,7 @@ def settings_of(cfg: DictConfig) -> fit.Settings:
 def import_component_modules(cfg: DictConfig) -> list[str]:
   """Import the modules named in ``fit.component_modules`` (each registers its components, as ``ops_modules``
   register operators); a module that cannot be imported is one line naming it."""
-  names = list(cfg.fit.get('component_modules') or [])
-  for name in names:
-    try:
-      importlib.import_module(name)
-    except ImportError as e:
-      raise EngramError(f'fit.component_modules: cannot import {name!r} ({e})') from None
-    except ValueError as e:  # e.g. it registers a component under a name already taken
-      raise EngramError(f'fit.component_modules: {name!r}: {e}') from None
-  return names
+  return modules.import_modules(list(cfg.fit.get('component_modules') or []), 'fit.component_modules')
 
 
 def components_of(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, dict]]:
