@@ -56,12 +56,22 @@ def variant_labels(res: dict[str, Any]) -> list[str]:
   beside the scalar fit's), in the run's order.
 
   >>> variant_labels({'pipeline': 'p', 'summary': {'p (fitted, out of fold)': {}, 'p (mine, out of fold)': {}},
-  ...                 'mine': {'per_question': {}}})
+  ...                 'variants': {'mine': {'per_question': {}}}})
   ['mine']
   """
   head, tail = f'{res["pipeline"]} (', ', out of fold)'
   labels = [r[len(head) : -len(tail)] for r in res.get('summary', {}) if r.startswith(head) and r.endswith(tail)]
-  return [label for label in labels if label != 'fitted' and isinstance(res.get(label), dict)]
+  return [label for label in labels if label != 'fitted' and isinstance(variant_section(res, label), dict)]
+
+
+def variant_section(res: dict[str, Any], label: str) -> dict[str, Any] | None:
+  """Variant ``label``'s section of a fit's results.json: under ``variants`` (or, in a results.json written before
+  issue 50, at its top level).
+
+  >>> variant_section({'variants': {'mine': {'per_question': {}}}}, 'mine')
+  {'per_question': {}}
+  """
+  return (res.get('variants') or res).get(label)
 
 
 def _fit_rows(res: dict[str, Any], path: Path, file: int, dataset: str | None) -> list[Row]:
@@ -71,7 +81,7 @@ def _fit_rows(res: dict[str, Any], path: Path, file: int, dataset: str | None) -
   vectors = {f'{name} (fitted, out of fold)': pq['fitted'], f'{name} (hand-set)': pq['hand_set']}
   vectors.update({f'{b} (hand-set)': v for b, v in pq.get('baselines', {}).items()})
   for label in variant_labels(res):  # each variant of fit.variants in the run (its components' fit)
-    vectors[f'{name} ({label}, out of fold)'] = res[label]['per_question']
+    vectors[f'{name} ({label}, out of fold)'] = variant_section(res, label)['per_question']
   dataset = dataset or _fit_dataset(path)
   return [
     Row(file, path, row, dataset, {q: {m: float(v[m][i]) for m in metrics} for i, q in enumerate(ids)})

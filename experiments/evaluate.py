@@ -5,6 +5,7 @@ Kept short on purpose: the logic lives in the library (engram_jax.eval.evaluatio
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -112,97 +113,139 @@ def needs_vectors(cfg: DictConfig, pipes: dict) -> bool:
   return pipeline.reads_vectors(pipes.values()) or bool(cfg.get('fitted')) or bool(cfg.eval.get('pileup'))
 
 
-def run_dataset(
-  cfg: DictConfig,
-  ds: DictConfig,
-  episodes,
-  load_report,
-  pipes: dict,
-  expanded: dict,
-  embed_fn,
-  timer: timing.RunTimer | None = None,
-  tier1: answer.Tier1 | None = None,
-  applying: tuple[Any, list[str]] | None = None,
-) -> tuple[dict[str, Any], str]:
-  """Evaluate the pipelines on one dataset; returns (results dict, Markdown table). With ``tier1`` (a reader
-  is configured), also answers from every pipeline's top-k and scores the answers (``results['tier1']``). With
-  ``applying`` (the artifact of ``fitted=RUN``, loaded once for the run, and what ``fitted_force`` let through),
-  its pipeline is scored with every learned part."""
+@dataclasses.dataclass
+class Run:
+  """What every dataset of one evaluate run shares: the config, the pipelines (built once; ``expanded``: the nodes
+  that expand into variants), the embedder, the timer, the reader (``tier1``) and the artifact ``fitted=RUN``
+  applies with what ``fitted_force`` let through (``applying``; loaded and checked once for the run)."""
+
+  cfg: DictConfig
+  pipes: dict
+  expanded: dict
+  embed_fn: Any
+  timer: timing.RunTimer
+  tier1: answer.Tier1 | None = None
+  applying: tuple[Any, list[str]] | None = None
+
+
+def run_dataset(run: Run, ds: DictConfig, episodes, load_report) -> tuple[dict[str, Any], str]:
+  """Evaluate the pipelines on one dataset, as named steps; returns (results dict, Markdown table). With a reader
+  (``run.tier1``), also answers from every pipeline's top-k and scores the answers (``results['tier1']``); with an
+  artifact (``run.applying``), its pipeline is scored with every learned part."""
+  cfg = run.cfg
   metrics = checks.metrics_for(cfg, ds)
-  baselines = checks.resolve_baselines(cfg)
   skip = {n for n in cfg.pipeline if ds.name in cfg.pipeline[n].get('skip_datasets', [])}
-  pipes = {n: p for n, p in pipes.items() if n.split('[')[0] not in skip}
-  if any(kind == 'tune' for kind, _, _ in expanded.values()):
+  pipes = {n: p for n, p in run.pipes.items() if n.split('[')[0] not in skip}
+  if any(kind == 'tune' for kind, _, _ in run.expanded.values()):
     splits.assert_distinct_episodes(episodes)  # cross-fitting by episode: no content on both sides
-  timer = timer or timing.RunTimer()
+  embeddings = embed_step(run, ds, episodes, pipes)
+  result = retrieve_step(run, ds, episodes, embeddings, pipes, skip, metrics)
+  merged = merge_step(run, result, skip, metrics)
+  applied = None
+  if run.applying is not None:  # a fit's artifact: every learned part of it applied
+    from experiments.lib import fit_artifact  # flax and safetensors: only when an artifact is applied
+
+    applied = fit_artifact.apply(cfg, *run.applying, episodes, embeddings, result, metrics=metrics)
+  order = [n for n in cfg.pipeline if n not in skip]
+  result.scores = {n: result.scores[n] for n in order}
+  result.retrieved = {n: result.retrieved[n] for n in order}
+  stats_t0 = time.perf_counter()
+  summary, table = table_step(run, ds, result, pipes, metrics, applied, skip)
+  pileup = None
+  if cfg.eval.get('pileup'):
+    pileup, text = pileup_step(run, ds, episodes, embeddings, result)
+    table += text
+  run.timer.add('statistics', time.perf_counter() - stats_t0)
+  results = {
+    'dataset': ds.name,
+    'n_questions': len(result.question_ids),
+    'k': cfg.eval.k,
+    'seed': cfg.seed,
+    'metrics': metrics,
+    'load_report': load_report.to_dict(),
+    'pipelines': summary,
+    'reference': OmegaConf.to_container(cfg.reference) if cfg.get('reference') else None,
+    'expanded': merged,
+    'pileup': pileup,
+    'not_run': sorted(skip),
+    'per_question': report.per_question(result),
+  }
+  if applied:
+    results['fitted_artifact'] = applied
+  if run.tier1 is not None:
+    with run.timer.phase('answer'):
+      results['tier1'], t1_table = run.tier1.run(ds, episodes, result, labels=answer.labels_for(cfg))
+    table += '\n' + t1_table
+  return results, table
+
+
+def embed_step(run: Run, ds: DictConfig, episodes, pipes: dict) -> list:
+  """The episodes' vectors (none encoded when no leg reads them), checked against the artifact applied (its embedder
+  and dimension) before any retrieval."""
+  cfg = run.cfg
   if not needs_vectors(cfg, pipes):  # a lexical-only run: one constant unit vector per text, nothing encoded
-    timer.add('embed skipped (no leg reads vectors)', 0.0)
+    run.timer.add('embed skipped (no leg reads vectors)', 0.0)
     embeddings = evaluation.embed_episodes(episodes, common.no_embedder())
   else:
-    embeddings = embed(cfg, ds, episodes, embed_fn, timer)
-  if applying is not None:  # the artifact's embedder and dimension, before any retrieval
+    embeddings = embed(cfg, ds, episodes, run.embed_fn, run.timer)
+  if run.applying is not None:
     from engram_jax.fit import apply as road  # flax and safetensors: only when an artifact is applied
 
     dim = int(np.shape(embeddings[0][0])[-1]) if embeddings else None
     node = OmegaConf.to_container(cfg.embedder, resolve=True)
     road.check_vectors(
-      applying[0], road.Vectors(dim, node=node), force=bool(cfg.get('fitted_force')), where=f'fitted={cfg.fitted}',
-      force_hint='fitted_force=true',
+      run.applying[0], road.Vectors(dim, node=node), force=bool(cfg.get('fitted_force')),
+      where=f'fitted={cfg.fitted}', force_hint='fitted_force=true',
     )  # fmt: skip
+  return embeddings
+
+
+def retrieve_step(
+  run: Run, ds: DictConfig, episodes, embeddings, pipes: dict, skip: set, metrics: list[str]
+) -> evaluation.EvalResult:
+  """Every pipeline's top-k and per-question scores: one :func:`engram_jax.eval.evaluation.evaluate` call, and one
+  :func:`engram_jax.eval.grid.evaluate_grid` call per cross-fitted tune (every grid value's scores and top-k)."""
+  cfg, timer = run.cfg, run.timer
   only = {
     v: {ep for ep, vv in extra.items() if vv == v}
-    for kind, variants, extra in expanded.values()
+    for kind, variants, extra in run.expanded.values()
     if kind == 'fitted'
     for v in variants
   }
-  # a cross-fitted tune's grid is one evaluate_grid call (every value's scores and top-k), the rest one evaluate
-  tuned = {n: (variants, by) for n, (kind, variants, by) in expanded.items() if kind == 'tune' and n not in skip}
+  tuned = {n: (v, by) for n, (kind, v, by) in run.expanded.items() if kind == 'tune' and n not in skip}
   in_grids = {v for variants, _ in tuned.values() for v in variants}
   arrays = None
   if tuned:  # padded once for both calls
     with timer.phase('arrays'):
       options = pipeline.build_options(pipes.values())
       arrays = [episode_arrays(ep, d, q, **options) for ep, (d, q) in zip(episodes, embeddings)]
+  shared = dict(
+    k=cfg.eval.k, seed=cfg.seed, episode_metrics=common.dataset_metrics(ds), arrays=arrays, timer=timer,
+    max_waste=float(cfg.eval.get('max_waste', 2.0)), devices=common.eval_devices(cfg), leg_cache=common.leg_cache(cfg),
+  )  # fmt: skip
   result = evaluation.evaluate(
-    episodes,
-    embeddings,
-    {n: p for n, p in pipes.items() if n not in in_grids},
-    k=cfg.eval.k,
-    metrics=metrics,
-    seed=cfg.seed,
-    progress=cfg.eval.progress,
-    arrays=arrays,
-    only=only,
-    episode_metrics=common.dataset_metrics(ds),
-    timer=timer,
-    stacked=bool(cfg.eval.stacked),
-    max_waste=float(cfg.eval.get('max_waste', 2.0)),
-    devices=common.eval_devices(cfg),
-    leg_cache=common.leg_cache(cfg),
-  )
+    episodes, embeddings, {n: p for n, p in pipes.items() if n not in in_grids}, metrics=metrics,
+    progress=cfg.eval.progress, only=only, stacked=bool(cfg.eval.stacked), **shared,
+  )  # fmt: skip
   for name, (variants, by) in tuned.items():
     node = cfg.pipeline[name]
     res = grid.evaluate_grid(
-      episodes,
-      embeddings,
-      pipes[variants[0]],
+      episodes, embeddings, pipes[variants[0]],
       {node.tune.param: list(OmegaConf.to_container(node.tune.grid, resolve=True))},
-      k=cfg.eval.k,
       metrics=list(dict.fromkeys([*metrics, by])),  # the tuning metric too, when the dataset's list lacks it
-      seed=cfg.seed,
-      episode_metrics=common.dataset_metrics(ds),
-      keep_topk=range(len(variants)),
-      arrays=arrays,
-      max_waste=float(cfg.eval.get('max_waste', 2.0)),
-      leg_cache=common.leg_cache(cfg),
-      timer=timer,
-      devices=common.eval_devices(cfg),
-    )
+      keep_topk=range(len(variants)), **shared,
+    )  # fmt: skip
     for g, v in enumerate(variants):
       result.scores[v] = {m: res.scores[m][g] for m in res.scores}
       result.retrieved[v] = res.retrieved[g]
+  return result
+
+
+def merge_step(run: Run, result: evaluation.EvalResult, skip: set, metrics: list[str]) -> dict[str, Any]:
+  """Each expanded node's variants merged into its row: a tune's choice per episode, replicates averaged, per-episode
+  fitted parameters; returns what each merge chose."""
   merged = {}
-  for name, (kind, variants, extra) in expanded.items():
+  for name, (kind, variants, extra) in run.expanded.items():
     if name in skip:
       continue
     if kind == 'tune':
@@ -212,16 +255,15 @@ def run_dataset(
       merged[name] = evaluation.merge_replicates(result, name, variants)
     else:
       merged[name] = evaluation.merge_by_episode(result, name, extra)
-  applied = None
-  if applying is not None:  # a fit's artifact: every learned part of it applied
-    from experiments.lib import fit_artifact  # flax and safetensors: only when an artifact is applied
+  return merged
 
-    applied = fit_artifact.apply(cfg, *applying, episodes, embeddings, result, metrics=metrics)
-  order = [n for n in cfg.pipeline if n not in skip]
-  result.scores = {n: result.scores[n] for n in order}
-  result.retrieved = {n: result.retrieved[n] for n in order}
+
+def table_step(run: Run, ds, result, pipes: dict, metrics: list[str], applied, skip: set) -> tuple[dict, str]:
+  """The summary (means, 95% intervals, paired tests against the baselines) and its Markdown table, with what the
+  artifact applied and the pipelines not run here."""
+  cfg = run.cfg
   categories = OmegaConf.to_container(ds.categories) if ds.get('categories') else {}
-  stats_t0 = time.perf_counter()
+  baselines = checks.resolve_baselines(cfg)
   summary = report.summarize(
     result, category_names=categories, seed=cfg.seed, n_resamples=cfg.eval.n_resamples, baselines=baselines
   )
@@ -244,40 +286,18 @@ def run_dataset(
       table += f'Applied with fitted_force=true although {why}.\n'
   if skip:
     table += f'\nNot run here (their parameters were fit on questions of this dataset): {sorted(skip)}\n'
-  pileup = None
-  if cfg.eval.get('pileup'):
-    pileup = analysis.pileup_report(
-      episodes,
-      embeddings,
-      result,
-      categories=[4, 1],
-      baselines=baselines,
-      seed=cfg.seed,
-      n_resamples=cfg.eval.n_resamples,
-    )
-    table += analysis.pileup_markdown(pileup, categories)
-  timer.add('statistics', time.perf_counter() - stats_t0)
-  results = {
-    'dataset': ds.name,
-    'n_questions': len(result.question_ids),
-    'k': cfg.eval.k,
-    'seed': cfg.seed,
-    'metrics': metrics,
-    'load_report': load_report.to_dict(),
-    'pipelines': summary,
-    'reference': reference,
-    'expanded': merged,
-    'pileup': pileup,
-    'not_run': sorted(skip),
-    'per_question': report.per_question(result),
-  }
-  if applied:
-    results['fitted_artifact'] = applied
-  if tier1 is not None:
-    with timer.phase('answer'):
-      results['tier1'], t1_table = tier1.run(ds, episodes, result, labels=answer.labels_for(cfg))
-    table += '\n' + t1_table
-  return results, table
+  return summary, table
+
+
+def pileup_step(run: Run, ds, episodes, embeddings, result) -> tuple[dict, str]:
+  """The pile-up report (``eval.pileup``) and its Markdown: how near-duplicate items crowd each pipeline's top-k."""
+  cfg = run.cfg
+  pileup = analysis.pileup_report(
+    episodes, embeddings, result, categories=[4, 1], baselines=checks.resolve_baselines(cfg), seed=cfg.seed,
+    n_resamples=cfg.eval.n_resamples,
+  )  # fmt: skip
+  categories = OmegaConf.to_container(ds.categories) if ds.get('categories') else {}
+  return pileup, analysis.pileup_markdown(pileup, categories)
 
 
 def external_markdown(external: dict[str, dict[str, Any]]) -> str:
@@ -343,12 +363,45 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
 
 
 def _run(cfg: DictConfig, out_dir: Path, folder: runfolder.Run) -> dict[str, Any]:
-  """:func:`run` in the folder it holds."""
+  """:func:`run` in the folder it holds, as named steps: check the settings, set up the run (pipelines, embedder,
+  artifact), load and check the data, fit on training sets, evaluate each dataset, write the outputs."""
   checks.check_evaluate(cfg)
   checks.check_reader_packages(cfg)  # a Tier-1 reader's packages on this machine: before loading and retrieval
-  timer = timing.RunTimer()
-  compile_cache = common.enable_compile_cache(cfg)
+  compile_cache = common.enable_compile_cache(cfg)  # before any compilation (an artifact's checks compute)
+  run = setup_step(cfg)
   datasets = checks.datasets_of(cfg)
+  loaded = load_step(run, datasets)
+  with run.timer.phase('fit_on_train'):
+    fits = fit_on_train(cfg, run.pipes, run.expanded, run.embed_fn, {n: eps for n, (eps, _) in loaded.items()})
+  run.tier1 = answer.Tier1(cfg) if answer.enabled(cfg) else None
+  per_ds, tables = {}, []
+  for name, ds in datasets.items():
+    per_ds[name], table = run_dataset(run, ds, *loaded[name])
+    tables.append(table)
+  report_t0 = time.perf_counter()
+  results, text, external = report_step(run, per_ds, tables, fits)
+  files = {
+    'results.json': json.dumps(results, indent=1),
+    'results.md': text,
+    'config_resolved.yaml': OmegaConf.to_yaml(cfg, resolve=True),
+  }
+  for name in datasets:  # the runs and qrels in TREC format, beside results.json (not in it)
+    files.update(trec_files(name, per_ds[name], loaded[name][0]))
+  folder.write_files(files)
+  run.timer.add('report', time.perf_counter() - report_t0)
+  spent = run.timer.stop()
+  spent['n_questions'] = sum(r['n_questions'] for r in per_ds.values())
+  folder.write('run_info.json', json.dumps(run_info(run, spent, compile_cache, external), indent=1))
+  folder.finish()  # the marker, last: every output above and Hydra's files of the run, by sha256
+  print(text)
+  print(timing.markdown(spent))
+  log.info('wrote %s', out_dir / 'results.json')
+  return results
+
+
+def setup_step(cfg: DictConfig) -> Run:
+  """The run's shared parts: the artifact ``fitted=RUN`` applies (loaded and checked once, before any data is read),
+  the pipelines and the embedder (none when no leg reads vectors)."""
   applying = None
   if cfg.get('fitted') and Path(str(cfg.fitted)).is_dir():  # an artifact, loaded and checked once for the run
     from experiments.lib import fit_artifact
@@ -356,28 +409,35 @@ def _run(cfg: DictConfig, out_dir: Path, folder: runfolder.Run) -> dict[str, Any
     applying = fit_artifact.check(cfg)  # the run folder whole, the pipeline selected and unchanged, the embedder
   pipes, expanded = common.build_pipelines(cfg)
   embed_fn = common.make_embedder(cfg) if needs_vectors(cfg, pipes) else common.no_embedder()
-  with timer.phase('load'):  # checked before any embedding or retrieval (once per loaded dataset in a process)
+  return Run(cfg, pipes, expanded, embed_fn, timing.RunTimer(), applying=applying)
+
+
+def load_step(run: Run, datasets: dict) -> dict[str, tuple]:
+  """Every dataset loaded and checked (once per loaded dataset in a process), then what needs the data but no
+  vectors: a vectors file's ids and the external runs, before any embedding or retrieval."""
+  cfg = run.cfg
+  art = run.applying[0] if run.applying else None
+  with run.timer.phase('load'):
     loaded = {
       name: common.memo(
         cfg,
         'dataset',
         {'dataset': ds, 'data_root': cfg.paths.data_root},
-        functools.partial(_load_checked, cfg, ds, name, applying[0] if applying else None),
+        functools.partial(_load_checked, cfg, ds, name, art),
       )
       for name, ds in datasets.items()
     }
-  for episodes, _ in loaded.values():  # a vectors file's ids and the external runs, before any embedding or retrieval
-    common.check_embeddable(embed_fn, episodes)
-    checks.check_external_runs(cfg, pipes, episodes, int(cfg.eval.k))
-  with timer.phase('fit_on_train'):
-    fits = fit_on_train(cfg, pipes, expanded, embed_fn, {n: eps for n, (eps, _) in loaded.items()})
-  per_ds, tables = {}, []
-  tier1 = answer.Tier1(cfg) if answer.enabled(cfg) else None
-  for name, ds in datasets.items():
-    per_ds[name], table = run_dataset(cfg, ds, *loaded[name], pipes, expanded, embed_fn, timer, tier1, applying)
-    tables.append(table)
-  report_t0 = time.perf_counter()
-  if len(datasets) == 1:
+  for episodes, _ in loaded.values():
+    common.check_embeddable(run.embed_fn, episodes)
+    checks.check_external_runs(cfg, run.pipes, episodes, int(cfg.eval.k))
+  return loaded
+
+
+def report_step(run: Run, per_ds: dict, tables: list[str], fits: dict) -> tuple[dict, str, dict]:
+  """results.json's content (one dataset's, or every dataset's beside a combined table), the Markdown of
+  results.md (the fits on training sets and the external runs' matching counted in it) and those counts."""
+  cfg = run.cfg
+  if len(per_ds) == 1:
     results = next(iter(per_ds.values()))
     results['fitted'] = fits
   else:
@@ -389,49 +449,34 @@ def _run(cfg: DictConfig, out_dir: Path, folder: runfolder.Run) -> dict[str, Any
     results = {'datasets': per_ds, 'fitted': fits, 'reference': reference}
   if fits:
     tables.append(report.fits_markdown(fits))
-  ext = [dict(leg.options)['path'] for p in pipes.values() for leg in p.legs if leg.op == 'trec_run']
+  ext = [dict(leg.options)['path'] for p in run.pipes.values() for leg in p.legs if leg.op == 'trec_run']
   external = trec_run.reports(ext) if ext else {}
   if external:  # partial matches counted where the numbers are read, not only in a log
     tables.append(external_markdown(external))
-  text = '\n'.join(tables)
-  files = {
-    'results.json': json.dumps(results, indent=1),
-    'results.md': text,
-    'config_resolved.yaml': OmegaConf.to_yaml(cfg, resolve=True),
-  }
-  for name in datasets:  # the runs and qrels in TREC format, beside results.json (not in it)
-    files.update(trec_files(name, per_ds[name], loaded[name][0]))
-  folder.write_files(files)
-  timer.add('report', time.perf_counter() - report_t0)
-  spent = timer.stop()
-  spent['n_questions'] = sum(r['n_questions'] for r in per_ds.values())
-  # what varies between runs (cold/warm caches, wall times) stays out of results.json, so reruns are byte-identical
-  run_info = {
+  return results, '\n'.join(tables), external
+
+
+def run_info(run: Run, spent: dict, compile_cache, external: dict) -> dict[str, Any]:
+  """run_info.json: what varies between runs (cold/warm caches, wall times), kept out of results.json so that
+  reruns are byte-identical; the external runs' matching counted (and logged)."""
+  cfg = run.cfg
+  info = {
     'timing': spent,
     'compile_cache': compile_cache,
-    'embedding_cache': embed_fn.cache_reports,
+    'embedding_cache': run.embed_fn.cache_reports,
     'compile_cache_published': len(common.publish_compile_cache(cfg)),
     'leg_cache': (common.leg_cache(cfg).report() if common.leg_cache(cfg) else None),
   }
-  if tier1 is not None:
-    run_info['reader'] = tier1.info
+  if run.tier1 is not None:
+    info['reader'] = run.tier1.info
   if external:  # the external runs of trec_run legs: questions missing, unknown doc ids, unmatched qids (counted)
-    run_info['external_runs'] = external
-    for path, r in run_info['external_runs'].items():
+    info['external_runs'] = external
+    for path, r in external.items():
       log.info(
         'external run %s: %d of %d questions missing (skipped), %d unknown doc ids, %d run qids unmatched',
-        path,
-        r['questions_missing'],
-        r['questions'],
-        r['unknown_docids'],
-        r['run_qids_unmatched'],
-      )
-  folder.write('run_info.json', json.dumps(run_info, indent=1))
-  folder.finish()  # the marker, last: every output above and Hydra's files of the run, by sha256
-  print(text)
-  print(timing.markdown(spent))
-  log.info('wrote %s', out_dir / 'results.json')
-  return results
+        path, r['questions_missing'], r['questions'], r['unknown_docids'], r['run_qids_unmatched'],
+      )  # fmt: skip
+  return info
 
 
 @hydra.main(version_base='1.3', config_path='../conf', config_name='config')

@@ -130,60 +130,62 @@ def gap_monitor(
   default: this fold's own) keeps what the folds can share: the first check (the hand-set values, the same in every
   fold) is scored once for all folds, its soft half on every question (each row's value does not depend on the other
   rows of its batch) with each fold averaging its training questions' values."""
-  k = int(cfg.eval.k)
   shared = GapShared(fit.make_soft_eval(problem, max_gold=fit.max_gold_of(rows))) if shared is None else shared
-  row_ids = [q.id for e in episodes for q in e.questions]
-
-  def hard_scores(values: dict[str, float]) -> np.ndarray:
-    key = tuple(sorted(values.items()))
-    if key not in shared.hard:
-      r = evaluation.evaluate(
-        list(episodes),
-        None,
-        {name: pipeline.with_values(pipe, values)},
-        k=k,
-        metrics=[f'ndcg@{k}'],
-        seed=int(cfg.seed),
-        progress=False,
-        arrays=list(arrays),
-        leg_cache=common.leg_cache(cfg),
-      )
-      at = {q: i for i, q in enumerate(r.question_ids)}
-      if len(at) != len(row_ids):
-        raise AssertionError(f'gap monitor: {len(at)} hard-scored vs {len(row_ids)} questions')
-      shared.hard[key] = np.asarray(r.scores[name][f'ndcg@{k}'])[[at[q] for q in row_ids]]
-    return shared.hard[key]
-
-  def rows_beside(vals: dict) -> fit.Rows:
-    """The rows on the device that holds the knob values (a fold's device: one copy per device, made once), so that
-    each soft pass reads them in place rather than copying them to that device at every batch."""
-    leaf = next(iter(jax.tree_util.tree_leaves(vals)), None)
-    if not isinstance(leaf, jax.Array) or len(leaf.devices()) != 1:
-      return rows
-    (device,) = leaf.devices()
-    with shared.lock:
-      if device not in shared.rows:
-        shared.rows[device] = jax.device_put(rows, device)
-    return shared.rows[device]
-
-  def soft_scores(step: int, scale: float, vals: dict) -> np.ndarray:
-    batch_size = int(cfg.fit.batch_size)
-    here = rows_beside(vals)
-    if step != 0:
-      return fit.soft_ndcg_rows(shared.soft_eval, vals, here, train, scale=scale, batch_size=batch_size)
-    key = (scale, tuple(sorted(fit.fitted_values(problem, vals).items())))
-    with shared.lock:
-      if key not in shared.soft:
-        every = np.arange(rows.where.shape[0])
-        shared.soft[key] = fit.soft_ndcg_rows(shared.soft_eval, vals, here, every, scale=scale, batch_size=batch_size)
-    return shared.soft[key][np.asarray(train)]
+  hard = functools.partial(_gap_hard, cfg, name, pipe, episodes, arrays, shared)
+  soft = functools.partial(_gap_soft, int(cfg.fit.batch_size), problem, rows, train, shared)
 
   def watch(step: int, scale: float, vals: dict) -> dict[str, float]:
-    soft = soft_scores(step, scale, vals)
-    hard = float(np.mean(hard_scores(fit.fitted_values(problem, vals))[train]))
-    return {'soft_ndcg': float(np.mean(soft)), 'hard_ndcg': hard, 'gap': float(np.mean(soft)) - hard}
+    s_ = float(np.mean(soft(step, scale, vals)))
+    h_ = float(np.mean(hard(fit.fitted_values(problem, vals))[train]))
+    return {'soft_ndcg': s_, 'hard_ndcg': h_, 'gap': s_ - h_}
 
   return watch
+
+
+def _gap_hard(cfg: DictConfig, name: str, pipe, episodes, arrays, shared: GapShared, values: dict) -> np.ndarray:
+  """The hard pipeline's NDCG@k with knob ``values`` on every question (rows' order), computed once per values."""
+  key = tuple(sorted(values.items()))
+  if key not in shared.hard:
+    k = int(cfg.eval.k)
+    r = evaluation.evaluate(
+      list(episodes), None, {name: pipeline.with_values(pipe, values)}, k=k, metrics=[f'ndcg@{k}'],
+      seed=int(cfg.seed), progress=False, arrays=list(arrays), leg_cache=common.leg_cache(cfg),
+    )  # fmt: skip
+    row_ids = [q.id for e in episodes for q in e.questions]
+    at = {q: i for i, q in enumerate(r.question_ids)}
+    if len(at) != len(row_ids):
+      raise AssertionError(f'gap monitor: {len(at)} hard-scored vs {len(row_ids)} questions')
+    shared.hard[key] = np.asarray(r.scores[name][f'ndcg@{k}'])[[at[q] for q in row_ids]]
+  return shared.hard[key]
+
+
+def _rows_beside(shared: GapShared, rows: fit.Rows, vals: dict) -> fit.Rows:
+  """The rows on the device that holds the knob values (a fold's device: one copy per device, made once), so that
+  each soft pass reads them in place rather than copying them to that device at every batch."""
+  leaf = next(iter(jax.tree_util.tree_leaves(vals)), None)
+  if not isinstance(leaf, jax.Array) or len(leaf.devices()) != 1:
+    return rows
+  (device,) = leaf.devices()
+  with shared.lock:
+    if device not in shared.rows:
+      shared.rows[device] = jax.device_put(rows, device)
+  return shared.rows[device]
+
+
+def _gap_soft(
+  batch_size: int, problem, rows: fit.Rows, train: np.ndarray, shared: GapShared, step: int, scale: float, vals: dict
+) -> np.ndarray:
+  """The soft twin's approx-NDCG@k of the training rows at ``step``; the first check (hand-set values, the same in
+  every fold) on every row once for all folds."""
+  here = _rows_beside(shared, rows, vals)
+  if step != 0:
+    return fit.soft_ndcg_rows(shared.soft_eval, vals, here, train, scale=scale, batch_size=batch_size)
+  key = (scale, tuple(sorted(fit.fitted_values(problem, vals).items())))
+  with shared.lock:
+    if key not in shared.soft:
+      every = np.arange(rows.where.shape[0])
+      shared.soft[key] = fit.soft_ndcg_rows(shared.soft_eval, vals, here, every, scale=scale, batch_size=batch_size)
+  return shared.soft[key][np.asarray(train)]
 
 
 def fit_variant(
@@ -484,7 +486,7 @@ def variant_section(cfg: DictConfig, plan, label: str, comps, results: dict, met
   for c_name, hook in hooks.items():
     for c in comps:
       if c.name == c_name:
-        lines += hook.tail(c, nodes[c.name], results[label], len(comps) == 1)
+        lines += hook.tail(c, nodes[c.name], results['variants'][label], len(comps) == 1)
   return lines
 
 
@@ -508,33 +510,7 @@ def make_results(cfg, plan, data: Data, parts, before, baselines: list[str], pro
     for r, v in paired_tests(after, before, hand_rows, metrics, seed=seed, n_resamples=nres).items()
   }
   by_category = category_tests(before, after, hand_rows, metrics, seed=seed, n_resamples=nres)
-  extra: dict[str, Any] = {}
-  hooks = reports(cfg)
-  for label, part in parts.items():
-    comps = part['components']
-    if not comps:
-      continue
-    summary[f'{name} ({label}, out of fold)'] = {m: _interval(part['scores'][m], seed, nres) for m in metrics}
-    # a fit of several components is paired with each one-component variant of its parts too
-    alone = {f'{p} (out of fold)': parts[p]['scores'] for p in parts_of(parts, comps)} if len(comps) > 1 else {}
-    paired.update(
-      variant_paired(
-        part['scores'], after, before, hand_rows, metrics, seed=seed, n_resamples=nres, label=label, others=alone
-      )
-    )
-    nodes = plan.nodes
-    extra[label] = {'spec': nodes[comps[0].name] if len(comps) == 1 else {c.name: nodes[c.name] for c in comps}}
-    by_name = {c.name: c for c in comps}
-    for c_name, hook in hooks.items():  # each component's own extras, in the order of fit.reports
-      if c_name in by_name:
-        extra[label].update(hook.extras(cfg, plan, data, part, by_name[c_name], len(comps) == 1))
-    extra[label].update(
-      {
-        'scalars': {fit.fold_label(f): r.values for f, r in zip(folds, part['fits'])},
-        'fit_per_fold_s': [r.wall_s for r in part['fits']],
-        'per_question': {m: part['scores'][m].tolist() for m in metrics},
-      }
-    )
+  extra = variant_results(cfg, plan, data, parts, before, hand_rows, summary, paired)
   primary = (protocol_info or {}).get('primary_metric') or metrics[0]
   hand = {r: v[primary]['mean'] for r, v in summary.items() if r.endswith('(hand-set)')}
   best = max(hand, key=hand.get)
@@ -562,9 +538,46 @@ def make_results(cfg, plan, data: Data, parts, before, baselines: list[str], pro
       'baselines': {b: {m: before.scores[b][m].tolist() for m in metrics} for b in baselines},
       'categories': [str(c) for c in before.categories],
     },
-    **extra,  # the variants' sections, under labels fit_setup.RESERVED_LABELS keeps off the keys here
+    'variants': extra,  # each variant's section under its own label, apart from the keys above
     'best_hand_set': {'row': best, 'metric': primary, 'value': hand[best]},
   }
+
+
+def variant_results(cfg, plan, data: Data, parts, before, hand_rows: list[str], summary: dict, paired: dict) -> dict:
+  """Each variant with components: its row (added to ``summary``), its paired differences (added to ``paired``:
+  against the scalar fit, the hand-set rows and, for a fit of several components, each one-component variant of its
+  parts) and its section of results.json (``variants``: spec, its components' report extras, scalars, per question)."""
+  name, metrics, folds = plan.name, data.metrics, data.folds
+  after = parts['fitted']['scores']
+  seed, nres = int(cfg.seed), int(cfg.eval.n_resamples)
+  extra: dict[str, Any] = {}
+  hooks = reports(cfg)
+  for label, part in parts.items():
+    comps = part['components']
+    if not comps:
+      continue
+    summary[f'{name} ({label}, out of fold)'] = {m: _interval(part['scores'][m], seed, nres) for m in metrics}
+    # a fit of several components is paired with each one-component variant of its parts too
+    alone = {f'{p} (out of fold)': parts[p]['scores'] for p in parts_of(parts, comps)} if len(comps) > 1 else {}
+    paired.update(
+      variant_paired(
+        part['scores'], after, before, hand_rows, metrics, seed=seed, n_resamples=nres, label=label, others=alone
+      )
+    )
+    nodes = plan.nodes
+    extra[label] = {'spec': nodes[comps[0].name] if len(comps) == 1 else {c.name: nodes[c.name] for c in comps}}
+    by_name = {c.name: c for c in comps}
+    for c_name, hook in hooks.items():  # each component's own extras, in the order of fit.reports
+      if c_name in by_name:
+        extra[label].update(hook.extras(cfg, plan, data, part, by_name[c_name], len(comps) == 1))
+    extra[label].update(
+      {
+        'scalars': {fit.fold_label(f): r.values for f, r in zip(folds, part['fits'])},
+        'fit_per_fold_s': [r.wall_s for r in part['fits']],
+        'per_question': {m: part['scores'][m].tolist() for m in metrics},
+      }
+    )
+  return extra
 
 
 def markdown(cfg: DictConfig, plan, data: Data, parts, results: dict[str, Any]) -> str:
@@ -583,6 +596,34 @@ def markdown(cfg: DictConfig, plan, data: Data, parts, results: dict[str, Any]) 
   lines += ['', '| paired difference | ' + ' | '.join(f'{m} delta [95% CI], p' for m in metrics) + ' |']
   lines += ['|---|' + '---|' * len(metrics)]
   lines += [common.md_paired_row(r, v, metrics) for r, v in results['paired'].items()]
+  lines += category_lines(results, scalar_rows)
+  best = results['best_hand_set']
+  lines += ['', f'Best hand-set row on these questions by {best["metric"]}: {best["row"]} ({best["value"]:.4f}).']
+  fitted_paths = [p for p, _ in plan.problem.fitted]
+  lines += [
+    '',
+    f'Fitted knobs ({", ".join(fitted_paths)}; hand-set: { {p: plan.every[p] for p in fitted_paths} }):',
+    '',
+  ]
+  for fold, res in zip(folds, parts['fitted']['fits']):
+    lines.append(f'- {fit.fold_label(fold)}: ' + ', '.join(f'{p}={v:.4g}' for p, v in res.values.items()))
+  lines += gap_lines(results['soft_hard_gap'])
+  for label, part in parts.items():
+    if part['components']:
+      lines += variant_section(cfg, plan, label, part['components'], results, metrics)
+  t = results['timing']
+  lines += [
+    '',
+    f'Wall time {t["wall_s"]:.1f}s (load+embed {t["load_embed_s"]:.1f}s, fit {t["fit_s"]:.1f}s, hard scoring '
+    f'{t["score_s"]:.1f}s); {plan.steps} steps x {plan.batch_size} questions per fold.',
+    '',
+  ]
+  return '\n'.join(lines)
+
+
+def category_lines(results: dict[str, Any], scalar_rows: list[str]) -> list[str]:
+  """results.md's per-category table: the fitted row minus each hand-set row (paired, 95% CI, p)."""
+  lines: list[str] = []
   primary, by_category = results['best_hand_set']['metric'], results['by_category']
   hand_rows = [r[: -len(' (hand-set)')] for r in scalar_rows if r.endswith('(hand-set)')]
   if len(by_category) > 1:
@@ -595,17 +636,12 @@ def markdown(cfg: DictConfig, plan, data: Data, parts, results: dict[str, Any]) 
         for t in v['paired'].values()
       ]
       lines.append(f'| {c} | {v["n"]} | {v["fitted"][primary]:.4f} | ' + ' | '.join(cells) + ' |')
-  best = results['best_hand_set']
-  lines += ['', f'Best hand-set row on these questions by {primary}: {best["row"]} ({best["value"]:.4f}).']
-  fitted_paths = [p for p, _ in plan.problem.fitted]
-  lines += [
-    '',
-    f'Fitted knobs ({", ".join(fitted_paths)}; hand-set: { {p: plan.every[p] for p in fitted_paths} }):',
-    '',
-  ]
-  for fold, res in zip(folds, parts['fitted']['fits']):
-    lines.append(f'- {fit.fold_label(fold)}: ' + ', '.join(f'{p}={v:.4g}' for p, v in res.values.items()))
-  gap = results['soft_hard_gap']
+  return lines
+
+
+def gap_lines(gap: dict[str, Any]) -> list[str]:
+  """results.md's soft-vs-hard gap table (when the monitor ran)."""
+  lines: list[str] = []
   if gap['by_step']:
     lines += [
       '',
@@ -619,17 +655,7 @@ def markdown(cfg: DictConfig, plan, data: Data, parts, results: dict[str, Any]) 
       f'| {r["step"]} | {r["scale"]:.3g} | {r["soft_ndcg"]:.4f} | {r["hard_ndcg"]:.4f} | {r["gap"]:+.4f} |'
       for r in gap['by_step']
     ]
-  for label, part in parts.items():
-    if part['components']:
-      lines += variant_section(cfg, plan, label, part['components'], results, metrics)
-  t = results['timing']
-  lines += [
-    '',
-    f'Wall time {t["wall_s"]:.1f}s (load+embed {t["load_embed_s"]:.1f}s, fit {t["fit_s"]:.1f}s, hard scoring '
-    f'{t["score_s"]:.1f}s); {plan.steps} steps x {plan.batch_size} questions per fold.',
-    '',
-  ]
-  return '\n'.join(lines)
+  return lines
 
 
 def split_record(cfg: DictConfig, data: Data) -> dict[str, Any]:

@@ -159,13 +159,6 @@ def components_of(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, dict]]:
   return built, nodes
 
 
-# results.json's own keys (experiments/fit.py make_results): a variant's section under one of them would overwrite it
-RESERVED_LABELS = frozenset(
-  {'pipeline', 'protocol', 'params', 'hand_set', 'n_questions', 'metrics', 'summary', 'paired', 'fitted', 'timing'}
-  | {'anneal', 'soft_hard_gap', 'by_category', 'steps', 'batch_size', 'per_question', 'best_hand_set'}
-)
-
-
 def variants_of(cfg: DictConfig, built: dict[str, Any]) -> dict[str, tuple[str, ...]]:
   """``fit.variants`` (label -> the components of that fit, in order), checked: every name registered, no label
   twice with the scalar fit's, each variant's components all set or none (a variant with some set is refused), two
@@ -175,11 +168,8 @@ def variants_of(cfg: DictConfig, built: dict[str, Any]) -> dict[str, tuple[str, 
   for label, names in (OmegaConf.to_container(cfg.fit.get('variants') or {}, resolve=True)).items():
     if label == 'fitted':
       raise EngramError("fit.variants: 'fitted' is the scalar fit's label; name the variant otherwise")
-    if not str(label).isidentifier() or label in RESERVED_LABELS:
-      raise EngramError(
-        f"fit.variants.{label}: a variant label is a plain name (letters, digits, _) and not one of results.json's "
-        f'keys {sorted(RESERVED_LABELS)}'
-      )
+    if not str(label).isidentifier():
+      raise EngramError(f'fit.variants.{label}: a variant label is a plain name (letters, digits, _)')
     if isinstance(names, str) or not names:
       raise EngramError(f'fit.variants.{label}: a non-empty list of components, got {names!r}')
     names = tuple(str(n) for n in names)

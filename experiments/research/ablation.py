@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from engram_jax.metrics import stats
-from experiments.compare import variant_labels
+from experiments.compare import variant_labels, variant_section
 
 
 def load(run_dir: Path, metric: str) -> dict[str, Any]:
@@ -33,7 +33,7 @@ def load(run_dir: Path, metric: str) -> dict[str, Any]:
   pq = res['per_question']
   rows = {'scalar': np.asarray(pq['fitted'][metric], np.float64)}
   for label in variant_labels(res):
-    rows[label] = np.asarray(res[label]['per_question'][metric], np.float64)
+    rows[label] = np.asarray(variant_section(res, label)['per_question'][metric], np.float64)
   rows[f'hand-set {res["pipeline"]}'] = np.asarray(pq['hand_set'][metric], np.float64)
   for name, scores in pq.get('baselines', {}).items():
     rows[f'hand-set {name}'] = np.asarray(scores[metric], np.float64)

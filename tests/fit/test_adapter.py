@@ -101,7 +101,7 @@ def test_experiment_fits_an_adapter_beside_the_scalar_fit(tmp_path):
     'fit.adapter={rank: 2, lr_scale: 0.1, cfsr_grad: implicit, soft_query_legs: true, train_gap: true}',
   )
   res = fit_exp.run(cfg, tmp_path / 'out')
-  a = res['adapter']
+  a = res['variants']['adapter']
   assert len(a['per_question']['ndcg@10']) == res['n_questions']
   d = res['paired']['adapter - scalar fit (out of fold)']['ndcg@10']['delta']
   assert abs(d - (np.mean(a['per_question']['ndcg@10']) - np.mean(res['per_question']['fitted']['ndcg@10']))) < 1e-12

@@ -62,7 +62,7 @@ def test_evaluate_fitted_dir_reproduces_the_out_of_fold_scores(tmp_path, variant
   assert entry['train_fingerprint'] == artifact.fingerprint(entry['train_question_ids'])
   assert art.manifest['packages']['jax'] and 'commit' in art.manifest['git']
   assert any(k.startswith(f'{variant}/') for k in entry['tensors'])
-  oof = dict(zip(res['per_question']['question_ids'], res[variant]['per_question']['ndcg@10']))
+  oof = dict(zip(res['per_question']['question_ids'], res['variants'][variant]['per_question']['ndcg@10']))
   # the CLI: the fit's own episodes get their folds' fits, a third conversation the final fit
   ev = evaluate.run(
     _compose('config', ['dataset.loader.conversations=[conv-30,conv-26,conv-41]', f'fitted={run_dir}'], tmp_path),

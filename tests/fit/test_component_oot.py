@@ -46,7 +46,7 @@ def test_an_out_of_tree_component_is_fitted_saved_and_reapplied(tmp_path, monkey
       tmp_path,
     )  # fmt: skip
     res = fit_exp.run(cfg, tmp_path / 'fit')
-    assert res['mix']['spec'] == {
+    assert res['variants']['mix']['spec'] == {
       'adapter': {'rank': 2, 'lr_scale': 0.1, 'cfsr_grad': 'implicit', 'soft_query_legs': True},
       'lenweights': {'knobs': ['legs.cos.weight', 'legs.bm25.weight']},
     }

@@ -98,11 +98,11 @@ def test_experiment_fits_the_combined_variant_from_config(tmp_path):
     '+fit.variants.combined=[adapter,conditioned]',
   )
   res = fit_exp.run(cfg, tmp_path / 'out')
-  c = res['combined']
+  c = res['variants']['combined']
   assert len(c['per_question']['ndcg@10']) == res['n_questions'] == 105 + 197
   for other in ('scalar fit', 'adapter', 'conditioned'):
     d = res['paired'][f'combined - {other} (out of fold)']['ndcg@10']['delta']
-    want = res['per_question']['fitted'] if other == 'scalar fit' else res[other]['per_question']
+    want = res['per_question']['fitted'] if other == 'scalar fit' else res['variants'][other]['per_question']
     assert abs(d - (np.mean(c['per_question']['ndcg@10']) - np.mean(want['ndcg@10']))) < 1e-12
   assert set(c['spec']) == {'adapter', 'conditioned'} and c['knob_stats'] and c['mean_cos_to_base']
   assert 'combined - cosine (hand-set)' in res['paired']

@@ -210,7 +210,7 @@ def test_experiment_fits_conditioned_knobs_beside_the_scalar_fit(tmp_path):
     'rank: 2, net_lr_scale: 0.1}',
   )
   res = fit_exp.run(cfg, tmp_path / 'out')
-  c = res['conditioned']
+  c = res['variants']['conditioned']
   assert len(c['per_question']['ndcg@10']) == res['n_questions'] == 105 + 197
   assert set(res['paired']) >= {
     'conditioned - scalar fit (out of fold)',
