@@ -104,10 +104,10 @@ class Artifact:
     >>> from engram_jax.testing.synthetic import toy_fit_data
     >>> episodes, embeddings, arrays, pipe = toy_fit_data()  # 2 x 12 questions that repeat their gold item's text
     >>> import tempfile
-    >>> from engram_jax.fit import artifact, build_rows, fit, load_artifact, make_problem
+    >>> from engram_jax.fit import Schedule, artifact, build_rows, fit, load_artifact, make_problem
     >>> problem, knobs, fixed = make_problem(pipe, ['legs.bm25.weight'])
     >>> rows = build_rows(problem, pipe, episodes, arrays, seed=0)
-    >>> res = fit(problem, knobs, fixed, rows, np.arange(24), optimizer=optax.adam(0.1), steps=5, batch_size=8)
+    >>> res = fit(problem, knobs, fixed, rows, np.arange(24), Schedule(optax.adam(0.1), steps=5, batch_size=8))
     >>> node = {'legs': {'cos': {'op': 'cosine'}, 'bm25': {'op': 'bm25'}}, 'fusion': 'rrf'}
     >>> ids = {'final': [q.id for ep in episodes for q in ep.questions]}
     >>> with tempfile.TemporaryDirectory() as d:

@@ -43,6 +43,7 @@ from engram_jax.fit.folds import DEFAULT_SEED, check_disjoint
 from engram_jax.fit.knobs import Knobs
 from engram_jax.fit.problem import Problem, Rows, effective_values, soft_scores, soft_scores_per_question
 
+SCHEDULE_LOOP = ('optimizer', 'steps', 'batch_size', 'seed', 'anneal')
 KNOBS = 'knobs'  # the scalar knobs' group in a fit's parameters and optimizer
 
 
@@ -209,10 +210,10 @@ class FitResult:
     >>> import numpy as np, optax
     >>> from engram_jax.testing.synthetic import toy_fit_data
     >>> episodes, embeddings, arrays, pipe = toy_fit_data()  # 2 x 12 questions that repeat their gold item's text
-    >>> from engram_jax.fit import build_rows, fit, make_problem
+    >>> from engram_jax.fit import Schedule, build_rows, fit, make_problem
     >>> problem, knobs, fixed = make_problem(pipe, ['k0'])
     >>> rows = build_rows(problem, pipe, episodes, arrays, seed=0)
-    >>> res = fit(problem, knobs, fixed, rows, np.arange(24), optimizer=optax.adam(0.05), steps=3, batch_size=8)
+    >>> res = fit(problem, knobs, fixed, rows, np.arange(24), Schedule(optax.adam(0.05), steps=3, batch_size=8))
     >>> sorted(res.values)[:2], len(res.losses), res.train_rows
     (['k0'], 3, 24)
   """
@@ -288,29 +289,63 @@ def host_blocking_kernels(lowered_text: str) -> list[str]:
   return sorted({a or b for a, b in _BLOCKING_KERNEL.findall(lowered_text)})
 
 
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+  """How a fit runs (:func:`fit`, :func:`crossfit`): the scalar knobs' optax ``optimizer`` (each component gets it
+  scaled by its ``lr_scale``), ``steps`` of minibatches of ``batch_size`` rows, the ``seed`` of the minibatches and
+  of the components' initialisation, the temperatures' annealing factors (``anneal``: first, last step) and the
+  steps at which a monitor is called (``monitor_steps``; ``steps`` = after the last one).
+
+  Example:
+    >>> import optax
+    >>> from engram_jax.fit import Schedule
+    >>> Schedule(optax.adam(0.1), steps=20, batch_size=8).anneal
+    (1.0, 1.0)
+  """
+
+  optimizer: optax.GradientTransformation
+  steps: int
+  batch_size: int
+  seed: int = DEFAULT_SEED
+  anneal: tuple[float, float] = (1.0, 1.0)
+  monitor_steps: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Folds:
+  """The one cross-fit's split (:func:`crossfit`): each row's episode (``row_episodes`` ``[R]``) and question id
+  (``question_ids`` ``[R]``, for the disjointness check), and the folds of scored episode ids.
+
+  Example:
+    >>> from engram_jax.fit import Folds
+    >>> Folds(['e0', 'e0', 'e1'], ['q0', 'q1', 'q2'], [['e0'], ['e1']]).folds
+    [['e0'], ['e1']]
+  """
+
+  row_episodes: Sequence[str]
+  question_ids: Sequence[str]
+  folds: Sequence[Sequence[str]]
+
+
 def fit(
   problem: Problem,
   knobs: Knobs,
   fixed: Mapping[str, float],
   rows: Rows,
   train: np.ndarray,
+  schedule: Schedule,
   *,
-  optimizer: optax.GradientTransformation,
-  steps: int,
-  batch_size: int,
-  seed: int = DEFAULT_SEED,
   components: Sequence[Component] = (),
   inputs: Mapping[str, Any] | None = None,
   step_fn: Callable | None = None,
   max_gold: int | None = None,
-  anneal: tuple[float, float] = (1.0, 1.0),
   monitor: Monitor | None = None,
-  monitor_steps: Sequence[int] = (),
 ) -> FitResult:
-  """Fit ``knobs`` and every component's parameters on rows ``train`` (indices) by ``steps`` optax steps on
-  minibatches of ``batch_size`` (the one training loop).
+  """Fit ``knobs`` and every component's parameters on rows ``train`` (indices) by ``schedule.steps`` optax steps on
+  minibatches of ``schedule.batch_size`` (the one training loop; :class:`Schedule`).
 
-  ``optimizer`` is the scalar knobs' (each component gets it scaled by its ``lr_scale``, :func:`group_optimizer`);
+  ``schedule.optimizer`` is the scalar knobs' (each component gets it scaled by its ``lr_scale``,
+  :func:`group_optimizer`);
   ``inputs``: each component's :meth:`Component.inputs`, by name. Minibatches are drawn without replacement by
   ``numpy.random.default_rng(seed)`` (all training rows, zero-weight padded, when there are fewer than
   ``batch_size``); components are initialised with ``seed``. Pass ``step_fn`` (from :func:`make_step`, with the
@@ -324,14 +359,15 @@ def fit(
     >>> import numpy as np, optax
     >>> from engram_jax.testing.synthetic import toy_fit_data
     >>> episodes, embeddings, arrays, pipe = toy_fit_data()  # 2 x 12 questions that repeat their gold item's text
-    >>> from engram_jax.fit import build_rows, fit, make_problem
+    >>> from engram_jax.fit import Schedule, build_rows, fit, make_problem
     >>> problem, knobs, fixed = make_problem(pipe, ['legs.bm25.weight'])
     >>> rows = build_rows(problem, pipe, episodes, arrays, seed=0)
-    >>> res = fit(problem, knobs, fixed, rows, np.arange(24), optimizer=optax.adam(0.1), steps=20, batch_size=8)
+    >>> res = fit(problem, knobs, fixed, rows, np.arange(24), Schedule(optax.adam(0.1), steps=20, batch_size=8))
     >>> res.values['legs.bm25.weight'] > 1.5  # BM25 finds each question's repeated text: its weight grows from 1
     True
   """
   t0 = time.perf_counter()
+  optimizer, steps, batch_size, seed, anneal = (getattr(schedule, f) for f in SCHEDULE_LOOP)
   components = tuple(components)
   inputs = dict(inputs or {})
   grouped = group_optimizer(optimizer, components)
@@ -342,7 +378,7 @@ def fit(
   rng = np.random.default_rng(seed)
   train = np.asarray(train)
   losses, scales, watched = [], [], []
-  monitor_steps = set(monitor_steps)
+  monitor_steps = set(schedule.monitor_steps)
   for t in range(steps + 1):
     scale = anneal_scale(min(t, steps - 1), steps, anneal)
     if monitor is not None and t in monitor_steps:
@@ -380,25 +416,18 @@ def crossfit(
   knobs: Knobs,
   fixed: Mapping[str, float],
   rows: Rows,
+  split: Folds,
+  schedule: Schedule,
   *,
-  row_episodes: Sequence[str],
-  question_ids: Sequence[str],
-  folds: Sequence[Sequence[str]],
-  optimizer: optax.GradientTransformation,
-  steps: int,
-  batch_size: int,
-  seed: int = DEFAULT_SEED,
   components: Sequence[Component] = (),
   inputs: Mapping[str, Any] | None = None,
   log: Callable[[str], None] | None = None,
-  anneal: tuple[float, float] = (1.0, 1.0),
   monitor: Callable[[int, np.ndarray], Monitor] | None = None,
-  monitor_steps: Sequence[int] = (),
   devices: Sequence[jax.Device] | None = None,
 ) -> list[FitResult]:
   """One fit (:func:`fit`) per fold on the rows of every other fold, asserted disjoint (by question id) from the
   fold's rows (the one cross-fit). Folds share one compiled step; fold f draws minibatches and initialises its
-  components with seed ``seed + f``. ``monitor(f, train rows)`` gives fold f's monitor (see :func:`fit`).
+  components with seed ``schedule.seed + f``. ``monitor(f, train rows)`` gives fold f's monitor (see :func:`fit`).
 
   ``devices``: with more than one, the folds run concurrently, one thread per device (each device takes the next
   fold when it is free; the rows and inputs are copied to each device once). A fold's computation is the same
@@ -410,21 +439,22 @@ def crossfit(
     >>> import numpy as np, optax
     >>> from engram_jax.testing.synthetic import toy_fit_data
     >>> episodes, embeddings, arrays, pipe = toy_fit_data()  # 2 x 12 questions that repeat their gold item's text
-    >>> from engram_jax.fit import build_rows, crossfit, episode_folds, make_problem
+    >>> from engram_jax.fit import Folds, Schedule, build_rows, crossfit, episode_folds, make_problem
     >>> problem, knobs, fixed = make_problem(pipe, ['legs.bm25.weight'])
     >>> rows = build_rows(problem, pipe, episodes, arrays, seed=0)
     >>> row_episodes = [ep.id for ep in episodes for _ in ep.questions]
     >>> question_ids = [q.id for ep in episodes for q in ep.questions]
     >>> folds = episode_folds([ep.id for ep in episodes], n_folds=2)
-    >>> fits = crossfit(problem, knobs, fixed, rows, row_episodes=row_episodes, question_ids=question_ids, folds=folds,
-    ...                 optimizer=optax.adam(0.1), steps=5, batch_size=8)
+    >>> split = Folds(row_episodes, question_ids, folds)
+    >>> fits = crossfit(problem, knobs, fixed, rows, split, Schedule(optax.adam(0.1), steps=5, batch_size=8))
     >>> len(fits), fits[0].train_rows  # one fit per fold, each trained on the other fold's 12 questions
     (2, 12)
   """
   components = tuple(components)
-  row_episodes = np.asarray(row_episodes)
+  row_episodes, question_ids, folds = np.asarray(split.row_episodes), split.question_ids, split.folds
+  seed, batch_size = schedule.seed, schedule.batch_size
   max_gold = max_gold_of(rows)
-  grouped = group_optimizer(optimizer, components)
+  grouped = group_optimizer(schedule.optimizer, components)
   step_fn = make_step(problem, grouped, max_gold=max_gold, components=components)
   splits = []
   for fold in folds:
@@ -440,17 +470,12 @@ def crossfit(
       fixed,
       rows_f,
       splits[f],
-      optimizer=optimizer,
-      steps=steps,
-      batch_size=batch_size,
-      seed=seed + f,
+      dataclasses.replace(schedule, seed=seed + f),
       components=components,
       inputs=inputs_f,
       step_fn=step_fn,
       max_gold=max_gold,
-      anneal=anneal,
       monitor=None if monitor is None else monitor(f, splits[f]),
-      monitor_steps=monitor_steps,
     )
     if log:
       names = '+'.join([KNOBS, *(c.name for c in components)])

@@ -81,15 +81,12 @@ class Plan:
   check_components: bool = True  # the component contract before step 0 (fit.check_components)
   pipe: Any = None  # the hand-set pipeline (what a component's check_problem reads)
 
-  def loop(self) -> dict[str, Any]:
-    """The training loop's settings, as :func:`engram_jax.fit.fit` / :func:`engram_jax.fit.crossfit` take them."""
-    return {
-      'optimizer': self.optimizer,
-      'steps': self.steps,
-      'batch_size': self.batch_size,
-      'seed': self.seed,
-      'anneal': self.anneal,
-    }
+  def schedule(self, monitor_steps: Sequence[int] = ()) -> fit.Schedule:
+    """The training loop's settings (:class:`engram_jax.fit.Schedule`), as :func:`engram_jax.fit.fit` /
+    :func:`engram_jax.fit.crossfit` take them."""
+    return fit.Schedule(
+      self.optimizer, self.steps, self.batch_size, self.seed, tuple(self.anneal), tuple(monitor_steps)
+    )
 
   def variants(self) -> dict[str, tuple[fit.Problem, tuple[fit.Component, ...]]]:
     """Each fit a run makes, by label: ``fitted`` (the scalar knobs), then each variant ``fit.variants`` declares
@@ -381,22 +378,11 @@ def crossfit(
 ) -> list[fit.FitResult]:
   """:func:`engram_jax.fit.crossfit` with the plan's knobs and loop (``problem``: a variant's, default the plan's);
   ``devices``: the folds run concurrently, one per device (:func:`engram_jax.fit.crossfit`)."""
+  split = fit.Folds([e.id for e in episodes for _ in e.questions], [q.id for e in episodes for q in e.questions], folds)
   return fit.crossfit(
-    problem or plan.problem,
-    plan.knobs,
-    plan.every,
-    rows,
-    row_episodes=[e.id for e in episodes for _ in e.questions],
-    question_ids=[q.id for e in episodes for q in e.questions],
-    folds=folds,
-    components=components,
-    inputs=inputs,
-    log=log.info,
-    monitor=monitor,
-    monitor_steps=monitor_steps,
-    devices=devices,
-    **plan.loop(),
-  )
+    problem or plan.problem, plan.knobs, plan.every, rows, split, plan.schedule(monitor_steps),
+    components=components, inputs=inputs, log=log.info, monitor=monitor, devices=devices,
+  )  # fmt: skip
 
 
 def fit_rows(
@@ -410,5 +396,5 @@ def fit_rows(
 ) -> fit.FitResult:
   """One :func:`engram_jax.fit.fit` on rows ``train`` with the plan's knobs and loop."""
   return fit.fit(
-    problem or plan.problem, plan.knobs, plan.every, rows, train, components=components, inputs=inputs, **plan.loop()
+    problem or plan.problem, plan.knobs, plan.every, rows, train, plan.schedule(), components=components, inputs=inputs
   )

@@ -74,12 +74,9 @@ def test_fit_runs_forward_mode_is_refused_and_queries_stay_unit():
     every,
     rows,
     np.arange(20),
+    fit.Schedule(optax.adam(0.05), steps=3, batch_size=8, seed=0),
     components=[A.Adapter(rank=2, lr_scale=0.5)],
     inputs={'adapter': inputs},
-    optimizer=optax.adam(0.05),
-    steps=3,
-    batch_size=8,
-    seed=0,
   )
   assert np.abs(res.learned['adapter']['u']).sum() > 0 and len(res.losses) == 3
   q = A.adapt_queries(res.learned['adapter'], np.asarray(inputs.query))

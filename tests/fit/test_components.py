@@ -57,8 +57,8 @@ def test_adapter_and_conditioned_knobs_combine_in_one_fit():
   want = jax.jit(functools.partial(fit.loss_fn, problem=problem, max_gold=4))({'knobs': knobs.raw}, fixed, rows, {}, w)
   np.testing.assert_allclose(got, want, rtol=1e-5)
   res = fit.fit(
-    problem, knobs, every, rows, np.arange(20), components=both, inputs=inputs, optimizer=optax.adam(0.05), steps=3,
-    batch_size=8, seed=0,
+    problem, knobs, every, rows, np.arange(20), fit.Schedule(optax.adam(0.05), steps=3, batch_size=8, seed=0),
+    components=both, inputs=inputs,
   )  # fmt: skip
   assert np.abs(res.learned['adapter']['u']).sum() > 0
   assert np.abs(np.asarray(res.learned['conditioned']['params']['out']['kernel'])).sum() > 0

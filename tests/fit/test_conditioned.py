@@ -130,12 +130,9 @@ def test_gradients_reach_the_module_and_a_fit_moves_it():
     every,
     rows,
     np.arange(rows.where.shape[0]),
+    fit.Schedule(optax.adam(0.05), steps=5, batch_size=16, seed=1),
     components=[SPEC],
     inputs={'conditioned': inputs},
-    optimizer=optax.adam(0.05),
-    steps=5,
-    batch_size=16,
-    seed=1,
   )
   vals = C.per_question_knobs(problem, SPEC, res, every, inputs.feats, inputs.query)
   assert all(np.std(v) > 0 for v in vals.values())  # per-question values really differ

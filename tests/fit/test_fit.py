@@ -109,7 +109,7 @@ def test_fit_recovers_a_planted_tide_weight():
   start = _tide(0.0)
   problem, knobs, every = fit.make_problem(start, ['legs.tide.recency'])
   rows = fit.build_rows(problem, start, eps, arrays, seed=DEFAULT_SEED)
-  res = fit.fit(problem, knobs, every, rows, np.arange(96), optimizer=optax.adam(0.05), steps=60, batch_size=64)
+  res = fit.fit(problem, knobs, every, rows, np.arange(96), fit.Schedule(optax.adam(0.05), steps=60, batch_size=64))
   assert 0.2 < res.values['legs.tide.recency'] < 0.45, res.values
   assert np.mean(res.losses[-10:]) < np.mean(res.losses[:5])
   assert _ndcg(P.with_values(start, res.values), eps, embs, arrays) > _ndcg(start, eps, embs, arrays) + 0.2
@@ -122,7 +122,7 @@ def test_fit_recovers_planted_rrf_weights():
   problem, knobs, every = fit.make_problem(start, ['legs.cos.weight', 'legs.bm25.weight'])
   assert problem.normalise_weights
   rows = fit.build_rows(problem, start, eps, arrays, seed=DEFAULT_SEED)
-  res = fit.fit(problem, knobs, every, rows, np.arange(96), optimizer=optax.adam(0.1), steps=25, batch_size=64)
+  res = fit.fit(problem, knobs, every, rows, np.arange(96), fit.Schedule(optax.adam(0.1), steps=25, batch_size=64))
   w = res.values
   # planted 1.7 / 0.3; a range of ratios gives the same top-1
   assert w['legs.bm25.weight'] / w['legs.cos.weight'] > 1.5, w
@@ -218,8 +218,10 @@ def test_annealing_schedule_and_the_gap_monitor():
     return {'soft_ndcg': float(soft.mean()), 'hard_ndcg': hard}
 
   kw = dict(optimizer=optax.adam(0.05), steps=20, batch_size=64)
-  plain = fit.fit(problem, knobs, every, rows, np.arange(96), **kw)
-  watched = fit.fit(problem, knobs, every, rows, np.arange(96), monitor=monitor, monitor_steps=[0, 10, 20], **kw)
+  plain = fit.fit(problem, knobs, every, rows, np.arange(96), fit.Schedule(**kw))
+  watched = fit.fit(
+    problem, knobs, every, rows, np.arange(96), fit.Schedule(**kw, monitor_steps=(0, 10, 20)), monitor=monitor
+  )
   assert seen == [0, 10, 20] and [m['step'] for m in watched.monitor] == [0, 10, 20]
   assert watched.values == plain.values and watched.losses == plain.losses  # watching never changes a fit
   assert watched.scales == [1.0] * 20
@@ -231,7 +233,7 @@ def test_annealing_schedule_and_the_gap_monitor():
     for t in (1.0, 1e-2, 1e-6)
   ]
   assert gaps[2] < 1e-3 and gaps[2] <= gaps[0], gaps
-  annealed = fit.fit(problem, knobs, every, rows, np.arange(96), anneal=(1.0, 0.1), **kw)
+  annealed = fit.fit(problem, knobs, every, rows, np.arange(96), fit.Schedule(**kw, anneal=(1.0, 0.1)))
   assert annealed.scales[0] == 1.0
   np.testing.assert_allclose(annealed.scales[-1], 0.1)
   assert annealed.losses != plain.losses
@@ -283,12 +285,8 @@ def test_splits_are_seeded_and_disjoint_and_the_assertion_fires():
       knobs,
       every,
       rows,
-      row_episodes=['e0'] * 4 + ['e1'] * 4,
-      question_ids=qids,
-      folds=[['e0'], ['e1']],
-      optimizer=optax.adam(0.1),
-      steps=1,
-      batch_size=4,
+      fit.Folds(['e0'] * 4 + ['e1'] * 4, qids, [['e0'], ['e1']]),
+      fit.Schedule(optax.adam(0.1), steps=1, batch_size=4),
     )
 
 

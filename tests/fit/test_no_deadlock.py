@@ -113,14 +113,14 @@ HANG_SCRIPT = textwrap.dedent("""
     problem, components = plan.variants()['adapter']
     rows = fit_setup.rows(plan, pipe, data.episodes, data.arrays, seed=0, problem=problem)
     inputs = {c.name: c.inputs(problem, data.episodes, data.arrays) for c in components}
-    kw = dict(row_episodes=[e.id for e in data.episodes for _ in e.questions],
-              question_ids=[q.id for e in data.episodes for q in e.questions], folds=data.folds,
-              components=components, inputs=inputs, **plan.loop())
-    knobs, fixed = plan.knobs, plan.every
-    ref = [r.values for r in fit.crossfit(problem, knobs, fixed, rows, **kw)]
+    split = fit.Folds([e.id for e in data.episodes for _ in e.questions],
+                      [q.id for e in data.episodes for q in e.questions], data.folds)
+    kw = dict(components=components, inputs=inputs)
+    knobs, fixed, schedule = plan.knobs, plan.every, plan.schedule()
+    ref = [r.values for r in fit.crossfit(problem, knobs, fixed, rows, split, schedule, **kw)]
     logs = []
     for r in range(ROUNDS):
-      two = [x.values for x in fit.crossfit(problem, knobs, fixed, rows, devices=jax.devices(), log=logs.append, **kw)]
+      two = [x.values for x in fit.crossfit(problem, knobs, fixed, rows, split, schedule, devices=jax.devices(), log=logs.append, **kw)]
       assert two == ref, (r, two, ref)
       print('round', r, flush=True)
   print('RESULT ' + json.dumps({'rounds': ROUNDS, 'sequential': any('one after another' in l for l in logs)}))
@@ -154,13 +154,13 @@ GUARD_SCRIPT = textwrap.dedent("""
   problem, knobs, fixed = fit.make_problem(pipe, ['legs.cos.weight', 'legs.cfsr.lam', 'k0'],
                                            settings=fit.Settings(cfsr_grad='implicit'))
   rows = fit.build_rows(problem, pipe, episodes, arrays, seed=0)
-  kw = dict(row_episodes=[ep.id for ep in episodes for _ in ep.questions],
-            question_ids=[q.id for ep in episodes for q in ep.questions],
-            folds=fit.episode_folds([ep.id for ep in episodes], n_folds=2), optimizer=optax.adam(0.05), steps=2,
-            batch_size=8, components=[A.Adapter(rank=2, lr_scale=0.1)], inputs={'adapter': A.build_inputs(episodes, arrays)})
+  split = fit.Folds([ep.id for ep in episodes for _ in ep.questions], [q.id for ep in episodes for q in ep.questions],
+                    fit.episode_folds([ep.id for ep in episodes], n_folds=2))
+  schedule = fit.Schedule(optax.adam(0.05), steps=2, batch_size=8)
+  kw = dict(components=[A.Adapter(rank=2, lr_scale=0.1)], inputs={'adapter': A.build_inputs(episodes, arrays)})
   logs = []
-  one = [r.values for r in fit.crossfit(problem, knobs, fixed, rows, **kw)]
-  two = [r.values for r in fit.crossfit(problem, knobs, fixed, rows, devices=jax.devices(), log=logs.append, **kw)]
+  one = [r.values for r in fit.crossfit(problem, knobs, fixed, rows, split, schedule, **kw)]
+  two = [r.values for r in fit.crossfit(problem, knobs, fixed, rows, split, schedule, devices=jax.devices(), log=logs.append, **kw)]
   print('RESULT ' + json.dumps({'equal': one == two, 'log': logs}))
 """)
 

@@ -25,21 +25,20 @@ SCRIPT = textwrap.dedent("""
   import jax
   jax.config.update('jax_num_cpu_devices', 2)
   import numpy as np, optax
-  from engram_jax.fit import build_rows, crossfit, episode_folds, make_problem
+  from engram_jax.fit import Folds, Schedule, build_rows, crossfit, episode_folds, make_problem
   from engram_jax.testing.synthetic import toy_fit_data
 
   assert jax.device_count() == 2, jax.devices()
   episodes, embeddings, arrays, pipe = toy_fit_data()
   problem, knobs, fixed = make_problem(pipe, ['legs.bm25.weight', 'legs.cos.weight', 'k0'])
   rows = build_rows(problem, pipe, episodes, arrays, seed=0)
-  kw = dict(row_episodes=[ep.id for ep in episodes for _ in ep.questions],
-            question_ids=[q.id for ep in episodes for q in ep.questions],
-            folds=episode_folds([ep.id for ep in episodes], n_folds=2), optimizer=optax.adam(0.1), steps=6,
-            batch_size=8, monitor=lambda f, train: (lambda t, s, v: {'fold': f, 'w': float(v['legs.bm25.weight'])}),
-            monitor_steps=[0, 3, 6])
+  split = Folds([ep.id for ep in episodes for _ in ep.questions], [q.id for ep in episodes for q in ep.questions],
+                episode_folds([ep.id for ep in episodes], n_folds=2))
+  schedule = Schedule(optax.adam(0.1), steps=6, batch_size=8, monitor_steps=(0, 3, 6))
+  kw = dict(monitor=lambda f, train: (lambda t, s, v: {'fold': f, 'w': float(v['legs.bm25.weight'])}))
   seen = []
-  one = crossfit(problem, knobs, fixed, rows, **kw)
-  two = crossfit(problem, knobs, fixed, rows, devices=jax.devices(), log=seen.append, **kw)
+  one = crossfit(problem, knobs, fixed, rows, split, schedule, **kw)
+  two = crossfit(problem, knobs, fixed, rows, split, schedule, devices=jax.devices(), log=seen.append, **kw)
   plain = lambda r: {'values': r.values, 'losses': r.losses, 'monitor': r.monitor,
                      'raw': {k: np.asarray(v).tolist() for k, v in r.raw.items()}}
   print('RESULT ' + json.dumps({'one': [plain(r) for r in one], 'two': [plain(r) for r in two], 'log': seen}))

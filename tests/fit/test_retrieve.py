@@ -42,7 +42,7 @@ def _artifact(path, components=(), pipe_node=None, modules=(), final=True, param
   rows = fit.build_rows(problem, pipe, episodes, arrays, seed=0)
   inputs = {c.name: c.inputs(problem, episodes, arrays) for c in components}
   res = fit.fit(
-    problem, knobs, every, rows, np.arange(24), optimizer=optax.adam(0.2), steps=4, batch_size=8,
+    problem, knobs, every, rows, np.arange(24), fit.Schedule(optax.adam(0.2), steps=4, batch_size=8),
     components=components, inputs=inputs,
   )  # fmt: skip
   node = pipe_node or {'legs': {'cos': {'op': 'cosine'}, 'bm25': {'op': 'bm25'}}, 'fusion': 'rrf'}
