@@ -89,3 +89,11 @@ def test_entry_points_are_short_named_steps(path):
     if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > 60
   ]
   assert not long, long
+
+
+def test_every_run_prints_its_slowest_tests():
+  """Issue 50 item 7: CI's output names the slowest tests (pytest's --durations in the configured options)."""
+  import tomllib
+
+  opts = tomllib.loads((ROOT / 'pyproject.toml').read_text())['tool']['pytest']['ini_options']['addopts']
+  assert '--durations=' in opts
