@@ -31,6 +31,7 @@ NOTE_TITLES = {
   'not_reproduced': 'Not reproduced',
   'not_exact': 'Not reproduced to the digit',
   'run_dir_gone': 'Run folder gone',
+  'clean_rerun': 'Rerun from a clean checkout',
 }
 PACKAGES = (
   'engram_jax',

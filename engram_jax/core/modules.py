@@ -20,15 +20,19 @@ def import_module(name: str, where: str) -> ModuleType:
   Traceback (most recent call last):
   ...
   engram_jax.core.errors.EngramError: ops_modules: needs module 'no_such_module_here', which cannot be imported (ModuleNotFoundError: No module named 'no_such_module_here'); install it or put it on PYTHONPATH
+
+  A module that is found and raises as it runs is named with its own error, not called missing.
   """
   try:
     return importlib.import_module(str(name))
-  except Exception as e:  # noqa: BLE001 - any failure of an import (a missing module, its own error) is the refusal
-    first = str(e).splitlines()[0] if str(e) else ''
+  except ModuleNotFoundError as e:
     raise EngramError(
-      f'{where}: needs module {name!r}, which cannot be imported ({type(e).__name__}: {first}); install it or put '
+      f'{where}: needs module {name!r}, which cannot be imported ({type(e).__name__}: {e}); install it or put '
       'it on PYTHONPATH'
     ) from None
+  except Exception as e:  # noqa: BLE001 - the module was found and failed as it ran (e.g. it registers a taken name)
+    first = str(e).splitlines()[0] if str(e) else ''
+    raise EngramError(f'{where}: {name!r}: {first} ({type(e).__name__} while importing it)') from None
 
 
 def import_modules(names: Sequence[str], where: str) -> list[str]:

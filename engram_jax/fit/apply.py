@@ -25,7 +25,8 @@ import dataclasses
 import numbers
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import jax
 import numpy as np
@@ -40,8 +41,23 @@ from engram_jax.fit import components as registry
 from engram_jax.fit.problem import Problem
 from engram_jax.fit.train import FitResult
 
-if TYPE_CHECKING:  # the artifact module imports this one (its scorer is the road)
-  from engram_jax.fit.artifact import Artifact
+
+class Artifact(Protocol):
+  """What the road reads of a fit (:class:`engram_jax.fit.artifact.Artifact` is one; the artifact module imports
+  this one, so the road names the shape it reads instead of importing the class)."""
+
+  path: Path
+  manifest: dict[str, Any]
+  pipe: Pipeline
+  problem: Problem
+  every: dict[str, float]
+  components: tuple[Any, ...]
+  fits: dict[str, FitResult]
+
+  def fit_for(self, episode_id: str) -> tuple[str, FitResult]: ...
+
+  def result(self, label: str = 'final') -> FitResult: ...
+
 
 RUNTIME_KEYS = ('batch_size', 'processes', 'device', 'download', 'progress')  # how an encoder runs, not what it is
 

@@ -182,10 +182,11 @@ def in_memory(
   where: str = '<fit in memory>',
 ) -> Artifact:
   """An :class:`Artifact` of fits not yet saved (a fit's folds as it scores them: ``scored``, label -> the
-  episode ids each fit scores), to apply through the same road as a loaded one."""
+  episode ids each fit scores), to apply through the same road as a loaded one; its run files are pinned as they
+  are now (the fit has just read them)."""
   entries = [{'label': label, 'scored_episodes': list(scored.get(label, ()))} for label in fits]
   return Artifact(
-    path=Path(where), manifest={'fits': entries}, pipe=pipe, problem=problem, every=dict(every),
+    path=Path(where), manifest={'fits': entries, 'runs': run_pins(pipe)}, pipe=pipe, problem=problem, every=dict(every),
     components=tuple(components), fits=dict(fits),
   )  # fmt: skip
 

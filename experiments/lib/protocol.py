@@ -47,7 +47,7 @@ DATA_PINS = PROTOCOL_DIR / 'data.json'
 # annotations of ledger rows written after their scoring (the ledger itself is append-only: a row's numbers are never
 # edited); one JSON line each: {"protocol", "row_date" (the annotated row's "date"), "kind" (NOTE_KINDS), "date", "note"}
 NOTES = PROTOCOL_DIR / 'notes.jsonl'
-NOTE_KINDS = ('not_reproduced', 'not_exact', 'run_dir_gone')
+NOTE_KINDS = ('not_reproduced', 'not_exact', 'run_dir_gone', 'clean_rerun')
 # the packages whose versions a ledger row records (absent ones are recorded as None)
 PACKAGES = ('jax', 'jaxlib', 'numpy', 'optax', 'flax', 'sentence-transformers', 'torch', 'transformers', 'hydra-core')
 # settings that do not change what is scored (where files go, progress bars, the devices a map is sharded over:

@@ -51,7 +51,7 @@ def test_an_out_of_tree_component_is_fitted_saved_and_reapplied(tmp_path, monkey
       'lenweights': {'knobs': ['legs.cos.weight', 'legs.bm25.weight']},
     }
     assert list(res['summary'])[-1] == 'rrf_cos_bm25 (mix, out of fold)' and 'adapter' not in res  # mix only
-    oof = dict(zip(res['per_question']['question_ids'], res['mix']['per_question']['ndcg@10']))
+    oof = dict(zip(res['per_question']['question_ids'], res['variants']['mix']['per_question']['ndcg@10']))
     # a fresh registry: evaluate imports the module because the artifact's manifest names it
     registry.COMPONENTS.pop('lenweights')
     sys.modules.pop('mypkg_oot43.lenweights')
