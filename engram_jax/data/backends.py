@@ -61,9 +61,16 @@ POOLING = ('mean', 'cls')
 Runner = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
+def _findable(package: str) -> bool:
+  try:
+    return importlib.util.find_spec(package) is not None
+  except ValueError:  # imported without a spec (a stand-in module): it is there
+    return True
+
+
 def installed(backend: str) -> bool:
   """Whether every package ``backend`` needs is importable (looked up, not imported)."""
-  return all(importlib.util.find_spec(p) is not None for p in PACKAGES[backend])
+  return all(_findable(p) for p in PACKAGES[backend])
 
 
 def resolve_backend(backend: str, *, precision: str = 'f32', device: str = 'cpu', processes: int = 1) -> str:
@@ -85,7 +92,7 @@ def resolve_backend(backend: str, *, precision: str = 'f32', device: str = 'cpu'
       return 'torch'
     return next((b for b in AUTO_ORDER if installed(b)), 'torch')
   if not installed(backend):
-    missing = [p for p in PACKAGES[backend] if importlib.util.find_spec(p) is None]
+    missing = [p for p in PACKAGES[backend] if not _findable(p)]
     raise EngramError(f'embedder backend {backend!r} needs {", ".join(missing)}, not installed: {INSTALL[backend]}')
   if backend != 'torch' and (str(device).split(':', 1)[0] != 'cpu' or processes > 1):
     raise EngramError(

@@ -103,13 +103,17 @@ def is_artifact(path: str | Path | None) -> bool:
   return True
 
 
-RUNTIME_KEYS = ('batch_size', 'processes', 'device', 'download', 'progress')  # how an encoder runs, not what it is
+# how an encoder runs, not what it is: float32 backends give torch's vectors to rounding (docs/performance.md#encoding)
+RUNTIME_KEYS = ('batch_size', 'processes', 'device', 'download', 'progress', 'backend', 'export_dir')
 
 
 def embedder_spec(node: Any) -> dict[str, Any]:
-  """What identifies an embedder in its config node (``model_id`` and the encoder's settings but how it runs)."""
+  """What identifies an embedder in its config node (``model_id`` and the encoder's settings but how it runs;
+  ``precision: f32``, the default, is left out as artifacts fitted before it existed have none)."""
   node = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
   encoder = {k: v for k, v in dict(node.get('encoder') or {}).items() if k not in RUNTIME_KEYS}
+  if encoder.get('precision') == 'f32':
+    del encoder['precision']
   return {'model_id': node.get('model_id'), 'encoder': encoder}
 
 
