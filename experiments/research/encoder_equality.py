@@ -171,9 +171,21 @@ def score_rows(
             'pipelines': len(moved),
             'moved': {p: len(v) for p, v in moved.items()},
             'moved_questions': {p: v for p, v in moved.items() if v},
+            'means': mean_scores(runs[name]),
+            'torch_means': mean_scores(runs[BASE]),
           }
         )
   return rows
+
+
+def mean_scores(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+  """Per pipeline and metric, the mean over the per-question records (the run's table's numbers).
+
+  >>> mean_scores([{'scores': {'cos': {'ndcg@10': 1.0}}}, {'scores': {'cos': {'ndcg@10': 0.5}}}])
+  {'cos': {'ndcg@10': 0.75}}
+  """
+  pipes = records[0]['scores'] if records else {}
+  return {p: {m: float(np.mean([r['scores'][p][m] for r in records])) for m in metrics} for p, metrics in pipes.items()}
 
 
 def format_vectors(rows: Sequence[Mapping[str, Any]], n_texts: int) -> str:
@@ -190,8 +202,30 @@ def format_vectors(rows: Sequence[Mapping[str, Any]], n_texts: int) -> str:
   return '\n'.join(lines)
 
 
-def format_scores(rows: Sequence[Mapping[str, Any]]) -> str:
-  """The Markdown table of :func:`score_rows`, then each moved question."""
+def format_means(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str] = ('ndcg@10', 'recall@10')) -> str:
+  """Per (experiment, model, backend) whose scores moved, each pipeline's mean metrics beside torch's."""
+  lines = []
+  for r in rows:
+    if not sum(r['moved'].values()):
+      continue
+    lines += [
+      f'{r["experiment"]}, {r["model"]}: {r["backend"]} against torch (means over {r["questions"]} questions)',
+      '',
+      '| pipeline | ' + ' | '.join(f'{m} torch | {m} {r["backend"]} | difference' for m in metrics) + ' |',
+      '|---|' + '---|---|---|' * len(metrics),
+    ]
+    for pipe, means in r['means'].items():
+      cells = [
+        f'{r["torch_means"][pipe][m]:.4f} | {means[m]:.4f} | {means[m] - r["torch_means"][pipe][m]:+.4f}'
+        for m in metrics
+      ]
+      lines.append(f'| {pipe} | ' + ' | '.join(cells) + ' |')
+    lines.append('')
+  return '\n'.join(lines)
+
+
+def format_scores(rows: Sequence[Mapping[str, Any]], shown: int = 5) -> str:
+  """The Markdown table of :func:`score_rows`, then the first ``shown`` moved questions of each row."""
   lines = [
     'Per-question scores against the torch run of the same experiment and model:',
     '',
@@ -205,13 +239,15 @@ def format_scores(rows: Sequence[Mapping[str, Any]]) -> str:
     lines.append(
       f'| {r["experiment"]} | {r["model"]} | {r["backend"]} | {r["questions"]} x {r["pipelines"]} | {total} | {which} |'
     )
-    for pipe, qs in r['moved_questions'].items():
-      for q in qs:
-        delta = ', '.join(f'{m} {d:+.4f}' for m, d in q['delta'].items())
-        notes.append(
-          f'- {r["experiment"]} {r["model"]} {r["backend"]} {pipe} {q["episode"]}/{q["id"]}: {delta}; '
-          f'lists part at rank {q["rank"]} ({q["swapped"]})'
-        )
+    listed = [(pipe, q) for pipe, qs in r['moved_questions'].items() for q in qs]
+    if len(listed) > shown:
+      notes.append(f'- {r["experiment"]} {r["model"]} {r["backend"]}: {len(listed)} moved; the first {shown}:')
+    for pipe, q in listed[:shown]:
+      delta = ', '.join(f'{m} {d:+.4f}' for m, d in q['delta'].items())
+      notes.append(
+        f'- {r["experiment"]} {r["model"]} {r["backend"]} {pipe} {q["episode"]}/{q["id"]}: {delta}; '
+        f'lists part at rank {q["rank"]} ({q["swapped"]})'
+      )
   return '\n'.join(lines + ([''] + notes if notes else []))
 
 
@@ -236,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   text = format_vectors(vrows, len(texts))
   srows = [] if args.no_scores else score_rows(models, names, experiments, out, args.cache_dir, log=log)
   if srows:
-    text += '\n\n' + format_scores(srows)
+    text += '\n\n' + format_scores(srows) + '\n\n' + format_means(srows)
   print(text)
   result = {'texts': len(texts), 'vectors': vrows, 'scores': srows}
   (out / 'equality.json').write_text(json.dumps(result, indent=1))
