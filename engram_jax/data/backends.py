@@ -165,7 +165,9 @@ def model_layout(folder: str | os.PathLike, spec: Mapping[str, Any], backend: st
   extra = sorted(set(kinds) - {'Transformer', 'Pooling', 'Normalize'})
   pooling = spec.get('pooling') or {'mode': ['mean'], 'include_prompt': True}
   problem = None
-  if extra:
+  if 'Transformer' not in kinds:
+    problem = f'no Transformer module among {sorted(kinds)}'
+  elif extra:
     problem = f'modules {extra}'
   elif len(pooling['mode']) != 1 or pooling['mode'][0] not in POOLING:
     problem = f'pooling {pooling["mode"]}'
