@@ -118,7 +118,9 @@ def evaluate(overrides: Sequence[str], run_dir: Path, cache_dir: str) -> list[di
       'eval.progress=false',
       f'hydra.run.dir={run_dir}',
     ]
-    subprocess.run(cmd, check=True, env={**os.environ, 'HF_HUB_OFFLINE': '1'})
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir.with_suffix('.log'), 'w') as out:  # the run's table and log, beside its folder
+      subprocess.run(cmd, check=True, env={**os.environ, 'HF_HUB_OFFLINE': '1'}, stdout=out, stderr=subprocess.STDOUT)
   return json.loads(results.read_text())['per_question']
 
 
