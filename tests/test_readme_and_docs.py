@@ -303,7 +303,7 @@ def test_readme_commands_and_length():
   assert len(text.splitlines()) <= 200
   first = [src.strip() for lang, src in blocks(ROOT / 'README.md') if lang == 'bash'][:2]
   assert first[0] == (
-    "python3 -m venv .venv && .venv/bin/pip install -c requirements/lock.txt -e '.[embed,experiments]' "
+    "python3 -m venv .venv && .venv/bin/pip install -c requirements/lock.txt -e '.[embed,experiments,openvino]' "
     '&& .venv/bin/python -m experiments.evaluate'
   )
   ci = (ROOT / '.ci' / 'run').read_text()

@@ -43,6 +43,7 @@ from tqdm.auto import tqdm
 
 from engram_jax.core.errors import EngramError
 from engram_jax.core.files import UMASK, atomic_write  # noqa: F401 - re-exported
+from engram_jax.data import backends
 
 log = logging.getLogger(__name__)
 
@@ -381,6 +382,15 @@ class SentenceTransformerEncoder:
   query_prompt_name: str | None = None
   document_prompt_name: str | None = None
   download: bool = False
+  backend: str = 'torch'
+  precision: str = 'f32'
+  export_dir: str = '.cache/exports'
+
+  def __post_init__(self) -> None:
+    if self.backend not in backends.BACKENDS:
+      raise EngramError(
+        f'embedder: backend {self.backend!r} is not one of {list(backends.BACKENDS)} (resolve auto first)'
+      )
 
   @functools.cached_property
   def folder(self) -> Path:
@@ -417,7 +427,39 @@ class SentenceTransformerEncoder:
 
   @functools.cached_property
   def spec(self) -> Spec:
-    return sentence_transformer_spec(self.folder, device=self.device)
+    return {
+      **sentence_transformer_spec(self.folder, device=self.device),
+      **backends.backend_spec(self.backend, self.precision),
+    }
+
+  @functools.cached_property
+  def exported(self) -> backends.ExportedEncoder:
+    """The ONNX Runtime or OpenVINO encoder of this model (exported on first use into ``export_dir``)."""
+    return backends.exported_encoder(
+      self.folder,
+      self.spec,
+      self.backend,
+      precision=self.precision,
+      batch_size=self.batch_size,
+      export_dir=self.export_dir,
+      name=_slug(self.model_id.rsplit('/', 1)[-1]),
+      log=log.info,
+    )
+
+  def encode(self, texts: list[str], prompt: str = '') -> np.ndarray:
+    """``[T, D]`` float32 unit-norm vectors of ``prompt + text`` for each text, on this encoder's backend."""
+    if self.backend != 'torch':
+      return self.exported.encode(texts, prompt)
+    pool = {'pool': self.pool} if self.processes > 1 and texts else {}
+    return self.model.encode(
+      texts,
+      batch_size=self.batch_size,
+      convert_to_numpy=True,
+      normalize_embeddings=True,
+      show_progress_bar=False,
+      **({'prompt': prompt} if prompt else {}),
+      **pool,
+    ).astype(np.float32)
 
   @functools.cached_property
   def model(self) -> Any:
@@ -461,15 +503,7 @@ class SentenceTransformerEncoder:
       del self.__dict__['pool']
 
   def __call__(self, texts: list[str]) -> np.ndarray:
-    pool = {'pool': self.pool} if self.processes > 1 and texts else {}
-    return self.model.encode(
-      texts,
-      batch_size=self.batch_size,
-      convert_to_numpy=True,
-      normalize_embeddings=True,
-      show_progress_bar=False,
-      **pool,
-    ).astype(np.float32)
+    return self.encode(texts)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -486,16 +520,7 @@ class PromptedEncoder:
     return {**self.base.spec, 'prompt': self.prompt}
 
   def __call__(self, texts: list[str]) -> np.ndarray:
-    pool = {'pool': self.base.pool} if self.base.processes > 1 and texts else {}
-    return self.base.model.encode(
-      texts,
-      batch_size=self.base.batch_size,
-      convert_to_numpy=True,
-      normalize_embeddings=True,
-      show_progress_bar=False,
-      prompt=self.prompt,
-      **pool,
-    ).astype(np.float32)
+    return self.base.encode(texts, self.prompt)
 
 
 def sentence_transformer_encoder(
@@ -510,13 +535,23 @@ def sentence_transformer_encoder(
   query_prompt_name: str | None = None,
   document_prompt_name: str | None = None,
   download: bool = False,
+  backend: str = backends.AUTO,
+  precision: str = 'f32',
+  export_dir: str | os.PathLike = '.cache/exports',
 ) -> SentenceTransformerEncoder:
   """A ``SentenceTransformerEncoder`` (loaded lazily on first call; ``.spec`` never loads it). ``processes > 1``:
   encode through a pool of that many worker processes (big corpora; see the class). Query and document prompts:
   explicit strings (``query_prompt``, ``document_prompt``) or names in the model's own ``prompts`` config
-  (``query_prompt_name``, ...); ``download``: fetch the model from the hub when no local copy exists."""
+  (``query_prompt_name``, ...); ``download``: fetch the model from the hub when no local copy exists.
+
+  ``backend``: ``torch`` (``SentenceTransformer.encode``), ``onnx`` (ONNX Runtime), ``openvino`` or ``auto`` (the
+  first installed of :data:`~engram_jax.data.backends.AUTO_ORDER` on one CPU process, else torch); the exported
+  ones are made once into ``export_dir`` (:mod:`engram_jax.data.backends`). ``precision='bf16'``: OpenVINO's
+  bfloat16 inference, opt-in (other vectors, cached apart). The backend keys the cache, except torch, whose spec
+  is today's."""
   if int(processes) < 1:
     raise EngramError(f'sentence_transformer_encoder: processes must be >= 1, got {processes}')
+  backend = backends.resolve_backend(backend, precision=precision, device=device, processes=int(processes))
   return SentenceTransformerEncoder(
     model_id,
     path,
@@ -528,6 +563,9 @@ def sentence_transformer_encoder(
     query_prompt_name,
     document_prompt_name,
     bool(download),
+    backend,
+    precision,
+    str(export_dir),
   )
 
 

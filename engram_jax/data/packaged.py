@@ -34,6 +34,7 @@ from pathlib import Path, PurePosixPath
 import filelock
 
 from engram_jax.core.errors import EngramError
+from engram_jax.data import backends
 from engram_jax.data.embed import SentenceTransformerEncoder
 
 MPNET = 'all-mpnet-base-v2'
@@ -206,8 +207,12 @@ def packaged_encoder(
   batch_size: int = 64,
   device: str = 'cpu',
   processes: int = 1,
+  backend: str = backends.AUTO,
+  precision: str = 'f32',
 ) -> PackagedSentenceTransformerEncoder:
-  """The encoder of packaged model ``model_id`` (nothing is read until its ``folder``, ``spec`` or first call)."""
+  """The encoder of packaged model ``model_id`` (nothing is read until its ``folder``, ``spec`` or first call).
+  ``backend`` and ``precision`` as in :func:`~engram_jax.data.embed.sentence_transformer_encoder`; exports go to
+  ``<cache_dir>/exports``."""
   _model(model_id)
   if int(processes) < 1:
     raise EngramError(f'packaged_encoder: processes must be >= 1, got {processes}')
@@ -216,5 +221,8 @@ def packaged_encoder(
     batch_size=int(batch_size),
     device=device,
     processes=int(processes),
+    backend=backends.resolve_backend(backend, precision=precision, device=device, processes=int(processes)),
+    precision=precision,
+    export_dir=str(Path(cache_dir) / 'exports'),
     cache_dir=str(cache_dir),
   )

@@ -59,7 +59,9 @@ class Artifact(Protocol):
   def result(self, label: str = 'final') -> FitResult: ...
 
 
-RUNTIME_KEYS = ('batch_size', 'processes', 'device', 'download', 'progress')  # how an encoder runs, not what it is
+# how an encoder runs, not what it is: the float32 backends give torch's vectors to rounding and every question
+# the same score (docs/performance.md#encoding), so the backend and where its export lives are runtime settings
+RUNTIME_KEYS = ('batch_size', 'processes', 'device', 'download', 'progress', 'backend', 'export_dir')
 
 
 def check_k(k: Any, where: str = 'k') -> int:
@@ -98,13 +100,16 @@ def check_list(value: Any, what: str) -> list:
 
 
 def embedder_spec(node: Mapping[str, Any] | None) -> dict[str, Any]:
-  """What identifies an embedder in its config node: ``model_id`` and the encoder's settings but how it runs.
+  """What identifies an embedder in its config node: ``model_id`` and the encoder's settings but how it runs
+  (``precision: f32``, the default, is left out: artifacts fitted before it existed have none; ``bf16`` stays).
 
-  >>> embedder_spec({'model_id': 'm', 'encoder': {'_target_': 'f', 'batch_size': 64, 'dim': 8}})
+  >>> embedder_spec({'model_id': 'm', 'encoder': {'_target_': 'f', 'batch_size': 64, 'dim': 8, 'precision': 'f32'}})
   {'model_id': 'm', 'encoder': {'_target_': 'f', 'dim': 8}}
   """
   node = dict(node or {})
   encoder = {k: v for k, v in dict(node.get('encoder') or {}).items() if k not in RUNTIME_KEYS}
+  if encoder.get('precision') == 'f32':
+    del encoder['precision']
   return {'model_id': node.get('model_id'), 'encoder': encoder}
 
 
@@ -162,9 +167,26 @@ def vectors_of(embedder: Any, dim: int | None) -> Vectors:
   spec = getattr(embedder, 'spec', None)
   if not isinstance(spec, Mapping):
     return Vectors(dim)
+  return Vectors(dim, spec_sha256=identity_sha256(spec))
+
+
+def identity_sha256(spec: Mapping[str, Any]) -> str:
+  """The hash of what an encoder's vectors are (:func:`engram_jax.data.embed.spec_hash` of its ``.spec``) with a
+  float32 backend's entry left out: those give torch's vectors to rounding, so a fit on one applies to the others
+  (the embedding cache keeps them apart all the same); a bf16 backend's entry stays.
+
+  >>> a = {'model': 'm', 'dim': 8}
+  >>> identity_sha256({**a, 'backend': {'name': 'openvino', 'precision': 'f32'}}) == identity_sha256(a)
+  True
+  >>> identity_sha256({**a, 'backend': {'name': 'openvino', 'precision': 'bf16'}}) == identity_sha256(a)
+  False
+  """
   from engram_jax.data.embed import spec_hash  # the cache's key of an encoder's identity
 
-  return Vectors(dim, spec_sha256=spec_hash(spec))
+  spec = dict(spec)
+  if (spec.get('backend') or {}).get('precision') == 'f32':
+    del spec['backend']
+  return spec_hash(spec)
 
 
 def check_vectors(

@@ -142,7 +142,11 @@ def parser() -> argparse.ArgumentParser:
     "rounds), with max |diff| of each option's vectors from today's (--out: the table and its JSON)",
   )
   ap.add_argument('--encode-models', default=','.join(encode.MODELS), help='comma-separated: minilm, mpnet')
-  ap.add_argument('--encode-paths', default=','.join(encode.PATHS), help='comma-separated paths (torch first)')
+  ap.add_argument(
+    '--encode-paths',
+    default=','.join(encode.DEFAULT_PATHS),
+    help=f'comma-separated paths (torch first) of {", ".join(encode.PATHS)}',
+  )
   ap.add_argument('--encode-texts', type=int, default=512, help='LoCoMo texts encoded per round (0: all 7,852)')
   ap.add_argument(
     '--harness',

@@ -76,10 +76,44 @@ def parse_sets(items: Sequence[str]) -> dict[str, dict[str, Any]]:
   return out
 
 
+VECTOR_FLAGS = ('avx2', 'avx512f', 'avx512_bf16', 'avx512_vnni', 'avx512_fp16', 'amx_tile', 'amx_bf16', 'amx_int8')
+
+
+def cpu_model(cpuinfo: str) -> tuple[str, list[str]]:
+  """The CPU's model name and which of ``VECTOR_FLAGS`` it has, from the text of ``/proc/cpuinfo`` (its first
+  processor).
+
+  >>> cpu_model('model name\t: Xeon\nflags\t\t: fpu avx2 avx512f\n')
+  ('Xeon', ['avx2', 'avx512f'])
+  """
+  fields: dict[str, str] = {}
+  for line in cpuinfo.splitlines():
+    key, _, value = line.partition(':')
+    fields.setdefault(key.strip(), value.strip())
+  have = set(fields.get('flags', '').split())
+  return fields.get('model name', 'unknown'), [f for f in VECTOR_FLAGS if f in have]
+
+
+def cpu_settings() -> str:
+  """One line: the CPU model and its vector instructions (avx2, avx512f, avx512_bf16, avx512_vnni, avx512_fp16,
+  amx), read from ``/proc/cpuinfo`` (elsewhere: ``platform.processor()``, flags unknown)."""
+  try:
+    with open('/proc/cpuinfo', encoding='utf-8') as f:
+      name, flags = cpu_model(f.read())
+    have = ' '.join(flags) or 'none of ' + ' '.join(VECTOR_FLAGS)
+  except OSError:
+    import platform
+
+    name, have = platform.processor() or 'unknown', 'unknown'
+  return f'cpu: {name}; {os.cpu_count()} logical CPUs; vector instructions: {have}'
+
+
 def environment() -> list[str]:
-  """The JAX devices and the BLAS / XLA thread settings (what the times depend on)."""
+  """The CPU and its vector instructions, the JAX devices and the BLAS / XLA thread settings (what the times
+  depend on)."""
   dev = jax.devices()[0]
   return [
+    cpu_settings(),
     f'jax {jax.__version__}, numpy {np.__version__}; device {dev} ({dev.platform}, '
     f'{jax.device_count()} device(s)); x64 {bool(jax.config.jax_enable_x64)}',
     device_settings(),

@@ -1,12 +1,13 @@
 """Encoding speed: texts/s and GFLOP/s of the sentence-transformers embedders against the cores' matmul rate, for
 today's path and each option, interleaved rounds, with each option's vectors compared to today's.
 
-    python -m experiments.bench --encode                                   # MiniLM and mpnet, every path
+    python -m experiments.bench --encode                                   # MiniLM and mpnet, the backends
     python -m experiments.bench --encode --encode-models mpnet --encode-paths torch,torch_int8 --rounds 3
 
 Texts: a seeded sample of LoCoMo's distinct item and question texts (``--encode-texts``, the same sample for every
 path and model). A round times every (model, path) once, in a fixed order; the table gives the median over rounds
-with min-max. Paths (``PATHS``):
+with min-max, texts per CPU-second (the process's CPU time, all its threads: what a shared machine pays) and the
+lowest cosine of each path's vectors to today's. Paths (``PATHS``; ``DEFAULT_PATHS`` unless ``--encode-paths``):
 
 * ``torch``: today's path, ``SentenceTransformer.encode(batch_size=64, normalize_embeddings=True)`` with torch's
   default threads (one per core). sentence-transformers already sorts the texts by length before batching (length
@@ -17,14 +18,16 @@ with min-max. Paths (``PATHS``):
   bucketing saves.
 * ``torch_int8``: dynamic int8 quantisation of every ``nn.Linear`` (``torch.ao.quantization.quantize_dynamic``):
   other vectors, so never a silent default.
-* ``onnx``: the transformer exported once with ``torch.onnx.export`` (cached under ``--cache-dir``/onnx) and run by
-  ONNX Runtime on the cores, mean pooling and normalisation in NumPy, texts sorted and batched as ``encode`` does.
-* ``onnx_int8``: that export dynamically quantised to int8 by ``onnxruntime.quantization.quantize_dynamic``.
+* ``onnx``, ``openvino``, ``openvino_bf16``: the embedder's backends (:mod:`engram_jax.data.backends`, exactly
+  what ``embedder.encoder.backend=...`` runs): the transformer exported once under ``--cache-dir``/exports and run
+  by ONNX Runtime or OpenVINO (float32; ``_bf16``: OpenVINO's bfloat16 inference precision), tokenised, sorted,
+  batched, pooled and normalised as ``encode`` does.
+* ``onnx_int8``: the ONNX export dynamically quantised to int8 by ``onnxruntime.quantization.quantize_dynamic``.
 
-sentence-transformers' own ``backend='onnx'`` needs ``optimum-onnx``, whose releases require ``transformers<4.58``
-(the lock has 5.x): it cannot be installed beside the tested set, hence the direct export. The ONNX paths need
-``onnxruntime`` and ``onnx`` (``pip install -c requirements/lock.txt -e '.[onnx]'``); without them they are listed
-as unavailable.
+sentence-transformers' own ``backend='onnx'``/``'openvino'`` need ``optimum``, whose releases require
+``transformers<4.58`` (the lock has 5.x): it cannot be installed beside the tested set, hence the direct export. The
+ONNX paths need the ``onnx`` extra, the OpenVINO ones the ``openvino`` extra; without them they are listed as
+unavailable.
 
 FLOPs: ``2 * (matmul parameters per token) * tokens + 4 * layers * hidden * n^2`` per text of ``n`` tokens (the
 weight matmuls of every layer, ``4 h^2 + 2 h i``, and attention's two ``n x n`` products), real tokens only (the
@@ -35,8 +38,6 @@ same threads, timed in the same rounds: a measured ceiling under the same load, 
 from __future__ import annotations
 
 import copy
-import hashlib
-import importlib.util
 import os
 import random
 import time
@@ -46,10 +47,27 @@ from typing import Any
 
 import numpy as np
 
-PATHS = ('torch', 'torch_b16', 'torch_b128', 'torch_1thread', 'torch_unsorted', 'torch_int8', 'onnx', 'onnx_int8')
+PATHS = (
+  'torch',
+  'onnx',
+  'openvino',
+  'openvino_bf16',
+  'torch_b16',
+  'torch_b128',
+  'torch_1thread',
+  'torch_unsorted',
+  'torch_int8',
+  'onnx_int8',
+)
+DEFAULT_PATHS = ('torch', 'onnx', 'openvino', 'openvino_bf16')
+BACKEND_PATHS = {
+  'onnx': ('onnx', 'f32'),
+  'openvino': ('openvino', 'f32'),
+  'openvino_bf16': ('openvino', 'bf16'),
+  'onnx_int8': ('onnx', 'f32'),
+}
 MODELS = ('minilm', 'mpnet')
 BASE = 'torch'
-ONNX_PACKAGES = ('onnxruntime', 'onnx')
 
 
 def matmul_params_per_token(config: Mapping[str, Any]) -> int:
@@ -114,45 +132,6 @@ def _with_threads(n: int, fn: Callable[[], np.ndarray]) -> np.ndarray:
     torch.set_num_threads(before)
 
 
-def onnx_export(model: Any, folder: Path, out_dir: Path) -> Path:
-  """The transformer of ``model`` (loaded from ``folder``) exported to ONNX once (``input_ids``, ``attention_mask``
-  -> token states), keyed by the folder's fingerprint and the torch version; written aside and renamed."""
-  import torch
-
-  from engram_jax.data import embed
-
-  transformer = model[0].auto_model
-  key = f'{embed.folder_fingerprint(folder)}-{torch.__version__}'
-  path = out_dir / f'{folder.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.onnx'
-  if path.is_file():
-    return path
-  out_dir.mkdir(parents=True, exist_ok=True)
-
-  class Hidden(torch.nn.Module):
-    def __init__(self, inner):
-      super().__init__()
-      self.inner = inner
-
-    def forward(self, input_ids, attention_mask):
-      return self.inner(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-
-  feats = model.tokenize(['a short example text', 'another'])
-  tmp = path.with_name(f'.{path.name}.{os.getpid()}.tmp')
-  with torch.no_grad():
-    torch.onnx.export(
-      Hidden(transformer).eval(),
-      (feats['input_ids'], feats['attention_mask']),
-      str(tmp),
-      input_names=['input_ids', 'attention_mask'],
-      output_names=['hidden'],
-      dynamic_axes={'input_ids': {0: 'batch', 1: 'seq'}, 'attention_mask': {0: 'batch', 1: 'seq'}},
-      opset_version=17,
-      dynamo=False,
-    )
-  os.replace(tmp, path)
-  return path
-
-
 def onnx_int8(path: Path) -> Path:
   """``path`` dynamically quantised to int8 weights (``onnxruntime.quantization.quantize_dynamic``, per channel,
   7-bit range: of the settings tried on mpnet, the one whose vectors stay closest to float32's), once."""
@@ -166,34 +145,22 @@ def onnx_int8(path: Path) -> Path:
   return out
 
 
-def onnx_encoder(model: Any, onnx_path: Path, *, batch_size: int = 64, threads: int | None = None):
-  """``texts -> [T, D]`` through ONNX Runtime: texts sorted by length (longest first, as ``encode``), tokenised by
-  the model's tokenizer per batch, mean-pooled over the attention mask and normalised."""
-  import onnxruntime as ort
+def backend_path(name: str, folder: Path, cache_dir: str) -> Callable[[list[str]], np.ndarray] | str:
+  """Path ``name`` of ``BACKEND_PATHS`` for the model in ``folder`` (``texts -> vectors``), or why it is
+  unavailable."""
+  from engram_jax.data import backends, embed
 
-  opts = ort.SessionOptions()
-  opts.intra_op_num_threads = threads or len(os.sched_getaffinity(0))
-  opts.inter_op_num_threads = 1
-  session = ort.InferenceSession(str(onnx_path), opts, providers=['CPUExecutionProvider'])
-
-  def encode(texts: list[str]) -> np.ndarray:
-    order = np.argsort([-len(t) for t in texts], kind='stable')
-    out = np.zeros((len(texts), model.get_embedding_dimension()), np.float32)
-    for start in range(0, len(texts), batch_size):
-      idx = order[start : start + batch_size]
-      feats = model.tokenize([texts[i] for i in idx])
-      mask = feats['attention_mask'].numpy()
-      (hidden,) = session.run(None, {'input_ids': feats['input_ids'].numpy(), 'attention_mask': mask})
-      m = mask[..., None].astype(np.float32)
-      pooled = (hidden * m).sum(1) / np.maximum(m.sum(1), 1e-9)
-      out[idx] = pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
-    return out
-
-  return encode
-
-
-def onnx_available() -> bool:
-  return all(importlib.util.find_spec(p) is not None for p in ONNX_PACKAGES)
+  backend, precision = BACKEND_PATHS[name]
+  if not backends.installed(backend):
+    return f'unavailable: needs {" and ".join(backends.PACKAGES[backend])} ({backends.INSTALL[backend]})'
+  spec = embed.sentence_transformer_spec(folder)
+  exports = Path(cache_dir) / 'exports'
+  if name != 'onnx_int8':
+    enc = backends.exported_encoder(folder, spec, backend, precision=precision, export_dir=exports)
+    return enc.encode
+  layout = backends.model_layout(folder, spec, backend)
+  path = backends.ensure_export(layout, backend, name=folder.name, fingerprint=spec['fingerprint'], export_dir=exports)
+  return backends.ExportedEncoder(layout, backends.onnx_runner(onnx_int8(path))).encode
 
 
 def build_paths(
@@ -217,14 +184,8 @@ def build_paths(
     elif name == 'torch_int8':
       q = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear}, dtype=torch.qint8)
       out[name] = lambda t, q=q: _st_encode(q, t)
-    elif name in ('onnx', 'onnx_int8'):
-      if not onnx_available():
-        out[name] = (
-          f"unavailable: needs {' and '.join(ONNX_PACKAGES)} (pip install -c requirements/lock.txt -e '.[onnx]')"
-        )
-        continue
-      path = onnx_export(model, folder, Path(cache_dir) / 'onnx')
-      out[name] = onnx_encoder(model, onnx_int8(path) if name == 'onnx_int8' else path)
+    elif name in BACKEND_PATHS:
+      out[name] = backend_path(name, folder, cache_dir)
     else:
       raise ValueError(f'unknown path {name!r}; paths: {list(PATHS)}')
   return out
@@ -255,7 +216,8 @@ def time_encoders(
 ) -> dict[str, Any]:
   """Time every (model, path) on ``texts``, ``rounds`` interleaved rounds; returns rows and the matmul rates.
 
-  A row: model, path, ``seconds`` per round, ``texts_per_s`` and ``gflops`` (medians), ``ratio`` (texts/s over
+  A row: model, path, ``seconds`` and ``cpu_seconds`` (process CPU time) per round, ``texts_per_s``,
+  ``texts_per_cpu_s`` and ``gflops`` (medians), ``ratio`` (texts/s over
   today's ``torch`` path of the same model), ``max_abs_diff`` of its vectors from today's and the lowest cosine
   between the two vectors of one text, or ``unavailable`` with the reason.
   """
@@ -275,6 +237,7 @@ def time_encoders(
       int(np.sum(lengths)),
     )
   times: dict[tuple[str, str], list[float]] = {}
+  cpu: dict[tuple[str, str], list[float]] = {}
   vecs: dict[tuple[str, str], np.ndarray] = {}
   rates = []
   for r in range(rounds):
@@ -285,9 +248,10 @@ def time_encoders(
           continue
         if r == 0:
           fn(texts[:8])  # warm-up (allocation, ONNX Runtime's first run)
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         v = fn(texts)
         times.setdefault((m, p), []).append(time.perf_counter() - t)
+        cpu.setdefault((m, p), []).append(time.process_time() - c)
         vecs[(m, p)] = v
         log(f'round {r}: {m} {p} {len(texts) / times[(m, p)][-1]:.1f} texts/s')
   rows = []
@@ -301,6 +265,7 @@ def time_encoders(
         continue
       sec = float(np.median(times[(m, p)]))
       row.update(seconds=times[(m, p)], texts_per_s=len(texts) / sec, gflops=flops / sec / 1e9)
+      row.update(cpu_seconds=cpu[(m, p)], texts_per_cpu_s=len(texts) / float(np.median(cpu[(m, p)])))
       row['ratio'] = base / sec if base else None
       if (m, BASE) in vecs:
         a, b = vecs[(m, BASE)].astype(np.float64), vecs[(m, p)].astype(np.float64)
@@ -317,19 +282,22 @@ def format_encode(result: Mapping[str, Any]) -> str:
     f'{result["texts"]} LoCoMo texts; torch threads {result["threads"]}; float32 matmul rate (2048^3, same rounds): '
     f'{peak:.0f} GFLOP/s (median; {min(result["matmul_gflops"]):.0f}-{max(result["matmul_gflops"]):.0f})',
     '',
-    '| model | path | texts/s (min-max) | GFLOP/s | of matmul rate | ratio to torch | max abs diff | min cosine |',
-    '|---|---|---|---|---|---|---|---|',
+    '| model | path | texts/s (min-max) | texts per CPU-s | GFLOP/s | of matmul rate | ratio to torch | max abs diff '
+    '| min cosine |',
+    '|---|---|---|---|---|---|---|---|---|',
   ]
   for r in result['rows']:
     if 'unavailable' in r:
-      lines.append(f'| {r["model"]} | {r["path"]} | {r["unavailable"]} | | | | | |')
+      lines.append(f'| {r["model"]} | {r["path"]} | {r["unavailable"]} | | | | | | |')
       continue
+    per_cpu = f'{r["texts_per_cpu_s"]:.1f}' if 'texts_per_cpu_s' in r else 'n/a'
     tps = [r['texts'] / s for s in r['seconds']]
     diff = f'{r["max_abs_diff"]:.1e}' if 'max_abs_diff' in r else 'n/a'
     cos = f'{r["min_cosine"]:.6f}' if 'min_cosine' in r else 'n/a'
     ratio = f'{r["ratio"]:.2f}' if r.get('ratio') else 'n/a'
     lines.append(
-      f'| {r["model"]} | {r["path"]} | {r["texts_per_s"]:.1f} ({min(tps):.1f}-{max(tps):.1f}) | {r["gflops"]:.0f} | '
+      f'| {r["model"]} | {r["path"]} | {r["texts_per_s"]:.1f} ({min(tps):.1f}-{max(tps):.1f}) | {per_cpu} | '
+      f'{r["gflops"]:.0f} | '
       f'{r["gflops"] / peak:.0%} | {ratio} | {diff} | {cos} |'
     )
   return '\n'.join(lines)

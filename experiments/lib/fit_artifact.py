@@ -99,14 +99,14 @@ def write(
 
 
 def encoder_spec_sha256(node: DictConfig) -> str | None:
-  """The spec hash of the encoder the embedder node builds (:func:`engram_jax.data.embed.spec_hash` of its
-  ``.spec``, read without loading a model): what :func:`engram_jax.fit.retrieve.retrieve` checks a given encoder
+  """The identity hash of the encoder the embedder node builds (:func:`engram_jax.fit.apply.identity_sha256` of
+  its ``.spec``, read without loading a model): what :func:`engram_jax.fit.retrieve.retrieve` checks a given encoder
   against. None when the encoder has no spec."""
-  from engram_jax.data.embed import spec_hash
+  from engram_jax.fit.apply import identity_sha256
   from engram_jax.fit.retrieve import encoder_of
 
   spec = getattr(encoder_of(OmegaConf.to_container(node, resolve=True)), 'spec', None)
-  return spec_hash(spec) if isinstance(spec, dict) else None
+  return identity_sha256(spec) if isinstance(spec, dict) else None
 
 
 def is_artifact(path: str | Path | None) -> bool:

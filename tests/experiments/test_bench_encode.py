@@ -5,8 +5,8 @@ import importlib.util
 
 import pytest
 
-from engram_jax.data import io
-from experiments.bench import cli, encode
+from engram_jax.data import backends, io
+from experiments.bench import cli, common, encode
 
 MINILM = {'num_hidden_layers': 6, 'hidden_size': 384, 'intermediate_size': 1536}
 MPNET = {'num_hidden_layers': 12, 'hidden_size': 768, 'intermediate_size': 3072}
@@ -29,7 +29,7 @@ def test_table_gives_rates_ratios_and_unavailable_paths():
   result = {
     'rows': [
       _row('torch', 10.0, gflops=50.0, ratio=1.0, max_abs_diff=0.0, min_cosine=1.0),
-      _row('onnx', 20.0, gflops=100.0, ratio=2.0, max_abs_diff=3e-7, min_cosine=0.9999999),
+      _row('onnx', 20.0, gflops=100.0, ratio=2.0, max_abs_diff=3e-7, min_cosine=0.9999999, texts_per_cpu_s=12.5),
       {'model': 'mpnet', 'path': 'onnx_int8', 'texts': 10, 'tokens': 300, 'unavailable': 'unavailable: needs x'},
     ],
     'matmul_gflops': [200.0, 190.0, 210.0],
@@ -38,7 +38,7 @@ def test_table_gives_rates_ratios_and_unavailable_paths():
   }
   table = encode.format_encode(result)
   assert 'matmul rate (2048^3, same rounds): 200 GFLOP/s' in table
-  assert '| mpnet | onnx | 20.0 (20.0-20.0) | 100 | 50% | 2.00 | 3.0e-07 | 1.000000 |' in table
+  assert '| mpnet | onnx | 20.0 (20.0-20.0) | 12.5 | 100 | 50% | 2.00 | 3.0e-07 | 1.000000 |' in table
   assert '| mpnet | onnx_int8 | unavailable: needs x |' in table
 
 
@@ -51,10 +51,17 @@ def test_cli_refuses_unknown_models_and_paths(capsys):
   assert "['fp16']" in capsys.readouterr().err
 
 
-def test_onnx_paths_say_what_they_need_when_missing(monkeypatch):
-  monkeypatch.setattr(encode, 'onnx_available', lambda: False)
-  paths = encode.build_paths(object(), None, ['onnx', 'onnx_int8'], '.cache')
-  assert all(v.startswith('unavailable: needs onnxruntime and onnx') for v in paths.values())
+def test_backend_paths_say_what_they_need_when_missing(monkeypatch):
+  monkeypatch.setattr(backends, 'installed', lambda backend: False)
+  paths = encode.build_paths(object(), None, ['onnx', 'onnx_int8', 'openvino', 'openvino_bf16'], '.cache')
+  assert paths['onnx'].startswith('unavailable: needs onnxruntime and onnx')
+  assert paths['openvino_bf16'].startswith('unavailable: needs openvino (pip install')
+
+
+def test_every_bench_prints_the_cpu_and_its_vector_instructions():
+  name, flags = common.cpu_model('processor\t: 0\nmodel name\t: Xeon X\nflags\t\t: fpu avx2 avx512_bf16 amx_tile\n')
+  assert (name, flags) == ('Xeon X', ['avx2', 'avx512_bf16', 'amx_tile'])
+  assert common.environment()[0].startswith('cpu: ')
 
 
 def _have_locomo() -> bool:
@@ -71,11 +78,21 @@ def test_minilm_torch_paths_agree_and_are_timed(tmp_path):
   texts = encode.sample_texts(12)
   assert len(set(texts)) == 12 and texts == encode.sample_texts(12)  # seeded
   result = encode.time_encoders(
-    ['minilm'], ['torch', 'torch_b128', 'torch_1thread', 'torch_unsorted'], texts, rounds=2, cache_dir=str(tmp_path)
+    ['minilm'],
+    [
+      'torch',
+      'torch_b128',
+      'torch_1thread',
+      'torch_unsorted',
+      *[p for p in ('onnx', 'openvino') if backends.installed(p)],
+    ],
+    texts,
+    rounds=2,
+    cache_dir=str(tmp_path),
   )
   rows = {r['path']: r for r in result['rows']}
   assert rows['torch']['ratio'] == 1.0 and rows['torch']['max_abs_diff'] == 0.0
   for r in rows.values():
-    assert len(r['seconds']) == 2 and r['texts_per_s'] > 0 and r['gflops'] > 0
+    assert len(r['seconds']) == 2 and r['texts_per_s'] > 0 and r['gflops'] > 0 and r['texts_per_cpu_s'] > 0
     assert r['max_abs_diff'] < 1e-5 and r['min_cosine'] > 0.99999  # same model, batches padded differently
   assert len(result['matmul_gflops']) == 2 and '| minilm | torch |' in encode.format_encode(result)
