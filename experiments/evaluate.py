@@ -327,10 +327,10 @@ def trec_files(name: str, results: dict[str, Any], episodes) -> dict[str, str]:
   return files
 
 
-def _load_checked(cfg: DictConfig, ds: DictConfig, name: str, art=None):
-  """:func:`common.load_dataset`, refused when it has no question to score or two episodes with equal content
-  (or, with ``art``, the artifact applied, an episode it has no fit for)."""
-  episodes, load_report = common.load_dataset(cfg, ds)
+def _check_loaded(cfg: DictConfig, name: str, episodes, art=None) -> None:
+  """A loaded dataset refused when it has no question to score or two episodes with equal content (or, with
+  ``art``, the artifact applied, an episode it has no fit for). Run on every load, a memoized one included: what
+  it checks depends on the run's settings, not only on the data."""
   checks.check_scored_questions(episodes, f'dataset {name}')
   checks.check_distinct_corpora(episodes, f'dataset {name}')
   checks.check_loaded(cfg, name, episodes)  # k, reader.questions, fitted= episodes: before any embedding
@@ -338,7 +338,6 @@ def _load_checked(cfg: DictConfig, ds: DictConfig, name: str, art=None):
     from engram_jax.fit import apply as road
 
     road.check_episodes(art, episodes, f'dataset {name}', prefix=f'fitted={cfg.fitted}')
-  return episodes, load_report
 
 
 def begin(cfg: DictConfig, out_dir: Path) -> runfolder.Run:
@@ -413,8 +412,8 @@ def setup_step(cfg: DictConfig) -> Run:
 
 
 def load_step(run: Run, datasets: dict) -> dict[str, tuple]:
-  """Every dataset loaded and checked (once per loaded dataset in a process), then what needs the data but no
-  vectors: a vectors file's ids and the external runs, before any embedding or retrieval."""
+  """Every dataset loaded (once per dataset in a process) and checked (on every run), then what needs the data
+  but no vectors: a vectors file's ids and the external runs, before any embedding or retrieval."""
   cfg = run.cfg
   art = run.applying[0] if run.applying else None
   with run.timer.phase('load'):
@@ -423,11 +422,12 @@ def load_step(run: Run, datasets: dict) -> dict[str, tuple]:
         cfg,
         'dataset',
         {'dataset': ds, 'data_root': cfg.paths.data_root},
-        functools.partial(_load_checked, cfg, ds, name, art),
+        functools.partial(common.load_dataset, cfg, ds),
       )
       for name, ds in datasets.items()
     }
-  for episodes, _ in loaded.values():
+  for name, (episodes, _) in loaded.items():
+    _check_loaded(cfg, name, episodes, art)
     common.check_embeddable(run.embed_fn, episodes)
     checks.check_external_runs(cfg, run.pipes, episodes, int(cfg.eval.k))
   return loaded

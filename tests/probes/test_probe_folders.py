@@ -367,12 +367,15 @@ def test_an_artifact_for_a_pipeline_not_selected_is_one_line(tmp_path):
 
 @needs_data
 def test_an_artifact_without_a_final_fit_on_a_new_conversation_is_one_line_before_embedding(tmp_path, monkeypatch):
+  """Also when the dataset was loaded before in this process (the load is memoized; its checks must not be)."""
   run = _fit_run(tmp_path, tmp_path / 'run', final=False, scored=('conv-30', 'conv-41'))
   _refused(lambda: artifact.load(run).fit_for('conv-26'), 'is in none of its folds and the artifact has no final')
   from engram_jax.eval import evaluation
 
+  one = "dataset.loader.conversations=['conv-26']"
+  evaluate_exp.run(_compose(tmp_path, ['pipeline=[bm25]', one]), tmp_path / 'first')  # conv-26 loaded (memoized)
   monkeypatch.setattr(evaluation, 'embed_episodes', lambda *a, **k: pytest.fail('embedded before the refusal'))
-  cfg = _compose(tmp_path, [f'pipeline=[{PIPE}]', f'fitted={run}', "dataset.loader.conversations=['conv-26']"])
+  cfg = _compose(tmp_path, [f'pipeline=[{PIPE}]', f'fitted={run}', one])
   _refused(
     lambda: evaluate_exp.run(cfg, tmp_path / 'out'),
     rf'^fitted={run}: episodes conv-26 of dataset locomo are in none of its folds and the artifact has no final fit',
