@@ -47,7 +47,9 @@ from engram_jax.core.errors import EngramError
 BACKENDS = ('torch', 'onnx', 'openvino')
 PRECISIONS = ('f32', 'bf16')
 AUTO = 'auto'
-AUTO_ORDER = ('openvino', 'onnx')  # what 'auto' picks, first installed; torch when none is
+# what 'auto' picks, first installed; torch when none is. ONNX Runtime is not among them: on a quiet 2-core Xeon it
+# ran MiniLM at 0.85x torch's rate (docs/performance.md#encoding), so it runs only when asked for
+AUTO_ORDER = ('openvino',)
 PACKAGES = {'torch': ('torch', 'sentence_transformers'), 'onnx': ('onnxruntime', 'onnx'), 'openvino': ('openvino',)}
 DISTRIBUTIONS = {'onnx': 'onnxruntime', 'openvino': 'openvino'}  # the package whose version keys the vectors
 INSTALL = {

@@ -545,7 +545,7 @@ def sentence_transformer_encoder(
   (``query_prompt_name``, ...); ``download``: fetch the model from the hub when no local copy exists.
 
   ``backend``: ``torch`` (``SentenceTransformer.encode``), ``onnx`` (ONNX Runtime), ``openvino`` or ``auto`` (the
-  first installed of :data:`~engram_jax.data.backends.AUTO_ORDER` on one CPU process, else torch); the exported
+  first installed of :data:`~engram_jax.data.backends.AUTO_ORDER` (OpenVINO) on one CPU process, else torch); the exported
   ones are made once into ``export_dir`` (:mod:`engram_jax.data.backends`). ``precision='bf16'``: OpenVINO's
   bfloat16 inference, opt-in (other vectors, cached apart). The backend keys the cache, except torch, whose spec
   is today's."""
