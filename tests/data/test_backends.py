@@ -71,6 +71,19 @@ def test_cache_key_differs_per_backend():
   assert {k: v for k, v in specs['onnx', 'f32'].items() if k != 'backend'} == specs['torch', 'f32']
 
 
+def test_a_fit_applies_across_float32_backends_not_to_bf16():
+  """The cache keeps every backend apart, but a fit's encoder identity (what the road checks vectors against)
+  leaves a float32 backend out: a fit made under OpenVINO applies to torch's vectors, not to bf16's."""
+  from engram_jax.fit.apply import identity_sha256
+
+  ids = {
+    (b, p): identity_sha256(embed.SentenceTransformerEncoder(backend=b, precision=p).spec)
+    for b, p in [('torch', 'f32'), ('onnx', 'f32'), ('openvino', 'f32'), ('openvino', 'bf16')]
+  }
+  assert ids['torch', 'f32'] == ids['onnx', 'f32'] == ids['openvino', 'f32'] != ids['openvino', 'bf16']
+  assert ids['torch', 'f32'] == embed.spec_hash(embed.SentenceTransformerEncoder(backend='torch').spec)  # older fits
+
+
 def test_the_class_takes_resolved_names_only():
   with pytest.raises(EngramError, match='resolve auto first'):
     embed.SentenceTransformerEncoder(backend='auto')
