@@ -23,6 +23,7 @@ from engram_jax.core import runfolder
 from engram_jax.core.batch import episode_arrays
 from engram_jax.core.errors import EngramError
 from engram_jax.data import splits
+from engram_jax.eval import checks as data_checks
 from engram_jax.eval import evaluation, grid, pipeline, timing, trec
 from engram_jax.metrics import report
 from engram_jax.ops import trec_run
@@ -331,8 +332,8 @@ def _check_loaded(cfg: DictConfig, name: str, episodes, art=None) -> None:
   """A loaded dataset refused when it has no question to score or two episodes with equal content (or, with
   ``art``, the artifact applied, an episode it has no fit for). Run on every load, a memoized one included: what
   it checks depends on the run's settings, not only on the data."""
-  checks.check_scored_questions(episodes, f'dataset {name}')
-  checks.check_distinct_corpora(episodes, f'dataset {name}')
+  data_checks.check_scored_questions(episodes, f'dataset {name}')
+  data_checks.check_distinct_corpora(episodes, f'dataset {name}')
   checks.check_loaded(cfg, name, episodes)  # k, reader.questions, fitted= episodes: before any embedding
   if art is not None:  # an artifact: a fit for every episode (fold or final)
     from engram_jax.fit import apply as road

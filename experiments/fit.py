@@ -32,6 +32,7 @@ from engram_jax import fit
 from engram_jax.core import batch, modules, runfolder
 from engram_jax.core.errors import EngramError
 from engram_jax.data import splits
+from engram_jax.eval import checks as data_checks
 from engram_jax.eval import evaluation, pipeline
 from engram_jax.fit import apply as road
 from engram_jax.fit import artifact
@@ -350,8 +351,8 @@ def load(cfg: DictConfig, options: dict, metrics: list[str]) -> Data:
     if {e.id for e in train_eps} & {e.id for e in episodes}:
       raise EngramError('fit.train and the scored dataset share episode ids')
     episodes, embeddings, arrays = train_eps + episodes, train_emb + embeddings, train_arr + arrays
-  checks.check_scored_questions(episodes, f'dataset {cfg.dataset.name}')
-  checks.check_folds(episodes, folds)  # every fold scores >= 1 question and trains on >= 1, before any fitting
+  data_checks.check_scored_questions(episodes, f'dataset {cfg.dataset.name}')
+  data_checks.check_folds(episodes, folds)  # every fold scores >= 1 question and trains on >= 1, before any fitting
   for fold in folds:  # content-level: a copied conversation must not train the fold that scores it
     splits.assert_disjoint_content([e for e in episodes if e.id not in fold], [e for e in episodes if e.id in fold])
   scored_ids = {e for f in folds for e in f}

@@ -12,6 +12,7 @@ from hydra import compose, initialize_config_dir
 
 from engram_jax.core.types import Episode, Item, LoadReport, Question
 from engram_jax.data import io, splits
+from engram_jax.eval import checks as data_checks
 from engram_jax.metrics import stats
 from experiments import evaluate
 from experiments.lib import checks
@@ -84,14 +85,14 @@ def _ep(i, n_q=1, text=None):
 
 def test_empty_folds_are_refused_naming_the_fold():
   eps = [_ep(0), _ep(1, n_q=0), _ep(2)]
-  checks.check_folds(eps, [['e0'], ['e2']])
+  data_checks.check_folds(eps, [['e0'], ['e2']])
   with pytest.raises(ValueError, match=r"fold \['e1'\]: its scored episodes have 0 questions") as e:
-    checks.check_folds(eps, [['e0'], ['e1']])
+    data_checks.check_folds(eps, [['e0'], ['e1']])
   _one_line(e)
   with pytest.raises(ValueError, match=r"fold \['e0'\]: the episodes outside it have 0 questions"):
-    checks.check_folds([_ep(0), _ep(1, n_q=0)], [['e0']])
+    data_checks.check_folds([_ep(0), _ep(1, n_q=0)], [['e0']])
   with pytest.raises(ValueError, match='dataset x: 0 questions to score'):
-    checks.check_scored_questions([_ep(1, n_q=0)], 'dataset x')
+    data_checks.check_scored_questions([_ep(1, n_q=0)], 'dataset x')
 
 
 def test_an_empty_paired_comparison_is_nan_not_zero():
@@ -104,9 +105,9 @@ def test_an_empty_paired_comparison_is_nan_not_zero():
 def test_identical_corpora_are_refused_naming_both():
   eps = [_ep(0), _ep(1), _ep(2, text='text 0')]
   with pytest.raises(ValueError, match=r"dataset d: episodes 'e0' and 'e2' have identical content") as e:
-    checks.check_distinct_corpora(eps, 'dataset d')
+    data_checks.check_distinct_corpora(eps, 'dataset d')
   _one_line(e)
-  checks.check_distinct_corpora(eps[:2], 'dataset d')
+  data_checks.check_distinct_corpora(eps[:2], 'dataset d')
 
 
 def test_content_overlap_names_the_two_episodes():
@@ -209,8 +210,8 @@ def test_near_copies_of_a_conversation_are_refused():
   now compares texts up to case and whitespace."""
   eps = [_ep(0), _ep(1), _ep(2, text='text 0 ')]
   with pytest.raises(ValueError, match=r"episodes 'e0' and 'e2' have identical content up to case and whitespace"):
-    checks.check_distinct_corpora(eps, 'dataset d')
-  checks.check_distinct_corpora([_ep(0), _ep(2, text='text 0 more')], 'dataset d')
+    data_checks.check_distinct_corpora(eps, 'dataset d')
+  data_checks.check_distinct_corpora([_ep(0), _ep(2, text='text 0 more')], 'dataset d')
 
 
 def test_conversations_without_brackets_and_a_knob_listed_twice_are_refused():
@@ -263,11 +264,11 @@ def test_fc_facts_repeated_under_new_serials_are_counted():
 def test_a_fit_on_one_training_question_is_warned(caplog):
   eps = [_ep(0), _ep(1), _ep(2, n_q=30)]
   with caplog.at_level('WARNING'):
-    checks.check_folds(eps, [['e2']])
+    data_checks.check_folds(eps, [['e2']])
   assert 'trains on only 2 question(s)' in caplog.text
   caplog.clear()
   with caplog.at_level('WARNING'):
-    checks.check_folds(eps, [['e0']])
+    data_checks.check_folds(eps, [['e0']])
   assert 'trains on only' not in caplog.text
 
 

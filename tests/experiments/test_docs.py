@@ -31,6 +31,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import get_method
 
 from engram_jax import fit
+from engram_jax.eval import checks as data_checks
 from engram_jax.ops import registry
 from experiments.lib import checks, common
 
@@ -116,7 +117,7 @@ class DocRun:
     assert [len(e.items) for e in episodes] == [2] and [len(e.questions) for e in episodes] == [1]
     counts = report.counts
     assert counts['blank_turn_dropped'] == 1 and counts['excluded_no_evidence'] == 1, counts
-    checks.check_metrics(
+    data_checks.check_metrics(
       list(node['metrics']), k=10, supported=list(common.dataset_metrics(node)), where=f'dataset {name}'
     )
 
