@@ -21,7 +21,6 @@ import hashlib
 import importlib
 import importlib.metadata
 import json
-import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -259,8 +258,7 @@ def run_pins(pipe: Pipeline) -> dict[str, str]:
   """``{absolute path: sha256}`` of the run files the pipeline's ``trec_run`` legs read (what a fit weighed)."""
   from engram_jax.ops.trec_run import file_sha256
 
-  paths = [os.path.abspath(str(leg.option('path'))) for leg in pipe.legs if leg.op == 'trec_run']
-  return {p: file_sha256(p) for p in paths}
+  return {p: file_sha256(p) for p in apply.pipe_runs(pipe).values()}
 
 
 def check_values(file: Path, problem: Problem, every: Mapping[str, float], entry: Mapping[str, Any], res: FitResult):
