@@ -18,6 +18,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from engram_jax.eval import checks as data_checks
 from engram_jax.eval import evaluation, pipeline
 from engram_jax.fit import apply as road
 from engram_jax.fit import artifact
+from engram_jax.fit.config import FitConfig
 from engram_jax.metrics import stats
 from experiments.lib import checks, common, fit_artifact, fit_setup, protocol
 
@@ -55,9 +57,9 @@ OUTPUTS = (
 )
 
 
-def outputs(cfg: DictConfig) -> tuple[str, ...]:
+def outputs(run: fit_setup.FitRun) -> tuple[str, ...]:
   """What this run writes into its folder: :data:`OUTPUTS` and a loss curve per declared variant."""
-  labels = list(cfg.fit.get('variants') or {})
+  labels = list(run.config.variants)
   return (*OUTPUTS[:2], *(f'loss_curve_{label}.json' for label in labels), *OUTPUTS[2:])
 
 
@@ -66,11 +68,11 @@ def stale_outputs(folder: Path) -> tuple[str, ...]:
   return tuple(sorted(p.name for p in Path(folder).glob('loss_curve_*.json')))
 
 
-def reports(cfg: DictConfig) -> dict[str, Any]:
+def reports(run: fit_setup.FitRun) -> dict[str, Any]:
   """``fit.reports``: component name -> its report module (imported), in the order they run."""
   out = {}
-  for name, module in (cfg.fit.get('reports') or {}).items():
-    out[str(name)] = modules.import_module(str(module), f'fit.reports.{name}')
+  for name, module in run.config.reports.items():
+    out[name] = modules.import_module(module, f'fit.reports.{name}')
   return out
 
 
@@ -78,8 +80,9 @@ def _interval(values: np.ndarray, seed: int, n_resamples: int) -> dict[str, floa
   return stats.bootstrap_ci(values, seed=seed, n_resamples=n_resamples).to_dict()
 
 
-def prepare(cfg: DictConfig, options: dict | None = None, dataset: DictConfig | None = None, episodes=None):
-  """Load, embed and pad a dataset once (``cfg.dataset`` unless ``dataset``; ``episodes``: already loaded):
+def prepare(cfg: DictConfig, options: dict | None = None, dataset: Mapping | None = None, episodes=None):
+  """Load, embed and pad a dataset once (``cfg.dataset`` unless ``dataset``; ``episodes``: already loaded;
+  ``cfg``: the run's environment, its paths and embedder):
   ``(episodes, embeddings, arrays)`` (``options``: what the pipelines' legs need built,
   :func:`engram_jax.eval.pipeline.build_options`)."""
   options = options or {}
@@ -103,6 +106,7 @@ class GapShared:
   values (copied there once)."""
 
   soft_eval: Any
+  leg_cache: Any = None  # the process's leg cache (:func:`experiments.lib.common.leg_cache`), or None
   hard: dict = dataclasses.field(default_factory=dict)
   soft: dict = dataclasses.field(default_factory=dict)
   rows: dict = dataclasses.field(default_factory=dict)
@@ -110,7 +114,7 @@ class GapShared:
 
 
 def gap_monitor(
-  cfg: DictConfig,
+  run: fit_setup.FitRun,
   name: str,
   pipe: pipeline.Pipeline,
   problem: fit.Problem,
@@ -132,8 +136,8 @@ def gap_monitor(
   fold) is scored once for all folds, its soft half on every question (each row's value does not depend on the other
   rows of its batch) with each fold averaging its training questions' values."""
   shared = GapShared(fit.make_soft_eval(problem, max_gold=fit.max_gold_of(rows))) if shared is None else shared
-  hard = functools.partial(_gap_hard, cfg, name, pipe, episodes, arrays, shared)
-  soft = functools.partial(_gap_soft, int(cfg.fit.batch_size), problem, rows, train, shared)
+  hard = functools.partial(_gap_hard, run, name, pipe, episodes, arrays, shared)
+  soft = functools.partial(_gap_soft, run.config.batch_size, problem, rows, train, shared)
 
   def watch(step: int, scale: float, vals: dict) -> dict[str, float]:
     s_ = float(np.mean(soft(step, scale, vals)))
@@ -143,14 +147,14 @@ def gap_monitor(
   return watch
 
 
-def _gap_hard(cfg: DictConfig, name: str, pipe, episodes, arrays, shared: GapShared, values: dict) -> np.ndarray:
+def _gap_hard(run: fit_setup.FitRun, name: str, pipe, episodes, arrays, shared: GapShared, values: dict) -> np.ndarray:
   """The hard pipeline's NDCG@k with knob ``values`` on every question (rows' order), computed once per values."""
   key = tuple(sorted(values.items()))
   if key not in shared.hard:
-    k = int(cfg.eval.k)
+    k = run.k
     r = evaluation.evaluate(
       list(episodes), None, {name: pipeline.with_values(pipe, values)}, k=k, metrics=[f'ndcg@{k}'],
-      seed=int(cfg.seed), progress=False, arrays=list(arrays), leg_cache=common.leg_cache(cfg),
+      seed=run.seed, progress=False, arrays=list(arrays), leg_cache=shared.leg_cache,
     )  # fmt: skip
     row_ids = [q.id for e in episodes for q in e.questions]
     at = {q: i for i, q in enumerate(r.question_ids)}
@@ -190,25 +194,30 @@ def _gap_soft(
 
 
 def fit_variant(
-  cfg: DictConfig, plan: fit_setup.Plan, label: str, pipe: pipeline.Pipeline, data: Data, checked: set | None = None
+  run: fit_setup.FitRun,
+  env: Env,
+  plan: fit_setup.Plan,
+  label: str,
+  pipe: pipeline.Pipeline,
+  data: Data,
+  checked: set | None = None,
 ) -> dict[str, Any]:
   """Cross-fit one variant of the plan (``fitted`` or a label of ``fit.variants``) and score each fold's episodes
   with its fit (hard, every learned part: :func:`engram_jax.fit.artifact.score`); with ``fit.final``, one more fit
   on every training question. Before step 0, each of its components passes the component contract
   (:func:`experiments.lib.fit_setup.check_contract`; ``checked``: those already checked in this run). Returns
-  ``{'problem', 'components', 'fits', 'final', 'scores', 'per_fold'}``."""
+  ``{'problem', 'components', 'fits', 'final', 'scores', 'per_fold'}`` (``env``: the machine's devices and leg
+  cache)."""
   problem, components = plan.variants()[label]
   episodes, embeddings, arrays, folds = data.episodes, data.embeddings, data.arrays, data.folds
-  fit_setup.check_contract(plan, problem, components, episodes, arrays, seed=int(cfg.seed), done=checked)
-  rows = fit_setup.rows(plan, pipe, episodes, arrays, seed=int(cfg.seed), problem=problem)
+  fit_setup.check_contract(plan, problem, components, episodes, arrays, seed=run.seed, done=checked)
+  rows = fit_setup.rows(plan, pipe, episodes, arrays, seed=run.seed, problem=problem)
   inputs = {c.name: c.inputs(problem, episodes, arrays) for c in components}
-  checks_n = int(cfg.fit.get('gap_checks') or 0) if label == 'fitted' else 0
-  steps = plan.steps
-  monitor_steps = sorted({round(i * steps / checks_n) for i in range(checks_n + 1)}) if checks_n else []
+  monitor_steps = run.config.monitor_steps() if label == 'fitted' else []
   monitor = None
-  if checks_n:  # one GapShared for all folds
-    shared = GapShared(fit.make_soft_eval(problem, max_gold=fit.max_gold_of(rows)))
-    monitor = functools.partial(gap_monitor, cfg, plan.name, pipe, problem, rows, episodes, arrays, shared=shared)
+  if monitor_steps:  # one GapShared for all folds
+    shared = GapShared(fit.make_soft_eval(problem, max_gold=fit.max_gold_of(rows)), env.leg_cache)
+    monitor = functools.partial(gap_monitor, run, plan.name, pipe, problem, rows, episodes, arrays, shared=shared)
   fits = fit_setup.crossfit(
     plan,
     rows,
@@ -219,10 +228,10 @@ def fit_variant(
     inputs=inputs,
     monitor=monitor,
     monitor_steps=monitor_steps,
-    devices=common.fold_devices(cfg),
+    devices=env.devices,
   )
   final = None
-  if cfg.fit.get('final'):  # one fit on every training question of the run (for use after cross-fitting)
+  if run.config.final:  # one fit on every training question of the run (for use after cross-fitting)
     final = fit_setup.fit_rows(
       plan, rows, np.arange(rows.where.shape[0]), problem=problem, components=components, inputs=inputs
     )
@@ -230,24 +239,24 @@ def fit_variant(
   held = artifact.in_memory(pipe, problem, plan.every, components, dict(zip(labels, fits)), dict(zip(labels, folds)))
   in_folds = [i for i, e in enumerate(episodes) if any(e.id in fold for fold in folds)]
   got = road.apply(
-    held, [episodes[i] for i in in_folds], [embeddings[i] for i in in_folds], k=int(cfg.eval.k),
-    metrics=data.metrics, seed=int(cfg.seed), episode_metrics=common.dataset_metrics(cfg.dataset),
-    arrays=[arrays[i] for i in in_folds], where=f'dataset {cfg.dataset.name}',
+    held, [episodes[i] for i in in_folds], [embeddings[i] for i in in_folds], k=run.k,
+    metrics=data.metrics, seed=run.seed, episode_metrics=dict(run.episode_metrics),
+    arrays=[arrays[i] for i in in_folds], where=f'dataset {run.dataset}',
   )  # fmt: skip
   scores = got.scores
   return {'problem': problem, 'components': components, 'fits': fits, 'final': final, 'scores': scores}
 
 
-def make_folds(cfg: DictConfig, episode_ids: list[str]) -> list[list[str]]:
+def make_folds(config: FitConfig, episode_ids: list[str]) -> list[list[str]]:
   """Scored episode folds: cross-fitting folds, one hold-out fold, or (``parts``) every episode of the scored
   dataset in one fold (the training episodes come from ``fit.train``)."""
-  if cfg.fit.split == 'parts':
+  if config.split == 'parts':
     return [list(episode_ids)]
-  if cfg.fit.split == 'crossfit':
-    return fit.episode_folds(episode_ids, n_folds=int(cfg.fit.folds), seed=int(cfg.fit.seed))
-  if cfg.fit.split == 'holdout':
-    return [fit.holdout_split(episode_ids, n_test=int(cfg.fit.n_test), seed=int(cfg.fit.seed))[1]]
-  raise EngramError(f'fit.split must be crossfit, holdout or parts, got {cfg.fit.split!r}')
+  if config.split == 'crossfit':
+    return fit.episode_folds(episode_ids, n_folds=config.folds, seed=config.seed)
+  if config.split == 'holdout':
+    return [fit.holdout_split(episode_ids, n_test=config.n_test, seed=config.seed)[1]]
+  raise EngramError(f'fit.split must be crossfit, holdout or parts, got {config.split!r}')
 
 
 def paired_tests(
@@ -334,16 +343,14 @@ class Data:
   metrics: list[str]
 
 
-def load(cfg: DictConfig, options: dict, metrics: list[str]) -> Data:
+def load(cfg: DictConfig, run: fit_setup.FitRun, options: dict) -> Data:
   """Load, embed and pad the scored dataset (and ``fit.train`` with ``fit.split=parts``); folds checked disjoint by
-  question id and content before any fitting."""
+  question id and content before any fitting (``cfg``: the run's environment, its paths, embedder and loaders)."""
   episodes, _ = common.load_dataset(cfg, cfg.dataset)
-  folds = make_folds(
-    cfg, [e.id for e in episodes]
-  )  # fit.folds / fit.n_test against the episodes read: before embedding
+  folds = make_folds(run.config, [e.id for e in episodes])  # fit.folds / fit.n_test against the episodes read
   episodes, embeddings, arrays = prepare(cfg, options, episodes=episodes)
-  if cfg.fit.split == 'parts':  # train on another part / dataset: its episodes join the rows, never a fold
-    train_eps, train_emb, train_arr = prepare(cfg, options, dataset=cfg.fit.train)
+  if run.config.split == 'parts':  # train on another part / dataset: its episodes join the rows, never a fold
+    train_eps, train_emb, train_arr = prepare(cfg, options, dataset=run.config.train)
     splits.assert_disjoint(
       [q.id for e in train_eps for q in e.questions], [q.id for e in episodes for q in e.questions]
     )
@@ -351,13 +358,13 @@ def load(cfg: DictConfig, options: dict, metrics: list[str]) -> Data:
     if {e.id for e in train_eps} & {e.id for e in episodes}:
       raise EngramError('fit.train and the scored dataset share episode ids')
     episodes, embeddings, arrays = train_eps + episodes, train_emb + embeddings, train_arr + arrays
-  data_checks.check_scored_questions(episodes, f'dataset {cfg.dataset.name}')
+  data_checks.check_scored_questions(episodes, f'dataset {run.dataset}')
   data_checks.check_folds(episodes, folds)  # every fold scores >= 1 question and trains on >= 1, before any fitting
   for fold in folds:  # content-level: a copied conversation must not train the fold that scores it
     splits.assert_disjoint_content([e for e in episodes if e.id not in fold], [e for e in episodes if e.id in fold])
   scored_ids = {e for f in folds for e in f}
   scored = [i for i, e in enumerate(episodes) if e.id in scored_ids]
-  return Data(episodes, embeddings, arrays, folds, scored, metrics)
+  return Data(episodes, embeddings, arrays, folds, scored, list(run.metrics))
 
 
 def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
@@ -365,51 +372,62 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   Markdown, the artifact and the ledger row. The folder is whole or marked (:mod:`engram_jax.core.runfolder`): an
   earlier run's marker and outputs are removed first, every file is written atomically, the marker last; the run
   holds the folder (one writer: another run into it is refused) until it ends, however it ends."""
-  expect = common.hydra_own_files(out_dir)
-  with runfolder.begin(out_dir, outputs(cfg) + stale_outputs(out_dir), expect=expect) as folder:
-    return _run(cfg, out_dir, folder)
-
-
-def _run(cfg: DictConfig, out_dir: Path, folder: runfolder.Run) -> dict[str, Any]:
-  """:func:`run` in the folder it holds."""
-  t0 = time.perf_counter()
   names = list(cfg.pipeline)
   if len(names) != 1:
     raise EngramError(f'experiments.fit fits one pipeline per run, got {names} (use -m pipeline=a,b)')
-  checks.check_fit(cfg)
+  fit_run = checks.check_fit(cfg)  # the config read once, typed (experiments.lib.fit_setup.FitRun)
+  expect = common.hydra_own_files(out_dir)
+  with runfolder.begin(out_dir, outputs(fit_run) + stale_outputs(out_dir), expect=expect) as folder:
+    return _run(cfg, fit_run, out_dir, folder)
+
+
+@dataclasses.dataclass(frozen=True)
+class Env:
+  """What a fit uses of the machine (set up from the config's ``eval`` node once): the devices its folds run on and
+  the process's leg cache."""
+
+  devices: Any
+  leg_cache: Any
+
+
+def _run(cfg: DictConfig, run_: fit_setup.FitRun, out_dir: Path, folder: runfolder.Run) -> dict[str, Any]:
+  """:func:`run` in the folder it holds (``cfg``: the environment, its paths, caches, devices, embedder, loaders and
+  protocol; ``run_``: the fit's settings, typed)."""
+  t0 = time.perf_counter()
   common.enable_compile_cache(cfg)  # a warm rerun loads its programs (rows, twin checks, steps, monitors, scoring)
-  name = names[0]
-  metrics = list(cfg.dataset.get('metrics') or cfg.eval.metrics)
+  name = run_.pipeline
   common.import_ops_modules(cfg)
-  pipe = common.hand_set_pipeline(name, cfg.pipeline[name])
-  baselines = {b: common.hand_set_pipeline(b) for b in cfg.fit.baselines if b != name}
-  plan = fit_setup.build(cfg, pipe, name)  # config errors before any data is loaded
+  pipe = common.hand_set_pipeline(name, run_.pipeline_node)
+  baselines = {b: common.hand_set_pipeline(b) for b in run_.config.baselines if b != name}
+  plan = fit_setup.plan(run_, pipe)  # config errors before any data is loaded
   protocol_info = protocol.check(cfg)  # refuses an already-scored confirmation (unless forced)
   if protocol_info:
     protocol.warn_run_dir(out_dir)  # before the work: a row whose run folder is outside the repository says so
-  data = load(cfg, pipeline.build_options([pipe, *baselines.values()]), metrics)
-  checks.check_external_runs(cfg, {name: pipe, **baselines}, data.episodes, int(cfg.eval.k))
+  data = load(cfg, run_, pipeline.build_options([pipe, *baselines.values()]))
+  env = Env(common.fold_devices(cfg), common.leg_cache(cfg))
+  metrics = data.metrics
+  checks.check_external_runs(cfg, {name: pipe, **baselines}, data.episodes, run_.k)
   protocol.check_data(protocol_info, cfg, data.episodes)  # the data read against its pinned fingerprint (unless forced)
   t_load = time.perf_counter() - t0
   checked: set = set()  # (component, settings) whose contract passed in this run
-  parts = {label: fit_variant(cfg, plan, label, pipe, data, checked) for label in plan.variants()}
+  parts = {label: fit_variant(run_, env, plan, label, pipe, data, checked) for label in plan.variants()}
   t_fit = time.perf_counter() - t0 - t_load  # hard scoring of the folds included
   before = evaluation.evaluate(
     [data.episodes[i] for i in data.scored],
     [data.embeddings[i] for i in data.scored],
     {name: pipe, **baselines},
-    k=int(cfg.eval.k),
+    k=run_.k,
     metrics=metrics,
-    seed=int(cfg.seed),
+    seed=run_.seed,
     progress=False,
     arrays=[data.arrays[i] for i in data.scored],
-    episode_metrics=common.dataset_metrics(cfg.dataset),
+    episode_metrics=dict(run_.episode_metrics),
   )
   timing = {'wall_s': time.perf_counter() - t0, 'load_embed_s': t_load, 'fit_s': t_fit}
   timing.update(score_s=timing['wall_s'] - t_load - t_fit, fit_per_fold_s=[r.wall_s for r in parts['fitted']['fits']])
-  results = make_results(cfg, plan, data, parts, before, list(baselines), protocol_info, timing)
-  text = markdown(cfg, plan, data, parts, results)
-  write_outputs(cfg, folder, plan, data, parts, results, text)
+  results = make_results(run_, plan, data, parts, before, list(baselines), protocol_info, timing)
+  text = markdown(run_, plan, data, parts, results)
+  write_outputs(cfg, run_, folder, plan, data, parts, results, text)
   folder.finish()  # the marker, last: every output above and Hydra's files of the run, by sha256
   print(text)
   if protocol_info:
@@ -457,10 +475,10 @@ def variant_paired(
   return out
 
 
-def variant_section(cfg: DictConfig, plan, label: str, comps, results: dict, metrics: list[str]) -> list[str]:
+def variant_section(run: fit_setup.FitRun, plan, label: str, comps, results: dict, metrics: list[str]) -> list[str]:
   """Markdown lines of one variant's results: its components' header (their report's, or their names), its row,
   its paired differences, then each component's report lines (``tail``)."""
-  name, hooks, nodes = plan.name, reports(cfg), plan.nodes
+  name, hooks, nodes = plan.name, reports(run), plan.nodes
   mine = [(c, hooks.get(c.name)) for c in comps]
   if len(comps) == 1 and mine[0][1] is not None:
     head = mine[0][1].header(name, comps[0], nodes[comps[0].name])
@@ -491,7 +509,9 @@ def variant_section(cfg: DictConfig, plan, label: str, comps, results: dict, met
   return lines
 
 
-def make_results(cfg, plan, data: Data, parts, before, baselines: list[str], protocol_info, timing) -> dict[str, Any]:
+def make_results(
+  run: fit_setup.FitRun, plan, data: Data, parts, before, baselines: list[str], protocol_info, timing
+) -> dict[str, Any]:
   """results.json: every row's mean and CI, the paired differences, per category, per question, the fits."""
   name, metrics, folds = plan.name, data.metrics, data.folds
   episodes = data.episodes
@@ -501,7 +521,7 @@ def make_results(cfg, plan, data: Data, parts, before, baselines: list[str], pro
       [q.id for e in episodes if e.id in fold for q in e.questions],
     )
   after, fits = parts['fitted']['scores'], parts['fitted']['fits']
-  seed, nres = int(cfg.seed), int(cfg.eval.n_resamples)
+  seed, nres = run.seed, run.n_resamples
   rows = {f'{name} (hand-set)': before.scores[name], f'{name} (fitted, out of fold)': after}
   rows.update({f'{b} (hand-set)': before.scores[b] for b in baselines})
   summary = {r: {m: _interval(v[m], seed, nres) for m in metrics} for r, v in rows.items()}
@@ -511,7 +531,7 @@ def make_results(cfg, plan, data: Data, parts, before, baselines: list[str], pro
     for r, v in paired_tests(after, before, hand_rows, metrics, seed=seed, n_resamples=nres).items()
   }
   by_category = category_tests(before, after, hand_rows, metrics, seed=seed, n_resamples=nres)
-  extra = variant_results(cfg, plan, data, parts, before, hand_rows, summary, paired)
+  extra = variant_results(run, plan, data, parts, before, hand_rows, summary, paired)
   primary = (protocol_info or {}).get('primary_metric') or metrics[0]
   hand = {r: v[primary]['mean'] for r, v in summary.items() if r.endswith('(hand-set)')}
   best = max(hand, key=hand.get)
@@ -544,15 +564,17 @@ def make_results(cfg, plan, data: Data, parts, before, baselines: list[str], pro
   }
 
 
-def variant_results(cfg, plan, data: Data, parts, before, hand_rows: list[str], summary: dict, paired: dict) -> dict:
+def variant_results(
+  run: fit_setup.FitRun, plan, data: Data, parts, before, hand_rows: list[str], summary: dict, paired: dict
+) -> dict:
   """Each variant with components: its row (added to ``summary``), its paired differences (added to ``paired``:
   against the scalar fit, the hand-set rows and, for a fit of several components, each one-component variant of its
   parts) and its section of results.json (``variants``: spec, its components' report extras, scalars, per question)."""
   name, metrics, folds = plan.name, data.metrics, data.folds
   after = parts['fitted']['scores']
-  seed, nres = int(cfg.seed), int(cfg.eval.n_resamples)
+  seed, nres = run.seed, run.n_resamples
   extra: dict[str, Any] = {}
-  hooks = reports(cfg)
+  hooks = reports(run)
   for label, part in parts.items():
     comps = part['components']
     if not comps:
@@ -570,7 +592,7 @@ def variant_results(cfg, plan, data: Data, parts, before, hand_rows: list[str], 
     by_name = {c.name: c for c in comps}
     for c_name, hook in hooks.items():  # each component's own extras, in the order of fit.reports
       if c_name in by_name:
-        extra[label].update(hook.extras(cfg, plan, data, part, by_name[c_name], len(comps) == 1))
+        extra[label].update(hook.extras(run, plan, data, part, by_name[c_name], len(comps) == 1))
     extra[label].update(
       {
         'scalars': {fit.fold_label(f): r.values for f, r in zip(folds, part['fits'])},
@@ -581,13 +603,13 @@ def variant_results(cfg, plan, data: Data, parts, before, hand_rows: list[str], 
   return extra
 
 
-def markdown(cfg: DictConfig, plan, data: Data, parts, results: dict[str, Any]) -> str:
+def markdown(run: fit_setup.FitRun, plan, data: Data, parts, results: dict[str, Any]) -> str:
   """results.md: the rows, the paired differences, per category, the fitted knobs, the gap, the components."""
   name, metrics, summary, folds = plan.name, data.metrics, results['summary'], data.folds
   scalar_rows = [r for r in summary if not r.endswith(tuple(f'({v}, out of fold)' for v in parts if v != 'fitted'))]
   lines = [
-    f'### {cfg.dataset.name}: {name} fitted by gradient ({cfg.fit.split}, {len(folds)} folds, '
-    f'{results["n_questions"]} questions scored out of fold), k={cfg.eval.k}',
+    f'### {run.dataset}: {name} fitted by gradient ({run.config.split}, {len(folds)} folds, '
+    f'{results["n_questions"]} questions scored out of fold), k={run.k}',
     '',
     '| pipeline | ' + ' | '.join(f'{m} [95% CI]' for m in metrics) + ' |',
     '|---|' + '---|' * len(metrics),
@@ -611,7 +633,7 @@ def markdown(cfg: DictConfig, plan, data: Data, parts, results: dict[str, Any]) 
   lines += gap_lines(results['soft_hard_gap'])
   for label, part in parts.items():
     if part['components']:
-      lines += variant_section(cfg, plan, label, part['components'], results, metrics)
+      lines += variant_section(run, plan, label, part['components'], results, metrics)
   t = results['timing']
   lines += [
     '',
@@ -659,12 +681,12 @@ def gap_lines(gap: dict[str, Any]) -> list[str]:
   return lines
 
 
-def split_record(cfg: DictConfig, data: Data) -> dict[str, Any]:
+def split_record(config: FitConfig, data: Data) -> dict[str, Any]:
   """split.json: each fold's scored and training episodes and questions."""
   episodes = data.episodes
   return {
-    'kind': cfg.fit.split,
-    'seed': int(cfg.fit.seed),
+    'kind': config.split,
+    'seed': config.seed,
     'folds': [
       {
         'scored_episodes': list(f),
@@ -677,15 +699,18 @@ def split_record(cfg: DictConfig, data: Data) -> dict[str, Any]:
   }
 
 
-def write_outputs(cfg: DictConfig, folder: runfolder.Run, plan, data: Data, parts, results, text: str) -> None:
-  """fitted.json, loss curves, split.json, results.json / .md, the resolved config and the artifact, each written
-  atomically into the run's folder (:func:`engram_jax.core.runfolder.begin`; the caller writes the marker)."""
+def write_outputs(
+  cfg: DictConfig, run: fit_setup.FitRun, folder: runfolder.Run, plan, data: Data, parts, results, text: str
+) -> None:
+  """fitted.json, loss curves, split.json, results.json / .md, the resolved config (``cfg``, as run) and the
+  artifact, each written atomically into the run's folder (:func:`engram_jax.core.runfolder.begin`; the caller
+  writes the marker)."""
   out_dir = folder.folder
   folds = data.folds
   files = {
     'fitted.json': json.dumps({'pipeline': plan.name, 'folds': results['fitted']}, indent=1),
     'loss_curve.json': json.dumps({','.join(f): r.losses for f, r in zip(folds, parts['fitted']['fits'])}),
-    'split.json': json.dumps(split_record(cfg, data), indent=1),
+    'split.json': json.dumps(split_record(run.config, data), indent=1),
     'results.json': json.dumps(results, indent=1),
     'results.md': text,
     'config_resolved.yaml': OmegaConf.to_yaml(cfg, resolve=True),
@@ -694,8 +719,8 @@ def write_outputs(cfg: DictConfig, folder: runfolder.Run, plan, data: Data, part
     if part['components']:
       files[f'loss_curve_{label}.json'] = json.dumps({','.join(f): r.losses for f, r in zip(folds, part['fits'])})
   folder.write_files(files)
-  array_pipes = [plan.name, *(b for b in cfg.fit.baselines if b != plan.name)]
-  fit_artifact.write(cfg, out_dir / 'artifact', plan, data, parts, results.get('protocol'), array_pipes)
+  array_pipes = [plan.name, *(b for b in run.config.baselines if b != plan.name)]
+  fit_artifact.write(run, out_dir / 'artifact', plan, data, parts, results.get('protocol'), array_pipes)
   log.info('wrote %s', out_dir / 'fitted.json')
 
 

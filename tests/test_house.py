@@ -97,3 +97,25 @@ def test_every_run_prints_its_slowest_tests():
 
   opts = tomllib.loads((ROOT / 'pyproject.toml').read_text())['tool']['pytest']['ini_options']['addopts']
   assert '--durations=' in opts
+
+
+def _reads_of_fit_node(path: Path) -> list[str]:
+  """The functions of ``path`` that read a config's ``fit`` node (``X.fit`` or ``X['fit']`` on a name ``cfg``)."""
+  out = []
+  for fn in ast.walk(ast.parse(path.read_text())):
+    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      continue
+    for n in ast.walk(fn):
+      attr = isinstance(n, ast.Attribute) and n.attr == 'fit'
+      item = isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant) and n.slice.value == 'fit'
+      if (attr or item) and isinstance(n.value, ast.Name) and n.value.id == 'cfg':
+        out.append(f'{path.relative_to(ROOT)}:{fn.name}')
+        break
+  return out
+
+
+def test_the_fit_settings_cross_once_as_typed_settings():
+  """Issue 50 item 6: the config's ``fit`` node is read in one function (experiments.lib.fit_setup.read, which hands
+  it to the library's FitConfig.from_mapping); every other fit setting is read from the typed FitRun / FitConfig."""
+  readers = [r for p in sorted((ROOT / 'experiments').rglob('*.py')) for r in _reads_of_fit_node(p)]
+  assert readers == ['experiments/lib/fit_setup.py:read'], readers

@@ -15,7 +15,9 @@ Example:
 
 from __future__ import annotations
 
+import difflib
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from engram_jax.core.errors import EngramError
@@ -100,6 +102,27 @@ def check_folds(episodes, folds: list[list[str]]) -> None:
         f'fold {sorted(fold)}: the episodes outside it have 0 questions, so there is nothing to '
         'fit on (fewer folds, or more episodes with questions)'
       )
+
+
+def check_known_keys(keys: Sequence[str], allowed: Sequence[str], where: str) -> None:
+  """Refuse a key outside ``allowed`` (a typo, an option nobody reads) in one line naming it with the closest known
+  key; ``where``: the keys' prefix (``'fit.'``, ``'eval.'``, ``''`` for the top level).
+
+  Example:
+    >>> check_known_keys(['steps'], ['steps', 'seed'], 'fit.')
+    >>> check_known_keys(['stps'], ['steps', 'seed'], 'fit.')
+    Traceback (most recent call last):
+    ...
+    engram_jax.core.errors.EngramError: unknown option fit.stps (did you mean fit.steps?): no part of the program reads it; known fit keys: ['seed', 'steps']
+  """
+  extra = [k for k in keys if k not in allowed]
+  if extra:
+    hints = {k: difflib.get_close_matches(str(k), list(allowed), n=1) for k in extra}
+    said = ', '.join(f'{where}{k}' + (f' (did you mean {where}{hints[k][0]}?)' if hints[k] else '') for k in extra)
+    raise EngramError(
+      f'unknown option {said}: no part of the program reads it; known {where.rstrip(".") or "top-level"} keys: '
+      f'{sorted(allowed)}'
+    )
 
 
 def check_int(value: Any, where: str, *, minimum: int, why: str = '') -> int:

@@ -10,7 +10,8 @@ reads a fit's folder back as a callable pipeline;
 Modules: :mod:`~engram_jax.fit.knobs` (transforms), :mod:`~engram_jax.fit.problem` (the soft problem and its rows),
 :mod:`~engram_jax.fit.train` (the loss, the jitted step, the loop, the cross-fit, components),
 :mod:`~engram_jax.fit.adapter`, :mod:`~engram_jax.fit.conditioned` (components), :mod:`~engram_jax.fit.twins` (the
-twin contract on a fit's rows), :mod:`~engram_jax.fit.folds` (folds), :mod:`~engram_jax.fit.artifact` (saved fits).
+twin contract on a fit's rows), :mod:`~engram_jax.fit.folds` (folds), :mod:`~engram_jax.fit.artifact` (saved fits), :mod:`~engram_jax.fit.config`
+(a run's fit settings, typed: :class:`FitConfig`).
 The entry points also use the modules' other functions (``from engram_jax.fit import train``); they are not API.
 """
 
@@ -18,6 +19,7 @@ from engram_jax.fit.adapter import Adapter
 from engram_jax.fit.artifact import Artifact, load_artifact
 from engram_jax.fit.components import register_component
 from engram_jax.fit.conditioned import Conditioning
+from engram_jax.fit.config import FitConfig
 from engram_jax.fit.folds import check_disjoint, episode_folds, holdout_split
 from engram_jax.fit.knobs import FORWARD, Knobs, inverse
 from engram_jax.fit.problem import (
@@ -71,6 +73,7 @@ __all__ = [
   'crossfit',
   'Schedule',
   'Folds',
+  'FitConfig',
   'fittable_paths',
   'episode_folds',
   'Settings',

@@ -7,7 +7,6 @@ the config knows: metrics per dataset, baselines, training sets, splits and fitt
 
 from __future__ import annotations
 
-import difflib
 import json
 import logging
 import math
@@ -18,10 +17,11 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from engram_jax.core import runfolder, validation
+from engram_jax.core import runfolder
 from engram_jax.core.errors import EngramError
 from engram_jax.eval.checks import (  # the checks on plain values and episodes live in the library
   check_int,
+  check_known_keys,
   check_metrics,
 )
 from engram_jax.metrics import stats
@@ -80,7 +80,6 @@ EVAL_KEYS = (
 )
 DEFAULT_BASELINES = ('cosine', 'rrf_cos_bm25')
 PARTS = ('all', 'pilot', 'train', 'confirm')
-SPLITS = ('crossfit', 'holdout', 'parts')
 
 
 def datasets_of(cfg: DictConfig) -> dict[str, DictConfig]:
@@ -158,14 +157,7 @@ def check_loader_selection(loader: Any, where: str) -> None:
 
 
 def _unknown(keys, allowed, where: str) -> None:
-  extra = [k for k in keys if k not in allowed]
-  if extra:
-    hints = {k: difflib.get_close_matches(str(k), allowed, n=1) for k in extra}
-    said = ', '.join(f'{where}{k}' + (f' (did you mean {where}{hints[k][0]}?)' if hints[k] else '') for k in extra)
-    raise EngramError(
-      f'unknown option {said}: no part of the program reads it; known {where.rstrip(".") or "top-level"} keys: '
-      f'{sorted(allowed)}'
-    )
+  check_known_keys(list(keys), list(allowed), where)
 
 
 def check_keys(cfg: DictConfig) -> None:
@@ -339,7 +331,7 @@ def check_learning_rate(node: Any, steps: int, where: str = 'fit.optimizer.learn
   reports an unmoved fit as fitted, a NaN one fails deep in the fit)."""
   if node is None:
     return
-  if not isinstance(node, DictConfig):
+  if not isinstance(node, (Mapping, DictConfig)):
     if isinstance(node, bool) or not isinstance(node, (int, float)) or not 0 < node < math.inf:
       raise EngramError(f'{where} must be a finite number > 0 (or an optax schedule), got {node!r}')
     return
@@ -347,9 +339,11 @@ def check_learning_rate(node: Any, steps: int, where: str = 'fit.optimizer.learn
     return
   from hydra.utils import instantiate
 
-  given = ', '.join(f'{k}={v!r}' for k, v in node.items() if k != '_target_' and not isinstance(v, (dict, DictConfig)))
+  given = ', '.join(
+    f'{k}={v!r}' for k, v in node.items() if k != '_target_' and not isinstance(v, Mapping | DictConfig)
+  )
   try:
-    rates = np.asarray(instantiate(node)(np.arange(steps)), np.float64).reshape(-1)
+    rates = np.asarray(instantiate(dict(node))(np.arange(steps)), np.float64).reshape(-1)
   except Exception as e:  # noqa: BLE001 (a schedule node we cannot evaluate: what builds the fit reports it)
     log.debug('%s: not evaluated (%s)', where, e)
     return
@@ -357,94 +351,58 @@ def check_learning_rate(node: Any, steps: int, where: str = 'fit.optimizer.learn
   if bad.size:
     i = int(bad[0])
     raise EngramError(
-      f'{where} ({node._target_}: {given}) must be a finite rate >= 0 at every step, got {float(rates[i])} at '
+      f'{where} ({node["_target_"]}: {given}) must be a finite rate >= 0 at every step, got {float(rates[i])} at '
       f'step {i} ({bad.size} of {steps} steps): a negative rate climbs the loss, a NaN one fails the fit'
     )
   if not np.any(rates > 0):
     raise EngramError(
-      f'{where} ({node._target_}: {given}) is 0 at every one of the {steps} steps: the fit would report its '
+      f'{where} ({node["_target_"]}: {given}) is 0 at every one of the {steps} steps: the fit would report its '
       'starting values as fitted; set a rate > 0'
     )
 
 
-def check_fit(cfg: DictConfig) -> None:
-  """Everything ``experiments.fit`` can check before loading data."""
-  from experiments.lib import fit_setup  # the fit.* keys read (imported here: evaluate never needs it)
+def check_fit(cfg: DictConfig) -> Any:
+  """Everything ``experiments.fit`` can check before loading data; returns the run's fit, typed
+  (:class:`experiments.lib.fit_setup.FitRun`: the config is read there once, its ``fit`` node checked by
+  :meth:`engram_jax.fit.config.FitConfig.from_mapping`)."""
+  from experiments.lib import fit_setup  # the fit's typed settings (imported here: evaluate never needs it)
 
   check_keys(cfg)
-  f = cfg.fit
-  fit_setup.import_component_modules(cfg)  # out-of-tree components register their fit.<name> keys
-  _unknown(list(f.keys()), fit_setup.READ + fit_setup.ELSEWHERE + fit_setup.component_keys(), 'fit.')  # +fit.stps=3
   check_run_settings(cfg)
-  if f.split not in SPLITS:
-    raise EngramError(f'fit.split must be one of {list(SPLITS)}, got {f.split!r}')
   check_int(cfg.eval.k, 'eval.k', minimum=1)
-  if f.split == 'crossfit':
-    check_int(f.folds, 'fit.folds', minimum=2, why=' for cross-fitting')
-  if f.split == 'parts' and not f.get('train'):
-    raise EngramError(
-      'fit.split=parts fits on fit.train (a dataset node, e.g. the train part of the scored '
-      'benchmark) and scores cfg.dataset; fit.train is not set'
-    )
+  run = fit_setup.read(cfg)
+  f = run.config
+  check_learning_rate(f.optimizer.get('learning_rate'), f.steps)
+  check_metrics(list(run.metrics), k=run.k, supported=list(run.episode_metrics), where=f'dataset {run.dataset}')
   if f.split == 'parts':
     _check_loader(f.train.get('loader'), 'fit.train')
-  if f.split == 'holdout':
-    check_int(f.n_test, 'fit.n_test', minimum=1, why=' (an empty test split scores nothing)')
-  for key in ('steps', 'batch_size', 'greedy_pool', 'candidates'):
-    check_int(f.get(key), f'fit.{key}', minimum=1)
-  for key, null in (('solve_batch', 'every pool at once'), ('check_twins_questions', '512')):
-    if f.get(key) is not None:
-      check_int(f[key], f'fit.{key}', minimum=1, why=f' (or null: {null})')
-  check_learning_rate(f.optimizer.get('learning_rate') if isinstance(f.optimizer, DictConfig) else None, f.steps)
-  validation.check_positive(OmegaConf.to_container(f.temperatures), where='fit.temperatures')
-  anneal = list(f.get('anneal') or [1.0, 1.0])
-  if len(anneal) != 2:
-    raise EngramError(f'fit.anneal must be [start, end] (temperature factors of the first and last step), got {anneal}')
-  validation.check_positive({'start': anneal[0], 'end': anneal[1]}, where='fit.anneal')
-  check_int(f.get('gap_checks') or 0, 'fit.gap_checks', minimum=0, why=' (0 = no soft-vs-hard gap)')
-  check_metrics(
-    list(cfg.dataset.get('metrics') or cfg.eval.metrics),
-    k=int(cfg.eval.k),
-    supported=list(dataset_metrics(cfg.dataset)),
-    where=f'dataset {cfg.dataset.name}',
-  )
   _check_loader(cfg.dataset.get('loader'), 'dataset')
   check_loader_selection(cfg.dataset.get('loader'), 'dataset')
-  check_dataset_k(cfg.dataset, int(cfg.eval.k), f'dataset {cfg.dataset.name}')
-  lists = {'fit.params': list(f.params or [])}
-  lists.update({f'fit.params_by_pipeline.{p}': list(v or []) for p, v in (f.params_by_pipeline or {}).items()})
-  for where, knobs in lists.items():
-    twice = sorted({k for k in knobs if knobs.count(k) > 1})
-    if twice:
-      raise EngramError(f'{where} lists {", ".join(twice)} twice; name each knob once')
-  names = list(cfg.pipeline)
-  if len(names) == 1 and not (f.params or (f.params_by_pipeline or {}).get(names[0])):
-    raise EngramError(
-      f'nothing to fit: set fit.params or fit.params_by_pipeline.{names[0]}; pipelines with '
-      f'entries: {sorted(f.params_by_pipeline or {})}'
-    )
-  check_fit_folds(cfg)
+  check_dataset_k(cfg.dataset, run.k, f'dataset {run.dataset}')
+  if run.pipeline:
+    f.params_of(run.pipeline)  # nothing to fit: one line
+  check_fit_folds(f, cfg.dataset.get('loader'))
+  return run
 
 
-def check_fit_folds(cfg: DictConfig) -> None:
+def check_fit_folds(f: Any, loader: Any) -> None:
   """Cross-fitting deals the episodes into ``fit.folds`` folds, a hold-out split keeps ``fit.n_test`` of them for
   testing: an explicit episode list (``dataset.loader.conversations``) must name enough (checked before loading; the
-  episodes read are checked again before embedding)."""
-  f = cfg.fit
-  loader = cfg.dataset.get('loader')
+  episodes read are checked again before embedding). ``f``: the typed fit
+  (:class:`engram_jax.fit.config.FitConfig`)."""
   conv = loader.get('conversations') if loader is not None else None
   if f.split not in ('crossfit', 'holdout') or conv is None or isinstance(conv, str):
     return
-  n, folds, n_test = len(set(conv)), f.get('folds'), f.get('n_test')
+  n = len(set(conv))
   named = f'dataset.loader.conversations names {n} episode(s) ({", ".join(map(str, conv))})'
-  if f.split == 'crossfit' and isinstance(folds, int) and not isinstance(folds, bool) and folds > n:
+  if f.split == 'crossfit' and f.folds > n:
     raise EngramError(
-      f'fit.folds must be between 2 and {n} (one episode per fold at least), got {folds}: {named}; name more '
+      f'fit.folds must be between 2 and {n} (one episode per fold at least), got {f.folds}: {named}; name more '
       'episodes, or fewer folds'
     )
-  if f.split == 'holdout' and isinstance(n_test, int) and not isinstance(n_test, bool) and n_test >= n:
+  if f.split == 'holdout' and f.n_test >= n:
     raise EngramError(
-      f'fit.n_test must be between 1 and {n - 1} (a hold-out split needs a training episode too), got {n_test}: '
+      f'fit.n_test must be between 1 and {n - 1} (a hold-out split needs a training episode too), got {f.n_test}: '
       f'{named}; name more episodes, or fewer test ones'
     )
 

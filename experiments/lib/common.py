@@ -386,7 +386,9 @@ def dataset_metrics(ds: Mapping[str, Any] | DictConfig) -> dict[str, Any]:
   return dict(module.METRICS)
 
 
-def load_dataset(cfg: DictConfig, ds: DictConfig, purpose: str | None = None) -> tuple[list[Episode], LoadReport]:
+def load_dataset(
+  cfg: DictConfig, ds: Mapping[str, Any] | DictConfig, purpose: str | None = None
+) -> tuple[list[Episode], LoadReport]:
   """Load one dataset config node (``ds.loader``) under the run's data root; logs the load report. ``purpose``:
   why this set is read, said when its file is missing (e.g. a training set the user never named)."""
   from hydra.errors import InstantiationException
@@ -395,7 +397,7 @@ def load_dataset(cfg: DictConfig, ds: DictConfig, purpose: str | None = None) ->
 
   try:
     try:
-      episodes, load_report = instantiate(ds.loader, root=cfg.paths.data_root)
+      episodes, load_report = instantiate(ds['loader'], root=cfg.paths.data_root)
     except InstantiationException as e:  # Hydra wraps the loader's error in a multi-line repr: keep ours as is
       if isinstance(e.__cause__, EngramError):
         raise e.__cause__ from None

@@ -11,7 +11,6 @@ import logging
 from typing import Any
 
 import numpy as np
-from omegaconf import DictConfig
 
 from engram_jax import fit
 from engram_jax.eval import evaluation, pipeline
@@ -21,9 +20,10 @@ from experiments.lib import common
 log = logging.getLogger(__name__)
 
 
-def extras(cfg: DictConfig, plan, data, part: dict[str, Any], component: A.Adapter, alone: bool) -> dict[str, Any]:
+def extras(run: Any, plan, data, part: dict[str, Any], component: A.Adapter, alone: bool) -> dict[str, Any]:
   """Per fold, the mean cosine of the adapted to the base query on its scored questions; fit alone (``alone``) with
-  ``fit.adapter.train_gap``, the soft-vs-hard gap on its training questions (:func:`train_gap`; the adapter fit's)."""
+  ``fit.adapter.train_gap``, the soft-vs-hard gap on its training questions (:func:`train_gap`; the adapter fit's).
+  ``run``: the fit's typed settings (:class:`experiments.lib.fit_setup.FitRun`)."""
   episodes, embeddings = data.episodes, data.embeddings
   moved = {}
   for fold, res in zip(data.folds, part['fits']):
@@ -32,20 +32,20 @@ def extras(cfg: DictConfig, plan, data, part: dict[str, Any], component: A.Adapt
     moved[fit.fold_label(fold)] = float(np.mean(np.sum(adapted * base, -1)))
   out = {'mean_cos_to_base': moved}
   if alone and plan.nodes[component.name].get('train_gap'):
-    out['train_gap'] = train_gap(cfg, plan, data, part)
+    out['train_gap'] = train_gap(run, plan, data, part)
   return out
 
 
-def train_gap(cfg: DictConfig, plan, data, part: dict[str, Any]) -> dict[str, dict[str, float]]:
+def train_gap(run: Any, plan, data, part: dict[str, Any]) -> dict[str, dict[str, float]]:
   """Per fold, on its *training* questions: the fit's soft objective at its last temperatures (approx-NDCG@k), the
   hard NDCG@k of the fitted pipeline on the adapted queries, and the hard NDCG@k of the same scalar knobs on the
   base queries. Soft far above hard: the soft twin flatters the adapter; hard with q' far above hard with q while
   the scored questions lose: the adapter over-fits its training questions. (``fit.adapter.train_gap: true``; it
   changes no fit and no scored number.)"""
-  k, name, pipe = int(cfg.eval.k), plan.name, common.hand_set_pipeline(plan.name, cfg.pipeline[plan.name])
+  k, name, pipe = run.k, plan.name, common.hand_set_pipeline(plan.name, run.pipeline_node)
   episodes, embeddings, folds = data.episodes, data.embeddings, data.folds
   problem, components = part['problem'], part['components']
-  rows = fit.build_rows(problem, pipe, episodes, data.arrays, seed=int(cfg.seed))
+  rows = fit.build_rows(problem, pipe, episodes, data.arrays, seed=run.seed)
   inputs = {c.name: c.inputs(problem, episodes, data.arrays) for c in components}
   row_episodes = np.asarray([e.id for e in episodes for _ in e.questions])
   max_gold = fit.max_gold_of(rows)
@@ -64,7 +64,7 @@ def train_gap(cfg: DictConfig, plan, data, part: dict[str, Any]) -> dict[str, di
         (d, A.adapt_queries(res.learned[A.Adapter.name], q) if adapt else q) for d, q in (embeddings[i] for i in sel)
       ]
       r = evaluation.evaluate(
-        [episodes[i] for i in sel], emb, fitted, k=k, metrics=[f'ndcg@{k}'], seed=int(cfg.seed), progress=False
+        [episodes[i] for i in sel], emb, fitted, k=k, metrics=[f'ndcg@{k}'], seed=run.seed, progress=False
       )
       hard[label] = float(np.mean(r.scores[name][f'ndcg@{k}']))
     out[fit.fold_label(fold)] = {

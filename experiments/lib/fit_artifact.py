@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,22 +47,23 @@ def git_commit() -> dict[str, Any]:
 
 
 def write(
-  cfg: DictConfig, root: Path, plan, data, parts: dict[str, Any], protocol_info: dict | None, array_pipes: list[str]
+  run: Any, root: Path, plan, data, parts: dict[str, Any], protocol_info: dict | None, array_pipes: list[str]
 ) -> list[Path]:
-  """Write every variant's artifact under ``root``; returns their folders."""
+  """Write every variant's artifact under ``root`` (``run``: the fit's typed settings,
+  :class:`experiments.lib.fit_setup.FitRun`); returns their folders."""
   episodes = data.episodes
   all_ids = [e.id for e in episodes]
   info = {
-    'dataset': str(cfg.dataset.name),
-    'embedder': OmegaConf.to_container(cfg.embedder, resolve=True),
+    'dataset': run.dataset,
+    'embedder': dict(run.embedder),
     'protocol': None
     if not protocol_info
     else {k: protocol_info.get(k) for k in ('name', 'sha256', 'config_sha256', 'forced')},
     'git': git_commit(),
     'embedder_dim': int(np.shape(data.embeddings[0][0])[-1]) if data.embeddings else None,
-    'embedder_spec_sha256': encoder_spec_sha256(cfg.embedder),
+    'embedder_spec_sha256': encoder_spec_sha256(run.embedder),
     'array_options': array_pipes,  # the pipelines whose options the padded arrays were built with (hard scoring)
-    'fit': {'split': str(cfg.fit.split), 'steps': plan.steps, 'batch_size': plan.batch_size, 'seed': plan.seed},
+    'fit': {'split': run.config.split, 'steps': plan.steps, 'batch_size': plan.batch_size, 'seed': plan.seed},
   }
   out = []
   for label, part in parts.items():
@@ -78,9 +80,9 @@ def write(
       artifact.save(
         root / label,
         pipe_name=plan.name,
-        pipe_node=OmegaConf.to_container(cfg.pipeline[plan.name], resolve=True),
+        pipe_node=dict(run.pipeline_node),
         params=[p for p, _ in plan.problem.fitted],
-        k=int(cfg.eval.k),
+        k=run.k,
         components=part['components'],
         fits=fits,
         scored=scored,
@@ -89,8 +91,8 @@ def write(
         info=info,
         # the modules this variant needs: a scalar variant never imports another variant's component modules
         modules=[
-          *(cfg.get('ops_modules') or []),
-          *((cfg.fit.get('component_modules') or []) if part['components'] else []),
+          *run.ops_modules,
+          *(run.config.component_modules if part['components'] else ()),
         ],
       )
     )
@@ -98,14 +100,15 @@ def write(
   return out
 
 
-def encoder_spec_sha256(node: DictConfig) -> str | None:
+def encoder_spec_sha256(node: Mapping[str, Any] | DictConfig) -> str | None:
   """The identity hash of the encoder the embedder node builds (:func:`engram_jax.fit.apply.identity_sha256` of
   its ``.spec``, read without loading a model): what :func:`engram_jax.fit.retrieve.retrieve` checks a given encoder
   against. None when the encoder has no spec."""
   from engram_jax.fit.apply import identity_sha256
   from engram_jax.fit.retrieve import encoder_of
 
-  spec = getattr(encoder_of(OmegaConf.to_container(node, resolve=True)), 'spec', None)
+  node = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+  spec = getattr(encoder_of(node), 'spec', None)
   return identity_sha256(spec) if isinstance(spec, dict) else None
 
 

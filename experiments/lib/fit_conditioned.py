@@ -10,7 +10,6 @@ import logging
 from typing import Any
 
 import numpy as np
-from omegaconf import DictConfig
 
 from engram_jax import fit
 from engram_jax.fit import conditioned as C
@@ -18,9 +17,9 @@ from engram_jax.fit import conditioned as C
 log = logging.getLogger(__name__)
 
 
-def extras(cfg: DictConfig, plan, data, part: dict[str, Any], component: C.Conditioning, alone: bool) -> dict[str, Any]:
+def extras(run: Any, plan, data, part: dict[str, Any], component: C.Conditioning, alone: bool) -> dict[str, Any]:
   """The conditioned knobs' per-question values on each fold's scored questions: mean, sd, min, max."""
-  del cfg, alone
+  del run, alone
   spec, episodes, arrays = component, data.episodes, data.arrays
   knob_stats = {}
   for fold, res in zip(data.folds, part['fits']):

@@ -1,4 +1,6 @@
-"""The one place that reads a fit from the config: the soft problem (knobs, temperatures, settings), the learned
+"""The one place that reads a fit from the config: :func:`read` turns the config into a typed :class:`FitRun` once
+(the ``fit`` node through :meth:`engram_jax.fit.config.FitConfig.from_mapping`, which checks it), and everything after
+reads its fields: the soft problem (knobs, temperatures, settings), the learned
 components (each registered component's node ``fit.<name>``, the variants ``fit.variants``; out-of-tree
 components from ``fit.component_modules``), the optimizer and the loop (steps, minibatches, seed,
 annealing), the rows with the twin check. ``experiments.fit`` and every research script that fits
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,38 +26,62 @@ from engram_jax.core import modules
 from engram_jax.core.errors import EngramError
 from engram_jax.eval import pipeline
 from engram_jax.fit import components, twins
+from engram_jax.fit.config import FitConfig
 from engram_jax.testing import components as contract
-from experiments.lib.common import one_line
+from experiments.lib.common import dataset_metrics, one_line
 
 log = logging.getLogger(__name__)
-
-# fit.* keys this module reads (a test checks that every key of conf/fit/default.yaml is here, in ELSEWHERE or the
-# config node of a registered component (fit.<name>), and that changing one of these changes what build returns)
-READ = (
-  'params',
-  'params_by_pipeline',
-  'seed',
-  'steps',
-  'batch_size',
-  'optimizer',
-  'temperatures',
-  'anneal',
-  'check_twins',
-  'check_twins_questions',
-  'greedy_pool',
-  'candidates',
-  'solve_batch',
-  'cfsr_grad',
-  'variants',
-  'check_components',
-)
-# read by experiments.fit itself: which questions are scored and against what, the components' modules and reports
-ELSEWHERE = ('split', 'train', 'folds', 'n_test', 'gap_checks', 'baselines', 'final', 'component_modules', 'reports')
 
 
 def component_keys() -> tuple[str, ...]:
   """The fit.* keys that are registered components' config nodes (``fit.<name>``)."""
   return tuple(components.COMPONENTS)
+
+
+@dataclasses.dataclass(frozen=True)
+class FitRun:
+  """What a fit reads of its run's configuration, typed and read once (:func:`read`): the fit's own settings
+  (:class:`engram_jax.fit.config.FitConfig`), the pipeline fitted, and the run's k, seed, resamples, metrics and
+  dataset. ``experiments.fit``, its report modules and the artifact read these fields, never the config's ``fit``,
+  ``eval`` or ``dataset`` nodes again; the config itself still reaches what sets up the machine and the data (paths,
+  caches, devices, the embedder, the loaders, the protocol)."""
+
+  config: FitConfig
+  pipeline: str  # the config entry fitted
+  pipeline_node: Mapping[str, Any]  # its plain node
+  k: int
+  seed: int
+  n_resamples: int
+  metrics: tuple[str, ...]
+  dataset: str  # the scored dataset's name
+  episode_metrics: Mapping[str, Any]  # its own metrics (:func:`experiments.lib.common.dataset_metrics`)
+  embedder: Mapping[str, Any]  # the embedder's plain node
+  ops_modules: tuple[str, ...] = ()
+
+
+def read(cfg: DictConfig, name: str | None = None) -> FitRun:
+  """The fit of ``cfg`` as a :class:`FitRun`: the modules of ``fit.component_modules`` imported first (they register
+  their ``fit.<name>`` keys), then the ``fit`` node converted to plain values once and checked
+  (:meth:`FitConfig.from_mapping`: one line for an unknown key or a bad value); ``name``: the pipeline fitted
+  (default: the run's one pipeline)."""
+  import_component_modules(cfg.fit.get('component_modules'))
+  config = FitConfig.from_mapping(OmegaConf.to_container(cfg.fit, resolve=True), component_keys())
+  names = list(cfg.pipeline)
+  name = name or (names[0] if len(names) == 1 else '')
+  node = cfg.pipeline.get(name) if name else None
+  return FitRun(
+    config=config,
+    pipeline=name,
+    pipeline_node=OmegaConf.to_container(node, resolve=True) if node is not None else {},
+    k=int(cfg.eval.k),
+    seed=int(cfg.seed),
+    n_resamples=int(cfg.eval.n_resamples),
+    metrics=tuple(cfg.dataset.get('metrics') or cfg.eval.metrics),
+    dataset=str(cfg.dataset.name),
+    episode_metrics=dataset_metrics(cfg.dataset),
+    embedder=OmegaConf.to_container(cfg.embedder, resolve=True),
+    ops_modules=tuple(cfg.get('ops_modules') or ()),
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +106,7 @@ class Plan:
   declared: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # fit.variants: label -> names
   check_components: bool = True  # the component contract before step 0 (fit.check_components)
   pipe: Any = None  # the hand-set pipeline (what a component's check_problem reads)
+  config: FitConfig | None = None  # the settings it was built from
 
   def schedule(self, monitor_steps: Sequence[int] = ()) -> fit.Schedule:
     """The training loop's settings (:class:`engram_jax.fit.Schedule`), as :func:`engram_jax.fit.fit` /
@@ -120,49 +147,30 @@ class Plan:
     return out
 
 
-def params_of(cfg: DictConfig, name: str) -> list[str]:
-  """The knob paths to fit: ``fit.params``, else ``fit.params_by_pipeline[name]``."""
-  return list(cfg.fit.params or cfg.fit.params_by_pipeline[name])
-
-
-def settings_of(cfg: DictConfig) -> fit.Settings:
-  try:
-    return fit.Settings(
-      greedy_pool=int(cfg.fit.greedy_pool),
-      candidates=int(cfg.fit.candidates),
-      solve_batch=None if cfg.fit.solve_batch is None else int(cfg.fit.solve_batch),
-      cfsr_grad=str(cfg.fit.cfsr_grad),
-    )
-  except ValueError as e:  # a bad value: one line (EngramError), not a traceback
-    raise EngramError(str(e)) from None
-
-
-def import_component_modules(cfg: DictConfig) -> list[str]:
+def import_component_modules(names: Sequence[str] | None) -> list[str]:
   """Import the modules named in ``fit.component_modules`` (each registers its components, as ``ops_modules``
   register operators); a module that cannot be imported is one line naming it."""
-  return modules.import_modules(list(cfg.fit.get('component_modules') or []), 'fit.component_modules')
+  return modules.import_modules(list(names or []), 'fit.component_modules')
 
 
-def components_of(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, dict]]:
+def components_of(config: FitConfig) -> tuple[dict[str, Any], dict[str, dict]]:
   """Every registered component whose config node ``fit.<name>`` is set, built from it
   (:func:`engram_jax.fit.components.from_config`: unknown and missing keys refused in one line), and the nodes."""
   built, nodes = {}, {}
   for name in components.COMPONENTS:
-    node = cfg.fit.get(name)
-    if not node:
-      continue
-    nodes[name] = OmegaConf.to_container(node, resolve=True)
-    built[name] = components.from_config(name, nodes[name])
+    if name in config.nodes:
+      nodes[name] = dict(config.nodes[name])
+      built[name] = components.from_config(name, nodes[name])
   return built, nodes
 
 
-def variants_of(cfg: DictConfig, built: dict[str, Any]) -> dict[str, tuple[str, ...]]:
+def variants_of(config: FitConfig, built: dict[str, Any]) -> dict[str, tuple[str, ...]]:
   """``fit.variants`` (label -> the components of that fit, in order), checked: every name registered, no label
   twice with the scalar fit's, each variant's components all set or none (a variant with some set is refused), two
   components on one knob refused (:func:`engram_jax.fit.components.check_composition`), and every set component
   listed by some variant."""
   declared = {}
-  for label, names in (OmegaConf.to_container(cfg.fit.get('variants') or {}, resolve=True)).items():
+  for label, names in config.variants.items():
     if label == 'fitted':
       raise EngramError("fit.variants: 'fitted' is the scalar fit's label; name the variant otherwise")
     if not str(label).isidentifier():
@@ -190,51 +198,54 @@ def variants_of(cfg: DictConfig, built: dict[str, Any]) -> dict[str, tuple[str, 
   return declared
 
 
-def optimizer_of(cfg: DictConfig) -> optax.GradientTransformation:
-  """``fit.optimizer`` instantiated; a node Hydra cannot build (a misspelt ``_target_``, a bad argument) is one line."""
+def optimizer_of(node: Mapping[str, Any]) -> optax.GradientTransformation:
+  """``fit.optimizer`` (a plain node) instantiated; a node Hydra cannot build (a misspelt ``_target_``, a bad
+  argument) is one line."""
   from hydra.errors import InstantiationException
 
   try:
-    return instantiate(cfg.fit.optimizer)
+    return instantiate(dict(node))
   except InstantiationException as e:
     raise EngramError(f'fit.optimizer: {one_line(str(e))}') from None
 
 
 def build(cfg: DictConfig, pipe: pipeline.Pipeline, name: str | None = None) -> Plan:
-  """The fit of ``pipe`` (config entry ``name``, default ``pipe.name``) that ``cfg.fit`` declares; config errors
-  are raised here, before any data is loaded."""
-  name = name or pipe.name
-  params = params_of(cfg, name)
+  """The fit of ``pipe`` (config entry ``name``, default ``pipe.name``) that ``cfg.fit`` declares: :func:`plan` of
+  :func:`read`; config errors are raised here, before any data is loaded."""
+  return plan(read(cfg, name or pipe.name), pipe)
+
+
+def plan(run: FitRun, pipe: pipeline.Pipeline) -> Plan:
+  """The fit of ``pipe`` (config entry ``run.pipeline``) that ``run.config`` declares: the soft problem, the
+  components and variants (each variant's problem checked: e.g. an adapter that would get no gradient is refused),
+  the optimizer and the loop, before any data is loaded."""
+  config = run.config
   problem, knobs, every = fit.make_problem(
-    pipe,
-    params,
-    k=int(cfg.eval.k),
-    temperatures=fit.Temperatures(**cfg.fit.temperatures),
-    settings=settings_of(cfg),
+    pipe, list(config.params_of(run.pipeline)), k=run.k, temperatures=config.temperatures, settings=config.settings
   )
-  import_component_modules(cfg)
-  built, nodes = components_of(cfg)
-  declared = variants_of(cfg, built)
-  plan = Plan(
-    name=name,
+  built, nodes = components_of(config)
+  declared = variants_of(config, built)
+  out = Plan(
+    name=run.pipeline,
     problem=problem,
     knobs=knobs,
     every=every,
-    optimizer=optimizer_of(cfg),
-    steps=int(cfg.fit.steps),
-    batch_size=int(cfg.fit.batch_size),
-    seed=int(cfg.fit.seed),
-    anneal=tuple(float(a) for a in (cfg.fit.get('anneal') or (1.0, 1.0))),
-    check_twins=bool(cfg.fit.get('check_twins', True)),
-    check_twins_questions=int(cfg.fit.get('check_twins_questions') or 512),
+    optimizer=optimizer_of(config.optimizer),
+    steps=config.steps,
+    batch_size=config.batch_size,
+    seed=config.seed,
+    anneal=config.anneal,
+    check_twins=config.check_twins,
+    check_twins_questions=config.check_twins_questions,
     components=built,
     nodes=nodes,
     declared=declared,
-    check_components=bool(cfg.fit.get('check_components', True)),
+    check_components=config.check_components,
     pipe=pipe,
+    config=config,
   )
-  plan_variants(plan)  # each variant's problem checked (e.g. an adapter that would get no gradient), before any data
-  return plan
+  plan_variants(out)  # each variant's problem checked (e.g. an adapter that would get no gradient), before any data
+  return out
 
 
 def plan_variants(plan: Plan) -> dict[str, tuple[fit.Problem, tuple[fit.Component, ...]]]:

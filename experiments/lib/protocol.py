@@ -502,7 +502,7 @@ def record(
 
 def pin(names: list[str], pins: Path = DATA_PINS) -> dict[str, dict[str, Any]]:
   """Load the data each protocol reads (no embedding) and write its fingerprint into ``pins`` (merged)."""
-  from experiments.lib import common
+  from experiments.lib import common, fit_setup
 
   out = json.loads(Path(pins).read_text(encoding='utf-8')) if Path(pins).is_file() else {}
   for name in names:
@@ -512,8 +512,9 @@ def pin(names: list[str], pins: Path = DATA_PINS) -> dict[str, dict[str, Any]]:
       print(f'{name}: {key[:12]} already pinned')
       continue
     episodes, _ = common.load_dataset(cfg, cfg.dataset)
-    if cfg.fit.get('split') == 'parts':
-      train, _ = common.load_dataset(cfg, cfg.fit.train)
+    fit_config = fit_setup.read(cfg).config
+    if fit_config.split == 'parts':
+      train, _ = common.load_dataset(cfg, fit_config.train)
       episodes = train + episodes  # the order experiments.fit reads them in
     out[key] = {
       'fingerprint': data_fingerprint(episodes),

@@ -216,6 +216,7 @@ def read_fit(folder: Path) -> tuple[Any, dict[str, Any], dict[str, Any]]:
   from omegaconf import OmegaConf
 
   from engram_jax.core import runfolder
+  from experiments.lib import fit_setup
 
   runfolder.check(folder, ['results.json', 'split.json', 'config_resolved.yaml'])
   cfg = OmegaConf.load(folder / 'config_resolved.yaml')
@@ -225,7 +226,7 @@ def read_fit(folder: Path) -> tuple[Any, dict[str, Any], dict[str, Any]]:
   got = {'pipeline': results['pipeline'], 'params': results['params'], 'split': split['kind']}
   # a fit with components declares them in fit.variants (experiments.lib.fit_setup refuses a set component no
   # variant lists), whichever module registered them
-  if got != want or cfg.fit.get('variants'):
+  if got != want or fit_setup.read(cfg, PIPELINE).config.variants:
     raise EngramError(f'{folder}: not a cross-fit of the fusion knobs only ({got}; wanted {want}, no fit.variants)')
   return cfg, results, split
 
@@ -450,7 +451,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   from engram_jax.fit import episode_folds
   from engram_jax.metrics import stats
   from experiments import fit as fit_entry
-  from experiments.lib import common
+  from experiments.lib import common, fit_setup
 
   cfg, fit_res, split = read_fit(Path(args.fit_run))
   if 'fit_again' in fit_runs:  # the second fit must fit and score alike (recorded; the first one is scored)
@@ -467,9 +468,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   from engram_jax.eval import pipeline as pipeline_mod
 
   episodes, embeddings, arrays = fit_entry.prepare(cfg, pipeline_mod.build_options([pipe]))
-  folds = episode_folds([e.id for e in episodes], n_folds=int(cfg.fit.folds), seed=int(cfg.fit.seed))
+  fit_config = fit_setup.read(cfg, PIPELINE).config
+  folds = episode_folds([e.id for e in episodes], n_folds=fit_config.folds, seed=fit_config.seed)
   if [f['scored_episodes'] for f in split['folds']] != folds:
-    raise EngramError(f'{args.fit_run}/split.json: folds differ from episode_folds({cfg.fit.folds}, {cfg.fit.seed})')
+    raise EngramError(
+      f'{args.fit_run}/split.json: folds differ from episode_folds({fit_config.folds}, {fit_config.seed})'
+    )
   episode_of = {q.id: e.id for e in episodes for q in e.questions}
   qids_all = list(episode_of)
   if sorted(fit_res['per_question']['question_ids']) != sorted(qids_all):
@@ -621,7 +625,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     'embedder': str(cfg.embedder.get('model_id') or cfg.embedder.get('name')),
     'k': k,
     'seed': seed,
-    'fold_seed': int(cfg.fit.seed),
+    'fold_seed': fit_config.seed,
     'folds': folds,
     'steps': int(fit_res['steps']),  # the gradient fit's Adam steps per fold
     'n_questions': len(qids_all),

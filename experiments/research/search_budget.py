@@ -102,7 +102,7 @@ def main(argv: list[str]) -> dict:
   common.enable_compile_cache(cfg)
   name = list(cfg.pipeline)[0]
   hand = common.hand_set_pipeline(name, cfg.pipeline[name])
-  params = list(cfg.fit.params)
+  params = list(fit_setup.read(cfg).config.params)
   data = fit_exp.prepare(cfg, pipeline.build_options([hand]))
   train, test = split_episodes(cfg, data[0])
   episodes, _, arrays = data
@@ -131,7 +131,7 @@ def main(argv: list[str]) -> dict:
   rows_out['gradient (adam, soft twins)'] = {
     'values': res.values,
     'wall_s': budget,
-    'evaluations': f'{int(cfg.fit.steps)} minibatch steps',
+    'evaluations': f'{plan.steps} minibatch steps',
   }
   hand_values = {p: float(every[p]) for p in params}
 

@@ -54,7 +54,8 @@ def flat_values(node) -> dict[str, float]:
 
 
 def split_episodes(cfg: DictConfig, episodes) -> tuple[list[int], list[int]]:
-  train, test = fit.holdout_split([e.id for e in episodes], n_test=int(cfg.fit.n_test), seed=int(cfg.fit.seed))
+  config = fit_setup.read(cfg).config
+  train, test = fit.holdout_split([e.id for e in episodes], n_test=config.n_test, seed=config.seed)
   splits.assert_disjoint(train, test)
   splits.assert_disjoint_content([e for e in episodes if e.id in train], [e for e in episodes if e.id in test])
   return ([i for i, e in enumerate(episodes) if e.id in train], [i for i, e in enumerate(episodes) if e.id in test])
@@ -147,8 +148,8 @@ def compare(out: Path, overrides: list[str]) -> dict:
     'train_ndcg@10': float(score(cfg, fitted, data, train).mean()),
     'test': score(cfg, fitted, data, test),
     'wall_s': wall,
-    'evaluations': f'{int(cfg.fit.steps)} steps x {int(cfg.fit.batch_size)} questions (soft) '
-    f'= {int(cfg.fit.steps) * int(cfg.fit.batch_size) / len(train_rows):.1f} training-set passes',
+    'evaluations': f'{plan.steps} steps x {plan.batch_size} questions (soft) '
+    f'= {plan.steps * plan.batch_size / len(train_rows):.1f} training-set passes',
   }
 
   # grid (basic sweeper) and TPE (optuna sweeper), each job one hard pass over the training episodes
@@ -196,7 +197,7 @@ def compare(out: Path, overrides: list[str]) -> dict:
       'vs_hand_set': pt.to_dict(),
     }
   head = (
-    f'### {name}: gradient fit vs search on the same split (seed {cfg.fit.seed}; train '
+    f'### {name}: gradient fit vs search on the same split (seed {plan.seed}; train '
     f'{[data[0][i].id for i in train]}, held out {[data[0][i].id for i in test]})\n'
   )
   text = head + '\n' + '\n'.join(table) + '\n'

@@ -12,6 +12,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from engram_jax import fit
+from engram_jax.fit.config import FitConfig
 from experiments.lib import common, fit_setup
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,10 +47,18 @@ def _fingerprint(plan):
   )
 
 
+# fit.* keys experiments.fit reads from the typed settings itself (which questions are scored and against what, the
+# components' modules and reports); every other key changes the plan (CHANGES below)
+ELSEWHERE = ('split', 'train', 'folds', 'n_test', 'gap_checks', 'baselines', 'final', 'component_modules', 'reports')
+
+
 def test_every_fit_setting_is_read_somewhere():
+  """The typed settings hold every key of conf/fit/default.yaml and no other (their components' nodes aside), and
+  each key either changes the plan or is one experiments.fit reads itself."""
   keys = set(OmegaConf.load(ROOT / 'conf' / 'fit' / 'default.yaml'))
-  assert keys - set(fit_setup.READ) - set(fit_setup.ELSEWHERE) - set(fit_setup.component_keys()) == set()
-  assert set(fit_setup.READ) & set(fit_setup.ELSEWHERE) == set()
+  typed = set(FitConfig.keys())
+  assert keys - set(fit_setup.component_keys()) == typed
+  assert set(CHANGES) | set(ELSEWHERE) == typed and not set(CHANGES) & set(ELSEWHERE)
 
 
 CHANGES = {
@@ -79,7 +88,7 @@ COMPONENT_CHANGES = {
 BASE = {'variants': [COMPONENT_CHANGES['adapter'], COMPONENT_CHANGES['conditioned']]}
 
 
-@pytest.mark.parametrize('key', fit_setup.READ)
+@pytest.mark.parametrize('key', sorted(CHANGES))
 def test_each_setting_read_changes_the_plan(key):
   extra = ['fit.params=null'] if key == 'params_by_pipeline' else []  # params_by_pipeline is read without params
   extra += BASE.get(key, [])
@@ -97,8 +106,9 @@ def test_each_component_node_changes_the_plan(name):
 def test_defaults_are_the_library_defaults():
   with initialize_config_dir(config_dir=CONF, version_base='1.3'):
     cfg = compose(config_name='fit')
-  assert fit.Temperatures(**cfg.fit.temperatures) == fit.Temperatures()
-  assert fit_setup.settings_of(cfg) == fit.Settings()
+  config = fit_setup.read(cfg).config
+  assert config.temperatures == fit.Temperatures()
+  assert config.settings == fit.Settings()
 
 
 def _calls(path: Path) -> set[str]:
@@ -189,7 +199,7 @@ def test_a_module_registering_a_taken_name_is_one_line(tmp_path, monkeypatch):
   with initialize_config_dir(config_dir=CONF, version_base='1.3'):
     cfg = compose(config_name='fit', overrides=['fit.component_modules=[mypkg_taken44]'])
   with pytest.raises(EngramError, match=r"^fit.component_modules: 'mypkg_taken44': component 'adapter' is already"):
-    fit_setup.import_component_modules(cfg)
+    fit_setup.import_component_modules(cfg.fit.component_modules)
 
 
 def test_an_earlier_fits_loss_curves_are_cleared(tmp_path):
@@ -201,5 +211,5 @@ def test_an_earlier_fits_loss_curves_are_cleared(tmp_path):
     cfg = compose(config_name='fit', overrides=[f'pipeline=[{PIPE}]'])
   for name in ('loss_curve_combined.json', 'loss_curve_fitted.json', 'notes.txt'):
     (tmp_path / name).write_text('{}')
-  runfolder.begin(tmp_path, fit_exp.outputs(cfg) + fit_exp.stale_outputs(tmp_path))
+  runfolder.begin(tmp_path, fit_exp.outputs(fit_setup.read(cfg)) + fit_exp.stale_outputs(tmp_path))
   assert sorted(p.name for p in tmp_path.iterdir()) == ['notes.txt']

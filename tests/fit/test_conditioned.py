@@ -167,29 +167,16 @@ def test_config_errors():
   C.Conditioning(knobs=('legs.prior.gamma',), features=('cues',), hidden=0, rank=1, net_lr_scale=1.0).check(
     prior, ['legs.prior.gamma']
   )
-  from omegaconf import OmegaConf
-
+  from engram_jax.fit.config import FitConfig
   from experiments.lib import fit_setup
 
-  cfg = OmegaConf.create(
-    {
-      'fit': {
-        'conditioned': {
-          'knobs': ['k0'],
-          'features': ['cues'],
-          'hidden': 0,
-          'rank': 1,
-          'net_lr_scale': 1.0,
-          'gate': True,
-        }
-      }
-    }
-  )
+  node = {'knobs': ['k0'], 'features': ['cues'], 'hidden': 0, 'rank': 1, 'net_lr_scale': 1.0, 'gate': True}
   with pytest.raises(ValueError, match=r"fit.conditioned: unknown keys \['gate'\]"):
-    fit_setup.components_of(cfg)
-  cfg.fit.conditioned.pop('gate')
-  cfg.fit.conditioned.form = 'gate'
-  assert fit_setup.components_of(cfg)[0]['conditioned'].form == 'gate'
+    fit_setup.components_of(FitConfig.from_mapping({'conditioned': node}, ['conditioned']))
+  node.pop('gate')
+  node['form'] = 'gate'
+  built = fit_setup.components_of(FitConfig.from_mapping({'conditioned': node}, ['conditioned']))[0]
+  assert built['conditioned'].form == 'gate'
 
 
 @pytest.mark.slow
