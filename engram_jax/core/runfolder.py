@@ -36,6 +36,9 @@ read as a mix of two runs (SQLite's and orbax's commit: write aside, rename, mar
 Fault injection: with ``ENGRAM_FAULT_AT=n`` the process kills itself (SIGKILL) just before the n-th step that
 changes a run folder (a removal by :func:`begin`, a :func:`write_file`, the marker), counted from 1 in the process;
 ``ENGRAM_FAULT_LOG=PATH`` appends each step's number and path to PATH first (tests/probes/test_probe_folders.py).
+``ENGRAM_FAULT_SNAPSHOT=FOLDER:DEST`` (``os.pathsep`` between) copies FOLDER to ``DEST/<n>`` (n zero-padded) just before every step
+n, at the point where ``ENGRAM_FAULT_AT=n`` would kill: one run gives the folder a kill before each of its steps
+would leave (the probe checks a few real kills against these copies).
 
 Example:
   >>> import tempfile
@@ -92,6 +95,7 @@ LOCK = '.run.lock'
 FORMAT = 'engram_jax.run/1'
 FAULT_ENV = 'ENGRAM_FAULT_AT'
 FAULT_LOG_ENV = 'ENGRAM_FAULT_LOG'
+FAULT_SNAPSHOT_ENV = 'ENGRAM_FAULT_SNAPSHOT'
 HYDRA_FILES = ('.hydra/config.yaml', '.hydra/hydra.yaml', '.hydra/overrides.yaml')
 # what makes a folder a run's (a reader of a file in such a folder checks the folder's marker)
 RUN_SIGNS = (MARKER, 'results.json', 'results.md', 'config_resolved.yaml', '.hydra', 'artifact')
@@ -108,6 +112,10 @@ def _step(path: Path) -> None:
   if log:
     with open(log, 'a') as f:
       f.write(f'{_steps}\t{path}\n')
+  snapshot = os.environ.get(FAULT_SNAPSHOT_ENV)
+  if snapshot:
+    folder, dest = snapshot.split(os.pathsep, 1)
+    shutil.copytree(folder, Path(dest) / f'{_steps:03d}', symlinks=True)
   at = os.environ.get(FAULT_ENV)
   if at and int(at) == _steps:
     os.kill(os.getpid(), signal.SIGKILL)

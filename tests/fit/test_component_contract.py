@@ -251,7 +251,7 @@ def test_config_iterates_the_registry(tmp_path):
   adapter = 'fit.adapter={rank: 2, lr_scale: 0.1, cfsr_grad: implicit, soft_query_legs: true}'
   with registry.registered_component(Toy):
     cfg = small_fit_cfg(tmp_path, toy, adapter, '+fit.variants.mix=[adapter,toy]', 'fit.params=[legs.bm25.weight,k0]')
-    checks.check_fit(cfg)
+    run = checks.check_fit(cfg)
     pipe = common.hand_set_pipeline('rrf_cos_bm25', cfg.pipeline.rrf_cos_bm25)
     plan = fit_setup.build(cfg, pipe)
     assert set(fit_setup.component_keys()) == {'adapter', 'conditioned', 'toy'}
@@ -260,7 +260,7 @@ def test_config_iterates_the_registry(tmp_path):
     assert list(variants) == ['fitted', 'adapter', 'mix']
     assert [c.name for c in variants['mix'][1]] == ['adapter', 'toy']
     assert variants['mix'][0].settings.cfsr_grad == 'implicit' and plan.problem.settings.cfsr_grad == 'forward'
-    assert 'loss_curve_mix.json' in fit_exp.outputs(cfg)
+    assert 'loss_curve_mix.json' in fit_exp.outputs(run)
     bad = small_fit_cfg(tmp_path, toy[:-1] + ', rnak: 2}', '+fit.variants.toy=[toy]')
     with pytest.raises(EngramError, match=r"^fit.toy: unknown keys \['rnak'\]; allowed \['knobs', "):
       fit_setup.build(bad, pipe)

@@ -109,7 +109,7 @@ HANG_SCRIPT = textwrap.dedent("""
     name = list(cfg.pipeline)[0]
     pipe = common.hand_set_pipeline(name, cfg.pipeline[name])
     plan = fit_setup.build(cfg, pipe, name)
-    data = fit_exp.load(cfg, pipeline.build_options([pipe]), ['ndcg@10'])
+    data = fit_exp.load(cfg, fit_setup.read(cfg, name), pipeline.build_options([pipe]))
     problem, components = plan.variants()['adapter']
     rows = fit_setup.rows(plan, pipe, data.episodes, data.arrays, seed=0, problem=problem)
     inputs = {c.name: c.inputs(problem, data.episodes, data.arrays) for c in components}

@@ -503,34 +503,59 @@ FIT = [
 ]
 
 
-def _kill_at_each_write(module, run, args, readers, tmp_path, *, also=lambda name, value, old: False):
-  """Rerun ``module args`` into the used folder ``run`` killed (SIGKILL) before its 1st, 2nd, ... step that changes
-  the folder (:data:`engram_jax.core.runfolder.FAULT_ENV`), restoring the old run each time, until a run finishes;
-  after each kill every reader must refuse in one line, read what it read of the old run, or give a value ``also``
-  accepts (collect: the job listed as failed or running). Returns one record per
-  kill: ``(step, path, {reader: outcome})``."""
-  old = tmp_path / 'old_copy'
-  shutil.copytree(run, old)
+def _files(folder: Path) -> dict[str, bytes]:
+  """Every file under ``folder`` by relative path, but its logs (timestamped lines) and the lock (the holder's
+  pid): what a reader of the folder reads."""
+  return {
+    p.relative_to(folder).as_posix(): p.read_bytes()
+    for p in sorted(folder.rglob('*'))
+    if p.is_file() and p.suffix != '.log' and p.name != runfolder.LOCK
+  }
+
+
+def _restore(src: Path, run: Path) -> None:
+  shutil.rmtree(run)
+  shutil.copytree(src, run, symlinks=True)
+
+
+def _kill_at_each_write(module, run, args, readers, tmp_path, *, also=lambda name, value, old: False, kills=3):
+  """Rerun ``module args`` into the used folder ``run`` once, the folder copied just before each of its steps that
+  change it (:data:`engram_jax.core.runfolder.FAULT_SNAPSHOT_ENV`: the folder a SIGKILL before that step leaves);
+  ``kills`` of those steps (the first, the last and ones between) are also killed for real
+  (:data:`engram_jax.core.runfolder.FAULT_ENV`) and must leave the files of their copy (the same paths; the bytes
+  differ by the timings written), which each reader reads or refuses alike. Then each copy in turn is put in
+  ``run``: every reader must refuse in one line, read what it read of the old run, or give a value ``also`` accepts
+  (collect: the job listed as failed or running). Returns one record per step: ``(step, path, {reader: outcome})``,
+  the readers' outcomes on the old run and on the finished rerun."""
+  old, snaps, log = tmp_path / 'old_copy', tmp_path / 'snapshots', tmp_path / 'steps.log'
+  shutil.copytree(run, old, symlinks=True)
   before = {name: _outcome(call) for name, call in readers.items()}
   assert all(kind == 'reads' for kind, _ in before.values()), before
-  records = []
-  for n in range(1, 100):
-    shutil.rmtree(run)
-    shutil.copytree(old, run)
-    log = tmp_path / f'steps_{n}.log'
-    proc = _cli(
-      module, [*args, f'hydra.run.dir={run}'], {runfolder.FAULT_ENV: str(n), runfolder.FAULT_LOG_ENV: str(log)}
-    )
-    if proc.returncode == 0:  # no n-th step: the run finished
-      after = {name: _outcome(call) for name, call in readers.items()}
-      return records, before, after
+  env = {runfolder.FAULT_SNAPSHOT_ENV: f'{run}{os.pathsep}{snaps}', runfolder.FAULT_LOG_ENV: str(log)}
+  proc = _cli(module, [*args, f'hydra.run.dir={run}'], env)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  after = {name: _outcome(call) for name, call in readers.items()}
+  steps = [(int(n), Path(path)) for n, path in (line.split('\t') for line in log.read_text().splitlines())]
+  assert [n for n, _ in steps] == list(range(1, len(steps) + 1)) and len(steps) >= kills
+  for n in sorted({round(1 + i * (len(steps) - 1) / (kills - 1)) for i in range(kills)}):
+    _restore(old, run)
+    proc = _cli(module, [*args, f'hydra.run.dir={run}'], {runfolder.FAULT_ENV: str(n)})
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
-    step = log.read_text().splitlines()[-1].split('\t')[1]
+    killed = _files(run)
+    assert sorted(killed) == sorted(_files(snaps / f'{n:03d}')), (
+      f'a kill before step {n} left other files than its copy'
+    )
+    seen = {name: _outcome(call)[0] for name, call in readers.items()}
+    _restore(snaps / f'{n:03d}', run)
+    assert seen == {name: _outcome(call)[0] for name, call in readers.items()}, (n, seen)
+  records = []
+  for n, path in steps:
+    _restore(snaps / f'{n:03d}', run)
     got = {name: _outcome(call) for name, call in readers.items()}
     for name, (kind, value) in got.items():
-      assert kind == 'refused' or value == before[name][1] or also(name, value, before[name][1]), (n, step, name, value)
-    records.append((n, Path(step).relative_to(run).as_posix(), got))
-  raise AssertionError('the run never finished')
+      assert kind == 'refused' or value == before[name][1] or also(name, value, before[name][1]), (n, path, name, value)
+    records.append((n, path.relative_to(run).as_posix(), got))
+  return records, before, after
 
 
 @pytest.mark.slow
