@@ -25,6 +25,7 @@ from engram_jax.core.errors import EngramError
 from engram_jax.data import splits
 from engram_jax.eval import checks as data_checks
 from engram_jax.eval import evaluation, grid, pipeline, timing, trec
+from engram_jax.eval.config import EvalConfig
 from engram_jax.metrics import report
 from engram_jax.ops import trec_run
 from experiments.lib import answer, checks, common
@@ -36,12 +37,13 @@ log = logging.getLogger(__name__)
 OUTPUTS = ('results.json', 'results.md', 'config_resolved.yaml', 'run_info.json', 'runs', 'qrels')
 
 
-def fit_on_train(cfg: DictConfig, pipes: dict, expanded: dict, embed_fn, scored: dict[str, list]) -> dict:
+def fit_on_train(run: Run, scored: dict[str, list]) -> dict:
   """Resolve ``tune`` specs that name training sets (``tune.train``): choose the grid value with the best pooled
   metric on those training questions, asserted disjoint from every scored dataset's questions (ties: the first
   value). Each training set's grid is one :func:`engram_jax.eval.grid.evaluate_grid` call, its metric (e.g. the
   dataset's ``answer@1``) read from every value's top-k. Mutates ``pipes``/``expanded`` (the variants collapse to the
   chosen pipeline) and returns what was fitted."""
+  cfg, pipes, expanded, embed_fn = run.cfg, run.pipes, run.expanded, run.embed_fn
   fits = {}
   train_cache: dict[str, tuple[list, list]] = {}
   for name, (kind, variants, _) in list(expanded.items()):
@@ -66,11 +68,11 @@ def fit_on_train(cfg: DictConfig, pipes: dict, expanded: dict, embed_fn, scored:
         embs,
         pipes[variants[0]],
         {node.tune.param: values},
-        k=cfg.eval.k,
+        k=run.settings.k,
         metrics=[tcfg.metric],
         seed=cfg.seed,
         episode_metrics=common.dataset_metrics(tcfg),
-        devices=common.eval_devices(cfg),
+        devices=run.settings.devices,
       )
       for g in range(len(variants)):
         per_value[g].append(res.scores[tcfg.metric][g])
@@ -90,12 +92,13 @@ def fit_on_train(cfg: DictConfig, pipes: dict, expanded: dict, embed_fn, scored:
   return fits
 
 
-def embed(cfg: DictConfig, ds: DictConfig, episodes, embed_fn, timer: timing.RunTimer) -> list:
+def embed(run: Run, ds: DictConfig, episodes) -> list:
   """The episodes' ``(item, question)`` vectors; once per process for this dataset and embedder (the jobs of a
   multirun share them)."""
-  with timer.phase('embed'):
+  cfg, embed_fn = run.cfg, run.embed_fn
+  with run.timer.phase('embed'):
     return common.memo(
-      cfg,
+      run.settings,
       'embeddings',
       {
         'dataset': ds,
@@ -108,10 +111,10 @@ def embed(cfg: DictConfig, ds: DictConfig, episodes, embed_fn, timer: timing.Run
     )
 
 
-def needs_vectors(cfg: DictConfig, pipes: dict) -> bool:
+def needs_vectors(cfg: DictConfig, settings: EvalConfig, pipes: dict) -> bool:
   """Whether this run must embed: a leg reads vectors, or a fit's artifact (its dimension is checked), a pile-up
   report (it reads item vectors) or a fit on training questions comes with it."""
-  return pipeline.reads_vectors(pipes.values()) or bool(cfg.get('fitted')) or bool(cfg.eval.get('pileup'))
+  return pipeline.reads_vectors(pipes.values()) or bool(cfg.get('fitted')) or settings.pileup
 
 
 @dataclasses.dataclass
@@ -121,6 +124,7 @@ class Run:
   applies with what ``fitted_force`` let through (``applying``; loaded and checked once for the run)."""
 
   cfg: DictConfig
+  settings: EvalConfig  # the eval node, typed (read once: experiments.lib.common.eval_settings)
   pipes: dict
   expanded: dict
   embed_fn: Any
@@ -134,7 +138,7 @@ def run_dataset(run: Run, ds: DictConfig, episodes, load_report) -> tuple[dict[s
   (``run.tier1``), also answers from every pipeline's top-k and scores the answers (``results['tier1']``); with an
   artifact (``run.applying``), its pipeline is scored with every learned part."""
   cfg = run.cfg
-  metrics = checks.metrics_for(cfg, ds)
+  metrics = checks.metrics_for(cfg, ds, run.settings)
   skip = {n for n in cfg.pipeline if ds.name in cfg.pipeline[n].get('skip_datasets', [])}
   pipes = {n: p for n, p in run.pipes.items() if n.split('[')[0] not in skip}
   if any(kind == 'tune' for kind, _, _ in run.expanded.values()):
@@ -146,21 +150,21 @@ def run_dataset(run: Run, ds: DictConfig, episodes, load_report) -> tuple[dict[s
   if run.applying is not None:  # a fit's artifact: every learned part of it applied
     from experiments.lib import fit_artifact  # flax and safetensors: only when an artifact is applied
 
-    applied = fit_artifact.apply(cfg, *run.applying, episodes, embeddings, result, metrics=metrics)
+    applied = fit_artifact.apply(cfg, run.settings, *run.applying, episodes, embeddings, result, metrics=metrics)
   order = [n for n in cfg.pipeline if n not in skip]
   result.scores = {n: result.scores[n] for n in order}
   result.retrieved = {n: result.retrieved[n] for n in order}
   stats_t0 = time.perf_counter()
   summary, table = table_step(run, ds, result, pipes, metrics, applied, skip)
   pileup = None
-  if cfg.eval.get('pileup'):
+  if run.settings.pileup:
     pileup, text = pileup_step(run, ds, episodes, embeddings, result)
     table += text
   run.timer.add('statistics', time.perf_counter() - stats_t0)
   results = {
     'dataset': ds.name,
     'n_questions': len(result.question_ids),
-    'k': cfg.eval.k,
+    'k': run.settings.k,
     'seed': cfg.seed,
     'metrics': metrics,
     'load_report': load_report.to_dict(),
@@ -184,11 +188,13 @@ def embed_step(run: Run, ds: DictConfig, episodes, pipes: dict) -> list:
   """The episodes' vectors (none encoded when no leg reads them), checked against the artifact applied (its embedder
   and dimension) before any retrieval."""
   cfg = run.cfg
-  if not needs_vectors(cfg, pipes):  # a lexical-only run: one constant unit vector per text, nothing encoded
+  if not needs_vectors(
+    cfg, run.settings, pipes
+  ):  # a lexical-only run: one constant unit vector per text, nothing encoded
     run.timer.add('embed skipped (no leg reads vectors)', 0.0)
     embeddings = evaluation.embed_episodes(episodes, common.no_embedder())
   else:
-    embeddings = embed(cfg, ds, episodes, run.embed_fn, run.timer)
+    embeddings = embed(run, ds, episodes)
   if run.applying is not None:
     from engram_jax.fit import apply as road  # flax and safetensors: only when an artifact is applied
 
@@ -221,12 +227,12 @@ def retrieve_step(
       options = pipeline.build_options(pipes.values())
       arrays = [episode_arrays(ep, d, q, **options) for ep, (d, q) in zip(episodes, embeddings)]
   shared = dict(
-    k=cfg.eval.k, seed=cfg.seed, episode_metrics=common.dataset_metrics(ds), arrays=arrays, timer=timer,
-    max_waste=float(cfg.eval.get('max_waste', 2.0)), devices=common.eval_devices(cfg), leg_cache=common.leg_cache(cfg),
+    k=run.settings.k, seed=cfg.seed, episode_metrics=common.dataset_metrics(ds), arrays=arrays, timer=timer,
+    max_waste=run.settings.max_waste, devices=run.settings.devices, leg_cache=common.leg_cache(run.settings),
   )  # fmt: skip
   result = evaluation.evaluate(
     episodes, embeddings, {n: p for n, p in pipes.items() if n not in in_grids}, metrics=metrics,
-    progress=cfg.eval.progress, only=only, stacked=bool(cfg.eval.stacked), **shared,
+    progress=run.settings.progress, only=only, stacked=run.settings.stacked, **shared,
   )  # fmt: skip
   for name, (variants, by) in tuned.items():
     node = cfg.pipeline[name]
@@ -264,9 +270,9 @@ def table_step(run: Run, ds, result, pipes: dict, metrics: list[str], applied, s
   artifact applied and the pipelines not run here."""
   cfg = run.cfg
   categories = OmegaConf.to_container(ds.categories) if ds.get('categories') else {}
-  baselines = checks.resolve_baselines(cfg)
+  baselines = checks.resolve_baselines(cfg, run.settings)
   summary = report.summarize(
-    result, category_names=categories, seed=cfg.seed, n_resamples=cfg.eval.n_resamples, baselines=baselines
+    result, category_names=categories, seed=cfg.seed, n_resamples=run.settings.n_resamples, baselines=baselines
   )
   reference = OmegaConf.to_container(cfg.reference) if cfg.get('reference') else None
   table = report.markdown_table(
@@ -274,8 +280,8 @@ def table_step(run: Run, ds, result, pipes: dict, metrics: list[str], applied, s
     metrics=metrics,
     reference=reference if not cfg.get('datasets') else None,
     reference_label=cfg.get('reference_label', 'published'),
-    title=f'{ds.name}: {len(result.question_ids)} questions, k={cfg.eval.k}, embedder '
-    + (cfg.embedder.model_id if needs_vectors(cfg, pipes) else 'none (no leg reads vectors)'),
+    title=f'{ds.name}: {len(result.question_ids)} questions, k={run.settings.k}, embedder '
+    + (cfg.embedder.model_id if needs_vectors(cfg, run.settings, pipes) else 'none (no leg reads vectors)'),
   )
   if applied:
     table += (
@@ -294,8 +300,8 @@ def pileup_step(run: Run, ds, episodes, embeddings, result) -> tuple[dict, str]:
   """The pile-up report (``eval.pileup``) and its Markdown: how near-duplicate items crowd each pipeline's top-k."""
   cfg = run.cfg
   pileup = analysis.pileup_report(
-    episodes, embeddings, result, categories=[4, 1], baselines=checks.resolve_baselines(cfg), seed=cfg.seed,
-    n_resamples=cfg.eval.n_resamples,
+    episodes, embeddings, result, categories=[4, 1], baselines=checks.resolve_baselines(cfg, run.settings), seed=cfg.seed,
+    n_resamples=run.settings.n_resamples,
   )  # fmt: skip
   categories = OmegaConf.to_container(ds.categories) if ds.get('categories') else {}
   return pileup, analysis.pileup_markdown(pileup, categories)
@@ -328,13 +334,13 @@ def trec_files(name: str, results: dict[str, Any], episodes) -> dict[str, str]:
   return files
 
 
-def _check_loaded(cfg: DictConfig, name: str, episodes, art=None) -> None:
+def _check_loaded(cfg: DictConfig, settings: EvalConfig, name: str, episodes, art=None) -> None:
   """A loaded dataset refused when it has no question to score or two episodes with equal content (or, with
   ``art``, the artifact applied, an episode it has no fit for). Run on every load, a memoized one included: what
   it checks depends on the run's settings, not only on the data."""
   data_checks.check_scored_questions(episodes, f'dataset {name}')
   data_checks.check_distinct_corpora(episodes, f'dataset {name}')
-  checks.check_loaded(cfg, name, episodes)  # k, reader.questions, fitted= episodes: before any embedding
+  checks.check_loaded(cfg, name, episodes, settings)  # k, reader.questions, fitted= episodes: before any embedding
   if art is not None:  # an artifact: a fit for every episode (fold or final)
     from engram_jax.fit import apply as road
 
@@ -354,26 +360,27 @@ def begin(cfg: DictConfig, out_dir: Path) -> runfolder.Run:
   return runfolder.begin(out_dir, OUTPUTS, expect=common.hydra_own_files(out_dir))
 
 
-def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+def run(cfg: DictConfig, out_dir: Path, settings: EvalConfig | None = None) -> dict[str, Any]:
   """Evaluate ``cfg.pipeline`` on ``cfg.dataset`` (or on every entry of ``cfg.datasets``) and write the results:
   each file atomically, then the folder's marker (:mod:`engram_jax.core.runfolder`). The run holds the folder
-  (one writer: another run into it is refused) until it ends, however it ends."""
+  (one writer: another run into it is refused) until it ends, however it ends. ``settings``: the ``eval`` node as
+  read by the caller (default: read here, once)."""
   with begin(cfg, out_dir) as folder:
-    return _run(cfg, out_dir, folder)
+    return _run(cfg, out_dir, folder, settings)
 
 
-def _run(cfg: DictConfig, out_dir: Path, folder: runfolder.Run) -> dict[str, Any]:
+def _run(cfg: DictConfig, out_dir: Path, folder: runfolder.Run, settings: EvalConfig | None) -> dict[str, Any]:
   """:func:`run` in the folder it holds, as named steps: check the settings, set up the run (pipelines, embedder,
   artifact), load and check the data, fit on training sets, evaluate each dataset, write the outputs."""
-  checks.check_evaluate(cfg)
+  settings = checks.check_evaluate(cfg, settings)
   checks.check_reader_packages(cfg)  # a Tier-1 reader's packages on this machine: before loading and retrieval
   compile_cache = common.enable_compile_cache(cfg)  # before any compilation (an artifact's checks compute)
-  run = setup_step(cfg)
+  run = setup_step(cfg, settings)
   datasets = checks.datasets_of(cfg)
   loaded = load_step(run, datasets)
   with run.timer.phase('fit_on_train'):
-    fits = fit_on_train(cfg, run.pipes, run.expanded, run.embed_fn, {n: eps for n, (eps, _) in loaded.items()})
-  run.tier1 = answer.Tier1(cfg) if answer.enabled(cfg) else None
+    fits = fit_on_train(run, {n: eps for n, (eps, _) in loaded.items()})
+  run.tier1 = answer.Tier1(cfg, run.settings) if answer.enabled(cfg) else None
   per_ds, tables = {}, []
   for name, ds in datasets.items():
     per_ds[name], table = run_dataset(run, ds, *loaded[name])
@@ -399,7 +406,7 @@ def _run(cfg: DictConfig, out_dir: Path, folder: runfolder.Run) -> dict[str, Any
   return results
 
 
-def setup_step(cfg: DictConfig) -> Run:
+def setup_step(cfg: DictConfig, settings: EvalConfig) -> Run:
   """The run's shared parts: the artifact ``fitted=RUN`` applies (loaded and checked once, before any data is read),
   the pipelines and the embedder (none when no leg reads vectors)."""
   applying = None
@@ -407,9 +414,12 @@ def setup_step(cfg: DictConfig) -> Run:
     from experiments.lib import fit_artifact
 
     applying = fit_artifact.check(cfg)  # the run folder whole, the pipeline selected and unchanged, the embedder
-  pipes, expanded = common.build_pipelines(cfg)
-  embed_fn = common.make_embedder(cfg) if needs_vectors(cfg, pipes) else common.no_embedder()
-  return Run(cfg, pipes, expanded, embed_fn, timing.RunTimer(), applying=applying)
+  pipes, expanded = common.build_pipelines(cfg, settings)
+  if needs_vectors(cfg, settings, pipes):
+    embed_fn = common.make_embedder(cfg, progress=settings.progress)
+  else:
+    embed_fn = common.no_embedder()
+  return Run(cfg, settings, pipes, expanded, embed_fn, timing.RunTimer(), applying=applying)
 
 
 def load_step(run: Run, datasets: dict) -> dict[str, tuple]:
@@ -420,7 +430,7 @@ def load_step(run: Run, datasets: dict) -> dict[str, tuple]:
   with run.timer.phase('load'):
     loaded = {
       name: common.memo(
-        cfg,
+        run.settings,
         'dataset',
         {'dataset': ds, 'data_root': cfg.paths.data_root},
         functools.partial(common.load_dataset, cfg, ds),
@@ -428,9 +438,9 @@ def load_step(run: Run, datasets: dict) -> dict[str, tuple]:
       for name, ds in datasets.items()
     }
   for name, (episodes, _) in loaded.items():
-    _check_loaded(cfg, name, episodes, art)
+    _check_loaded(cfg, run.settings, name, episodes, art)
     common.check_embeddable(run.embed_fn, episodes)
-    checks.check_external_runs(cfg, run.pipes, episodes, int(cfg.eval.k))
+    checks.check_external_runs(cfg, run.pipes, episodes, run.settings.k)
   return loaded
 
 
@@ -466,7 +476,7 @@ def run_info(run: Run, spent: dict, compile_cache, external: dict) -> dict[str, 
     'compile_cache': compile_cache,
     'embedding_cache': run.embed_fn.cache_reports,
     'compile_cache_published': len(common.publish_compile_cache(cfg)),
-    'leg_cache': (common.leg_cache(cfg).report() if common.leg_cache(cfg) else None),
+    'leg_cache': (common.leg_cache(run.settings).report() if common.leg_cache(run.settings) else None),
   }
   if run.tier1 is not None:
     info['reader'] = run.tier1.info
@@ -483,12 +493,13 @@ def run_info(run: Run, spent: dict, compile_cache, external: dict) -> dict[str, 
 @hydra.main(version_base='1.3', config_path='../conf', config_name='config')
 @common.plain_errors  # the project's errors (EngramError) as one line; ENGRAM_FULL_ERROR=1 for the traceback
 def main(cfg: DictConfig) -> float:
-  common.use_cpu_cores(cfg, multirun=HydraConfig.get().mode == RunMode.MULTIRUN)  # before JAX's first computation
+  settings = common.eval_settings(cfg)  # the eval node, typed, read once for the run
+  common.use_cpu_cores(settings, multirun=HydraConfig.get().mode == RunMode.MULTIRUN)  # before JAX's first computation
   if cfg.get('grid') is not None:  # a grid of one pipeline's knob values in one call (experiments/lib/grid.py)
-    checks.check_evaluate(cfg)
-    summary = grid_run.run(cfg, Path(HydraConfig.get().runtime.output_dir))
+    settings = checks.check_evaluate(cfg, settings)
+    summary = grid_run.run(cfg, Path(HydraConfig.get().runtime.output_dir), settings)
     return float(summary['ranked'][0]['mean'])
-  results = run(cfg, Path(HydraConfig.get().runtime.output_dir))
+  results = run(cfg, Path(HydraConfig.get().runtime.output_dir), settings)
   one = results if 'pipelines' in results else next(iter(results['datasets'].values()))
   first = next(iter(one['pipelines'].values()))
   return float(first[one['metrics'][0]])

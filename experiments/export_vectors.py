@@ -54,7 +54,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     raise EngramError(f'export_vectors needs the file to write: out=FILE{want}')
   if Path(str(cfg.out)).suffix != want:
     raise EngramError(f'out={cfg.out}: {"texts=true writes" if cfg.texts else "a vectors file is"} a {want} file')
-  embed_fn = None if cfg.texts else common.make_embedder(cfg)  # a model that is not there: one line, before loading
+  progress = common.eval_settings(cfg).progress
+  embed_fn = None if cfg.texts else common.make_embedder(cfg, progress=progress)  # a missing model: one line, first
   episodes, counts = run_episodes(cfg)
   if cfg.texts:
     info = vectors.write_texts(str(cfg.out), episodes)

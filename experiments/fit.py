@@ -80,7 +80,9 @@ def _interval(values: np.ndarray, seed: int, n_resamples: int) -> dict[str, floa
   return stats.bootstrap_ci(values, seed=seed, n_resamples=n_resamples).to_dict()
 
 
-def prepare(cfg: DictConfig, options: dict | None = None, dataset: Mapping | None = None, episodes=None):
+def prepare(
+  cfg: DictConfig, options: dict | None = None, dataset: Mapping | None = None, episodes=None, *, progress: bool = True
+):
   """Load, embed and pad a dataset once (``cfg.dataset`` unless ``dataset``; ``episodes``: already loaded;
   ``cfg``: the run's environment, its paths and embedder):
   ``(episodes, embeddings, arrays)`` (``options``: what the pipelines' legs need built,
@@ -88,7 +90,7 @@ def prepare(cfg: DictConfig, options: dict | None = None, dataset: Mapping | Non
   options = options or {}
   if episodes is None:
     episodes, _ = common.load_dataset(cfg, cfg.dataset if dataset is None else dataset)
-  embeddings = evaluation.embed_episodes(episodes, common.make_embedder(cfg))
+  embeddings = evaluation.embed_episodes(episodes, common.make_embedder(cfg, progress=progress))
   arrays = [batch.episode_arrays(e, d, q, **options) for e, (d, q) in zip(episodes, embeddings)]
   return episodes, embeddings, arrays
 
@@ -348,9 +350,9 @@ def load(cfg: DictConfig, run: fit_setup.FitRun, options: dict) -> Data:
   question id and content before any fitting (``cfg``: the run's environment, its paths, embedder and loaders)."""
   episodes, _ = common.load_dataset(cfg, cfg.dataset)
   folds = make_folds(run.config, [e.id for e in episodes])  # fit.folds / fit.n_test against the episodes read
-  episodes, embeddings, arrays = prepare(cfg, options, episodes=episodes)
+  episodes, embeddings, arrays = prepare(cfg, options, episodes=episodes, progress=run.eval.progress)
   if run.config.split == 'parts':  # train on another part / dataset: its episodes join the rows, never a fold
-    train_eps, train_emb, train_arr = prepare(cfg, options, dataset=run.config.train)
+    train_eps, train_emb, train_arr = prepare(cfg, options, dataset=run.config.train, progress=run.eval.progress)
     splits.assert_disjoint(
       [q.id for e in train_eps for q in e.questions], [q.id for e in episodes for q in e.questions]
     )
@@ -404,7 +406,7 @@ def _run(cfg: DictConfig, run_: fit_setup.FitRun, out_dir: Path, folder: runfold
   if protocol_info:
     protocol.warn_run_dir(out_dir)  # before the work: a row whose run folder is outside the repository says so
   data = load(cfg, run_, pipeline.build_options([pipe, *baselines.values()]))
-  env = Env(common.fold_devices(cfg), common.leg_cache(cfg))
+  env = Env(common.fold_devices(cfg), common.leg_cache(run_.eval))
   metrics = data.metrics
   checks.check_external_runs(cfg, {name: pipe, **baselines}, data.episodes, run_.k)
   protocol.check_data(protocol_info, cfg, data.episodes)  # the data read against its pinned fingerprint (unless forced)
@@ -739,7 +741,8 @@ def record_ledger(protocol_info: dict[str, Any], out_dir: Path, results: dict[st
 @hydra.main(version_base='1.3', config_path='../conf', config_name='fit')
 @common.plain_errors  # the project's errors (EngramError) as one line; ENGRAM_FULL_ERROR=1 for the traceback
 def main(cfg: DictConfig) -> float:
-  common.use_cpu_cores(cfg, multirun=HydraConfig.get().mode == RunMode.MULTIRUN)  # before JAX's first computation
+  settings = common.eval_settings(cfg)  # (the fit reads it again with the rest of its settings: fit_setup.read)
+  common.use_cpu_cores(settings, multirun=HydraConfig.get().mode == RunMode.MULTIRUN)  # before JAX's first computation
   results = run(cfg, Path(HydraConfig.get().runtime.output_dir))
   key = next(k for k in results['summary'] if k.endswith('(fitted, out of fold)'))
   return float(results['summary'][key][results['metrics'][0]]['mean'])

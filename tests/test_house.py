@@ -99,15 +99,15 @@ def test_every_run_prints_its_slowest_tests():
   assert '--durations=' in opts
 
 
-def _reads_of_fit_node(path: Path) -> list[str]:
-  """The functions of ``path`` that read a config's ``fit`` node (``X.fit`` or ``X['fit']`` on a name ``cfg``)."""
+def _reads_of_node(path: Path, key: str) -> list[str]:
+  """The functions of ``path`` that read a config's node ``key`` (``cfg.<key>`` or ``cfg['<key>']``)."""
   out = []
   for fn in ast.walk(ast.parse(path.read_text())):
     if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
       continue
     for n in ast.walk(fn):
-      attr = isinstance(n, ast.Attribute) and n.attr == 'fit'
-      item = isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant) and n.slice.value == 'fit'
+      attr = isinstance(n, ast.Attribute) and n.attr == key
+      item = isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant) and n.slice.value == key
       if (attr or item) and isinstance(n.value, ast.Name) and n.value.id == 'cfg':
         out.append(f'{path.relative_to(ROOT)}:{fn.name}')
         break
@@ -117,5 +117,14 @@ def _reads_of_fit_node(path: Path) -> list[str]:
 def test_the_fit_settings_cross_once_as_typed_settings():
   """Issue 50 item 6: the config's ``fit`` node is read in one function (experiments.lib.fit_setup.read, which hands
   it to the library's FitConfig.from_mapping); every other fit setting is read from the typed FitRun / FitConfig."""
-  readers = [r for p in sorted((ROOT / 'experiments').rglob('*.py')) for r in _reads_of_fit_node(p)]
+  readers = [r for p in sorted((ROOT / 'experiments').rglob('*.py')) for r in _reads_of_node(p, 'fit')]
   assert readers == ['experiments/lib/fit_setup.py:read'], readers
+
+
+def test_the_eval_settings_cross_once_as_typed_settings():
+  """Issue 50 item 6: the entry points and their library (experiments/*.py, experiments/lib/) read the config's
+  ``eval`` node in one function (experiments.lib.common.eval_settings, which hands it to the library's
+  EvalConfig.from_mapping) and pass the typed settings on; the research scripts and benches read their own."""
+  paths = sorted([*(ROOT / 'experiments').glob('*.py'), *(ROOT / 'experiments' / 'lib').glob('*.py')])
+  readers = [r for p in paths for r in _reads_of_node(p, 'eval')]
+  assert readers == ['experiments/lib/common.py:eval_settings'], readers

@@ -35,8 +35,9 @@ def peak_rss_mib() -> float:
 class Tier1:
   """The run's reader (loaded on first use) and what it did, for run_info.json."""
 
-  def __init__(self, cfg: DictConfig):
+  def __init__(self, cfg: DictConfig, settings: Any):
     self.cfg = cfg
+    self.settings = settings  # the run's typed eval node (engram_jax.eval.config.EvalConfig)
     self.reader = None
     self.info: dict[str, Any] = {'datasets': {}}
 
@@ -105,7 +106,7 @@ class Tier1:
         reader,
         cache,
         max_new_tokens=int(max_new),
-        progress=bool(self.cfg.eval.progress),
+        progress=self.settings.progress,
         desc=f'answering {ds.name}',
         longest_first=bool(self.cfg.reader.get('longest_first', False)),
       )
@@ -124,7 +125,7 @@ class Tier1:
       answer,
       k=int(result.k),
       seed=int(self.cfg.seed),
-      n_resamples=int(self.cfg.eval.n_resamples),
+      n_resamples=self.settings.n_resamples,
       baselines=baselines,
       tier0=tier0,
       tier0_metric=metric0,

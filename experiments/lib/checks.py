@@ -15,16 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from engram_jax.core import runfolder
 from engram_jax.core.errors import EngramError
 from engram_jax.eval.checks import (  # the checks on plain values and episodes live in the library
-  check_int,
   check_known_keys,
   check_metrics,
 )
-from engram_jax.metrics import stats
+from engram_jax.eval.config import EvalConfig
+from experiments.lib import common
 from experiments.lib.common import CONF, dataset_metrics
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,6 @@ TOP_LEVEL_KEYS = (
   'ext_run',  # ext_run=FILE: the TREC run of the trec_run legs of conf/pipeline/*ext.yaml (docs/formats.md)
   'ext_run_max_unmatched',  # the share of unmatched questions / doc ids over which an external run stops the run
 )
-# the keys of the ``eval`` node that the code reads (conf/eval/default.yaml)
 EVAL_KEYS = (
   'k',
   'metrics',
@@ -87,18 +86,23 @@ def datasets_of(cfg: DictConfig) -> dict[str, DictConfig]:
   return dict(cfg.datasets) if cfg.get('datasets') else {cfg.dataset.name: cfg.dataset}
 
 
-def metrics_for(cfg: DictConfig, ds: DictConfig) -> list[str]:
+def _settings(cfg: DictConfig, settings: EvalConfig | None) -> EvalConfig:
+  return common.eval_settings(cfg) if settings is None else settings
+
+
+def metrics_for(cfg: DictConfig, ds: DictConfig, settings: EvalConfig | None = None) -> list[str]:
   """The metrics scored on dataset ``ds``: ``eval.metrics`` in a one-dataset run (it defaults to the dataset's
-  own list), the dataset's list in a multi-dataset run."""
+  own list), the dataset's list in a multi-dataset run (``settings``: the run's typed ``eval`` node, default read from
+  ``cfg``)."""
   if cfg.get('datasets'):
     return list(ds.metrics)
-  return list(cfg.eval.metrics)
+  return list(_settings(cfg, settings).metrics)
 
 
-def resolve_baselines(cfg: DictConfig) -> list[str]:
+def resolve_baselines(cfg: DictConfig, settings: EvalConfig | None = None) -> list[str]:
   """``eval.baselines``: ``auto`` (the default) = those of cosine and rrf_cos_bm25 that are in the run; an explicit
   list must name pipelines of the run."""
-  chosen = cfg.eval.get('baselines', AUTO)
+  chosen = _settings(cfg, settings).baselines
   names = list(cfg.pipeline)
   if chosen is None or chosen == AUTO:
     return [b for b in DEFAULT_BASELINES if b in names]
@@ -121,12 +125,12 @@ def _check_loader(loader: Any, where: str) -> None:
 
 
 def check_run_settings(cfg: DictConfig) -> None:
-  """The settings every entry point shares: ``seed`` (a NumPy seed: an integer >= 0) and ``eval.n_resamples``
-  (bootstrap and permutation resamples: an integer >= :data:`engram_jax.metrics.stats.MIN_RESAMPLES`)."""
+  """The settings every entry point shares: ``seed`` (a NumPy seed: an integer >= 0); ``eval.n_resamples`` (an
+  integer >= :data:`engram_jax.metrics.stats.MIN_RESAMPLES`) is checked with the rest of the ``eval`` node
+  (:meth:`engram_jax.eval.config.EvalConfig.from_mapping`)."""
   seed = cfg.get('seed')
   if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
     raise EngramError(f'seed must be an integer >= 0, got {seed!r}')
-  stats.check_resamples(cfg.eval.get('n_resamples'), where='eval.n_resamples')
 
 
 def check_dataset_k(ds: DictConfig, k: int, where: str) -> None:
@@ -162,11 +166,10 @@ def _unknown(keys, allowed, where: str) -> None:
 
 def check_keys(cfg: DictConfig) -> None:
   """Refuse a key of the composed configuration that the program does not read: a top-level key outside
-  :data:`TOP_LEVEL_KEYS` (e.g. ``+grd=...``, a typo of ``+grid``) or an ``eval`` key outside :data:`EVAL_KEYS`
-  (e.g. the typo ``+eval.nresamples=100``), before any work."""
+  :data:`TOP_LEVEL_KEYS` (e.g. ``+grd=...``, a typo of ``+grid``), before any work; an ``eval`` key outside
+  :meth:`engram_jax.eval.config.EvalConfig.keys` (e.g. the typo ``+eval.nresamples=100``) is refused where the
+  node is read (:func:`experiments.lib.common.eval_settings`)."""
   _unknown(list(cfg.keys()), TOP_LEVEL_KEYS, '')
-  if cfg.get('eval') is not None:
-    _unknown(list(cfg.eval.keys()), EVAL_KEYS, 'eval.')
   check_listed_once(cfg)
 
 
@@ -212,11 +215,11 @@ def check_external_runs(cfg: DictConfig, pipes: Mapping[str, Any], episodes, k: 
     trec_run.check_match(path, trec_run.match(path, episodes), max_unmatched=limit, alone_k=alone_k)
 
 
-def check_loaded(cfg: DictConfig, name: str, episodes) -> None:
+def check_loaded(cfg: DictConfig, name: str, episodes, settings: EvalConfig | None = None) -> None:
   """What needs the loaded data but no embedding: ``eval.k`` within every episode, ``reader.questions`` within
   the scored questions, and a ``fitted=`` file covering every scored episode (dataset ``name``)."""
   where = f'dataset {name}'
-  k = int(cfg.eval.k)
+  k = _settings(cfg, settings).k
   small = [e for e in episodes if e.n_items < k]  # as evaluation.evaluate requires, after embedding
   if small:
     e = min(small, key=lambda e: e.n_items)
@@ -279,23 +282,24 @@ def check_fitted_file(cfg: DictConfig) -> None:
     raise EngramError(f'fitted={cfg.fitted}: expected a fitted.json of experiments.fit ({{"pipeline", "folds"}})')
 
 
-def check_evaluate(cfg: DictConfig) -> None:
-  """Everything ``experiments.evaluate`` can check before loading data."""
+def check_evaluate(cfg: DictConfig, settings: EvalConfig | None = None) -> EvalConfig:
+  """Everything ``experiments.evaluate`` can check before loading data; returns the run's ``eval`` node, typed
+  (``settings``: as the caller read it, default read here: :func:`experiments.lib.common.eval_settings`)."""
   check_keys(cfg)
+  settings = _settings(cfg, settings)
   check_reader(cfg)
   check_fitted_file(cfg)
-  k = check_int(cfg.eval.k, 'eval.k', minimum=1)
+  k = settings.k
   check_run_settings(cfg)
   datasets = datasets_of(cfg)
   if cfg.get('datasets') and 'dataset' in cfg:
-    explicit = OmegaConf.to_container(cfg.eval, resolve=True).get('metrics')
-    if explicit != list(cfg.dataset.metrics):
+    if list(settings.metrics) != list(cfg.dataset.metrics):
       raise EngramError(
         'eval.metrics applies to one-dataset runs; in a multi-dataset run set '
         f'datasets.<name>.metrics (datasets: {list(datasets)})'
       )
   for name, ds in datasets.items():
-    check_metrics(metrics_for(cfg, ds), k=k, supported=list(dataset_metrics(ds)), where=f'dataset {name}')
+    check_metrics(metrics_for(cfg, ds, settings), k=k, supported=list(dataset_metrics(ds)), where=f'dataset {name}')
     _check_loader(ds.get('loader'), f'datasets.{name}' if cfg.get('datasets') else 'dataset')
     check_loader_selection(ds.get('loader'), f'datasets.{name}' if cfg.get('datasets') else 'dataset')
     check_dataset_k(ds, k, f'dataset {name}')
@@ -305,7 +309,7 @@ def check_evaluate(cfg: DictConfig) -> None:
         f'dataset {name}: every selected pipeline skips it ({skipped}: their parameters were fit on '
         'its questions, skip_datasets), so nothing would be scored; choose another pipeline or dataset'
       )
-  resolve_baselines(cfg)
+  resolve_baselines(cfg, settings)
   train_sets = cfg.get('train_sets') or {}
   for name, node in cfg.pipeline.items():
     tune = node.get('tune')
@@ -322,6 +326,7 @@ def check_evaluate(cfg: DictConfig) -> None:
     if tune.get('metric') is not None:
       ds0 = next(iter(datasets.values()))
       check_metrics([tune.metric], k=k, supported=list(dataset_metrics(ds0)), where=f'pipeline {name} tune.metric')
+  return settings
 
 
 def check_learning_rate(node: Any, steps: int, where: str = 'fit.optimizer.learning_rate') -> None:
@@ -369,7 +374,6 @@ def check_fit(cfg: DictConfig) -> Any:
 
   check_keys(cfg)
   check_run_settings(cfg)
-  check_int(cfg.eval.k, 'eval.k', minimum=1)
   run = fit_setup.read(cfg)
   f = run.config
   check_learning_rate(f.optimizer.get('learning_rate'), f.steps)

@@ -18,12 +18,14 @@ from typing import Any
 import numpy as np
 from hydra.utils import instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
 from engram_jax.core import modules
 from engram_jax.core.errors import EngramError
 from engram_jax.core.types import Episode, LoadReport
 from engram_jax.data import embed, vectors
 from engram_jax.eval import compile_cache, legcache, pipeline
+from engram_jax.eval.config import EvalConfig
 
 log = logging.getLogger(__name__)
 CONF = Path(__file__).resolve().parents[2] / 'conf'
@@ -105,12 +107,24 @@ def _process_leg_cache(max_bytes: int) -> legcache.LegCache:
   return legcache.LegCache(max_bytes=max_bytes)
 
 
-def leg_cache(cfg: DictConfig) -> legcache.LegCache | None:
+def eval_settings(cfg: DictConfig) -> EvalConfig:
+  """The run's ``eval`` node as typed settings (:meth:`engram_jax.eval.config.EvalConfig.from_mapping`: an unknown key
+  or a bad value is one line): the one place the node crosses into the library. A key whose interpolation cannot
+  resolve (``eval.metrics: ${dataset.metrics}`` in a run of several datasets) is left out."""
+  node = {}
+  for key in cfg.eval:
+    try:
+      value = cfg.eval[key]
+    except InterpolationResolutionError:
+      continue
+    node[key] = OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
+  return EvalConfig.from_mapping(node)
+
+
+def leg_cache(settings: EvalConfig) -> legcache.LegCache | None:
   """This process's cache of legs' hard outputs, padded arrays and programs (:mod:`engram_jax.eval.legcache`), shared by
   the jobs of an in-process multirun (Hydra's basic launcher); ``eval.leg_cache_mb`` bounds it (0: off)."""
-  mb = cfg.eval.get('leg_cache_mb', 2048)
-  if isinstance(mb, bool) or not isinstance(mb, int) or mb < 0:
-    raise EngramError(f'eval.leg_cache_mb must be an integer >= 0 (0: no cache), got {mb!r}')
+  mb = settings.leg_cache_mb
   return _process_leg_cache(mb << 20) if mb else None
 
 
@@ -119,11 +133,11 @@ def _process_memo() -> dict:
   return {}
 
 
-def memo(cfg: DictConfig, kind: str, node: Any, make):
+def memo(settings: EvalConfig, kind: str, node: Any, make):
   """``make()`` once per process for the config ``node`` that determines it (resolved, as YAML: e.g. a dataset's
   loader and data root, an embedder and its cache): the jobs of an in-process multirun load and embed once.
   Off with ``eval.leg_cache_mb=0``."""
-  if not cfg.eval.get('leg_cache_mb', 2048):
+  if not settings.leg_cache_mb:
     return make()
 
   def plain(v):  # resolved in its own config's context (a sub-node keeps its interpolations to the root)
@@ -147,15 +161,11 @@ def publish_compile_cache(cfg: DictConfig) -> list[str]:
   return compile_cache.publish(_staged_compile_cache(str(folder)), folder, remove=False)
 
 
-def eval_devices(cfg: DictConfig) -> int | None:
+def eval_devices(settings: EvalConfig) -> int | None:
   """``eval.devices`` as the library takes it: ``None`` (all available devices; also when the key is absent) or an
-  int >= 1 (:func:`engram_jax.eval.evaluation.evaluate` ``devices``)."""
-  value = cfg.eval.get('devices')
-  if value is None:
-    return None
-  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-    raise EngramError(f'eval.devices must be null (all devices) or an integer >= 1, got {value!r}')
-  return value
+  int >= 1 (:func:`engram_jax.eval.evaluation.evaluate` ``devices``; checked by
+  :meth:`engram_jax.eval.config.EvalConfig.from_mapping`)."""
+  return settings.devices
 
 
 MAX_CPU_DEVICES = 8
@@ -171,7 +181,7 @@ def cpu_devices_wanted(value: Any, cores: int | None) -> int:
   return value
 
 
-def use_cpu_cores(cfg: DictConfig, *, multirun: bool = False) -> int | None:
+def use_cpu_cores(settings: EvalConfig, *, multirun: bool = False) -> int | None:
   """Give this process ``eval.cpu_devices`` CPU devices (``jax_num_cpu_devices``), so that evaluation shards each
   stacked group's episodes over the machine's cores (``eval.devices: null`` = every device; the results equal one
   device's bit for bit: tests/eval/test_sharding.py). JAX takes the setting only before its first computation: a later
@@ -182,7 +192,7 @@ def use_cpu_cores(cfg: DictConfig, *, multirun: bool = False) -> int | None:
 
   if multirun:
     return None
-  return set_cpu_devices(cpu_devices_wanted(cfg.eval.get('cpu_devices', 1), os.cpu_count()))
+  return set_cpu_devices(cpu_devices_wanted(settings.cpu_devices, os.cpu_count()))
 
 
 def set_cpu_devices(n: int) -> int | None:
@@ -249,8 +259,11 @@ def variant_name(name: str, param: str, value: Any) -> str:
   return f'{name}[{param.rsplit(".", 1)[-1]}={value}]'
 
 
-def build_pipelines(cfg: DictConfig) -> tuple[dict[str, pipeline.Pipeline], dict[str, tuple[str, list[str], Any]]]:
-  """Every selected pipeline config as a library Pipeline.
+def build_pipelines(
+  cfg: DictConfig, settings: EvalConfig | None = None
+) -> tuple[dict[str, pipeline.Pipeline], dict[str, tuple[str, list[str], Any]]]:
+  """Every selected pipeline config as a library Pipeline (``settings``: the run's, default read from ``cfg``: a
+  ``tune`` node without a metric is tuned on ``eval.metrics[0]``).
 
   A pipeline node may expand into variants, one per value of one knob (named ``name[knob=value]``), merged after
   evaluation: ``tune: {param, grid, metric}`` is cross-fitted by episode (``evaluation.merge_tuned``);
@@ -297,13 +310,15 @@ def build_pipelines(cfg: DictConfig) -> tuple[dict[str, pipeline.Pipeline], dict
       vname = variant_name(name, spec['param'], value)
       pipes[vname] = pipeline.with_values(base, {spec['param']: value}, name=vname)
       variants.append(vname)
-    expanded[name] = (kind, variants, spec.get('metric', cfg.eval.metrics[0]))
+    if 'metric' not in spec and settings is None:
+      settings = eval_settings(cfg)
+    expanded[name] = (kind, variants, spec['metric'] if 'metric' in spec else settings.metrics[0])
   return pipes, expanded
 
 
-def make_embedder(cfg: DictConfig):
+def make_embedder(cfg: DictConfig, *, progress: bool = True):
   """``texts -> [T, D]`` through the embedding cache, keyed by the instantiated encoder's spec (read from files:
-  a warm cache never loads the model). ``embed_fn.cache_reports`` collects each call's ``CacheReport.as_dict()``
+  a warm cache never loads the model); ``progress``: a progress bar while encoding (``eval.progress``). ``embed_fn.cache_reports`` collects each call's ``CacheReport.as_dict()``
   (texts cached / embedded, bad shards rebuilt) for the run's files."""
   e = cfg.embedder
   encoder = instantiate(e.encoder)
@@ -316,7 +331,7 @@ def make_embedder(cfg: DictConfig):
   def encode_with(enc):
     def embed_fn(texts):
       vecs, report = embed.embed_with_report(
-        texts, cache_dir=cfg.paths.cache_dir, model_id=e.model_id, encoder=enc, progress=cfg.eval.progress
+        texts, cache_dir=cfg.paths.cache_dir, model_id=e.model_id, encoder=enc, progress=progress
       )
       reports.append(report.as_dict())
       return vecs

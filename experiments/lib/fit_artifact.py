@@ -167,18 +167,27 @@ def check(cfg: DictConfig) -> tuple[artifact.Artifact, list[str]]:
 
 
 def apply(
-  cfg: DictConfig, art: artifact.Artifact, forced: list[str], episodes, embeddings, result, *, metrics: list[str]
+  cfg: DictConfig,
+  settings: Any,
+  art: artifact.Artifact,
+  forced: list[str],
+  episodes,
+  embeddings,
+  result,
+  *,
+  metrics: list[str],
 ) -> dict[str, Any]:
   """Score the artifact's pipeline in ``result`` through the library's one road (:func:`engram_jax.fit.apply.apply`,
   every guard: the run's embedder and vectors' dimension the fit's, its external runs unchanged, a fit for every
   episode): each episode that a fold of the fit scored with that fold's fit (its out-of-fold scores, reproduced),
   every other episode with the final fit (transfer). Replaces ``result.scores[name]`` and
-  ``result.retrieved[name]``; returns which fit scored which episodes and what ``fitted_force`` let through."""
+  ``result.retrieved[name]``; returns which fit scored which episodes and what ``fitted_force`` let through
+  (``settings``: the run's typed ``eval`` node, :class:`engram_jax.eval.config.EvalConfig`)."""
   name = art.pipe.name
   dim = int(np.shape(embeddings[0][0])[-1]) if embeddings else None
   others = (art.manifest.get('array_options') or [name])[1:]  # the run's baselines: same padded arrays as the fit's
   got = road.apply(
-    art, episodes, embeddings, k=int(cfg.eval.k), metrics=metrics, seed=int(cfg.seed),
+    art, episodes, embeddings, k=settings.k, metrics=metrics, seed=int(cfg.seed),
     vectors=road.Vectors(dim=dim, node=OmegaConf.to_container(cfg.embedder, resolve=True)),
     force=bool(cfg.get('fitted_force')), episode_metrics=common.dataset_metrics(cfg.dataset),
     array_options=[common.hand_set_pipeline(n) for n in others], where=f'dataset {cfg.dataset.name}',

@@ -25,10 +25,11 @@ from engram_jax import fit
 from engram_jax.core import modules
 from engram_jax.core.errors import EngramError
 from engram_jax.eval import pipeline
+from engram_jax.eval.config import EvalConfig
 from engram_jax.fit import components, twins
 from engram_jax.fit.config import FitConfig
 from engram_jax.testing import components as contract
-from experiments.lib.common import dataset_metrics, one_line
+from experiments.lib.common import dataset_metrics, eval_settings, one_line
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class FitRun:
   caches, devices, the embedder, the loaders, the protocol)."""
 
   config: FitConfig
+  eval: EvalConfig  # the run's eval node, typed (experiments.lib.common.eval_settings)
   pipeline: str  # the config entry fitted
   pipeline_node: Mapping[str, Any]  # its plain node
   k: int
@@ -66,17 +68,19 @@ def read(cfg: DictConfig, name: str | None = None) -> FitRun:
   (default: the run's one pipeline)."""
   import_component_modules(cfg.fit.get('component_modules'))
   config = FitConfig.from_mapping(OmegaConf.to_container(cfg.fit, resolve=True), component_keys())
+  settings = eval_settings(cfg)
   names = list(cfg.pipeline)
   name = name or (names[0] if len(names) == 1 else '')
   node = cfg.pipeline.get(name) if name else None
   return FitRun(
     config=config,
+    eval=settings,
     pipeline=name,
     pipeline_node=OmegaConf.to_container(node, resolve=True) if node is not None else {},
-    k=int(cfg.eval.k),
+    k=settings.k,
     seed=int(cfg.seed),
-    n_resamples=int(cfg.eval.n_resamples),
-    metrics=tuple(cfg.dataset.get('metrics') or cfg.eval.metrics),
+    n_resamples=settings.n_resamples,
+    metrics=tuple(cfg.dataset.get('metrics') or settings.metrics),
     dataset=str(cfg.dataset.name),
     episode_metrics=dataset_metrics(cfg.dataset),
     embedder=OmegaConf.to_container(cfg.embedder, resolve=True),

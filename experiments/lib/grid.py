@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from engram_jax.core.errors import EngramError
 from engram_jax.eval import evaluation, grid, timing
+from engram_jax.eval.config import EvalConfig
 from engram_jax.eval.pipeline import Pipeline
 from engram_jax.metrics import report
 from experiments.lib import checks, common, grid_figure
@@ -69,9 +70,6 @@ def plot(result: grid.GridResult, ranked: list[dict[str, Any]], *, metric: str, 
   return grid_figure.plot(view(result, metric), ranked, path)
 
 
-GRID_MAX_POINTS = 100_000  # eval.grid_max_points when the key is absent (conf/eval/default.yaml sets it)
-
-
 def _bytes(n: int) -> str:
   for unit, size in (('TB', 1 << 40), ('GB', 1 << 30), ('MB', 1 << 20), ('kB', 1 << 10)):
     if n >= size:
@@ -79,12 +77,12 @@ def _bytes(n: int) -> str:
   return f'{n} B'
 
 
-def check_size(cfg: DictConfig, spec: dict[str, list[Any]], n_questions: int, metrics: list[str]) -> dict[str, int]:
+def check_size(
+  settings: EvalConfig, spec: dict[str, list[Any]], n_questions: int, metrics: list[str]
+) -> dict[str, int]:
   """The grid's points and the memory of their per-question scores (``P x Q x metrics`` float64), refused in one line
   above ``eval.grid_max_points`` (before any embedding); returns ``{'points', 'bytes'}``."""
-  limit = cfg.eval.get('grid_max_points', GRID_MAX_POINTS)
-  if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-    raise EngramError(f'eval.grid_max_points must be an integer >= 1, got {limit!r}')
+  limit = settings.grid_max_points
   n = grid.n_grid_points(spec)
   nbytes = n * n_questions * len(metrics) * 8
   if n > limit:
@@ -98,14 +96,14 @@ def check_size(cfg: DictConfig, spec: dict[str, list[Any]], n_questions: int, me
   return {'points': n, 'bytes': nbytes}
 
 
-def check(cfg: DictConfig) -> tuple[str, Pipeline, dict[str, list[Any]]]:
+def check(cfg: DictConfig, settings: EvalConfig | None = None) -> tuple[str, Pipeline, dict[str, list[Any]]]:
   """What a grid run can check from the config alone, before any data is read: one dataset, one hand-set pipeline,
   every knob's values (numbers for numeric knobs, none listed twice, no empty list: :func:`engram_jax.eval.grid.
   grid_axes`). Returns ``(pipeline name, pipeline, {knob path: values})``."""
   if cfg.get('datasets'):
     raise EngramError('a grid runs on one dataset (dataset=...), not on datasets')
   spec = grid.flatten_grid(OmegaConf.to_container(cfg.grid, resolve=True))
-  pipes, expanded = common.build_pipelines(cfg)
+  pipes, expanded = common.build_pipelines(cfg, settings)
   if len(pipes) != 1 or expanded:
     raise EngramError(
       f'a grid takes one hand-set pipeline (no tune/replicate/fitted), got {sorted(pipes)}; select one, e.g. '
@@ -116,23 +114,26 @@ def check(cfg: DictConfig) -> tuple[str, Pipeline, dict[str, list[Any]]]:
   return name, pipe, spec
 
 
-def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
-  """Evaluate the grid ``cfg.grid`` of the one selected pipeline on ``cfg.dataset`` and write the grid's files."""
+def run(cfg: DictConfig, out_dir: Path, settings: EvalConfig | None = None) -> dict[str, Any]:
+  """Evaluate the grid ``cfg.grid`` of the one selected pipeline on ``cfg.dataset`` and write the grid's files
+  (``settings``: the run's typed ``eval`` node, default read from ``cfg``)."""
   timer = timing.RunTimer()
-  name, pipe, spec = check(cfg)
+  settings = common.eval_settings(cfg) if settings is None else settings
+  name, pipe, spec = check(cfg, settings)
   common.enable_compile_cache(cfg)
   ds = cfg.dataset
-  metrics = checks.metrics_for(cfg, ds)
+  metrics = checks.metrics_for(cfg, ds, settings)
   with timer.phase('load'):
     episodes, _ = common.load_dataset(cfg, ds)
-  check_size(cfg, spec, sum(len(e.questions) for e in episodes), metrics)  # before any embedding
+  check_size(settings, spec, sum(len(e.questions) for e in episodes), metrics)  # before any embedding
   # the helper imports matplotlib on the core this job leaves idle in its serial phases; stopped if the job fails
   with grid_figure.FigureWorker() as figure:
-    return _grid_files(cfg, out_dir, name, pipe, spec, metrics, figure, timer, episodes)
+    return _grid_files(cfg, settings, out_dir, name, pipe, spec, metrics, figure, timer, episodes)
 
 
 def _grid_files(
   cfg: DictConfig,
+  settings: EvalConfig,
   out_dir: Path,
   name: str,
   pipe: Pipeline,
@@ -145,7 +146,7 @@ def _grid_files(
   """:func:`run` past its checks: evaluate the grid on the loaded ``episodes``, write its files, the figure by
   ``figure``."""
   ds = cfg.dataset
-  embed_fn = common.make_embedder(cfg)
+  embed_fn = common.make_embedder(cfg, progress=settings.progress)
   with timer.phase('embed'):
     embeddings = evaluation.embed_episodes(episodes, embed_fn)
   result = grid.evaluate_grid(
@@ -153,14 +154,14 @@ def _grid_files(
     embeddings,
     pipe,
     spec,
-    k=cfg.eval.k,
+    k=settings.k,
     metrics=metrics,
     seed=cfg.seed,
     episode_metrics=common.dataset_metrics(ds),
-    chunk=int(cfg.eval.get('grid_chunk', 64)),
-    max_waste=float(cfg.eval.get('max_waste', 2.0)),
+    chunk=settings.grid_chunk,
+    max_waste=settings.max_waste,
     timer=timer,
-    devices=common.eval_devices(cfg),
+    devices=settings.devices,
   )
   t0 = time.perf_counter()
   metric = metrics[0]
@@ -169,9 +170,7 @@ def _grid_files(
   out_dir.mkdir(parents=True, exist_ok=True)
   grid.save_npz(result, out_dir / 'grid.npz')
   t1 = time.perf_counter()
-  ranked = grid.rank_points(
-    result, metric, seed=cfg.seed, n_resamples=cfg.eval.n_resamples, top=cfg.eval.get('grid_ranked')
-  )
+  ranked = grid.rank_points(result, metric, seed=cfg.seed, n_resamples=settings.n_resamples, top=settings.grid_ranked)
   timer.add('report', t1 - t0)
   timer.add('statistics', time.perf_counter() - t1)
   t0 = time.perf_counter()
@@ -181,7 +180,7 @@ def _grid_files(
     'pipeline': name,
     'metric': metric,
     'metrics': metrics,
-    'k': cfg.eval.k,
+    'k': settings.k,
     'seed': cfg.seed,
     'grid': spec,
     'n_points': result.n_points,

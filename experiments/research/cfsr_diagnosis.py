@@ -142,7 +142,9 @@ def main(cfg: DictConfig) -> None:
   opts = {'pool': 150, 'lam': 0.005, 'w': 0.9, 'iterations': 80}
   opts.update({key: v for key, v in dict(cfg.get('diagnosis') or {}).items() if key in opts})
   episodes, _ = common.load_dataset(cfg, cfg.dataset)
-  embeddings = evaluation.embed_episodes(episodes, common.make_embedder(cfg))
+  embeddings = evaluation.embed_episodes(
+    episodes, common.make_embedder(cfg, progress=common.eval_settings(cfg).progress)
+  )
   rows = []
   for ep, (d, q) in zip(episodes, embeddings):
     arr = batch.episode_arrays(ep, d, q)

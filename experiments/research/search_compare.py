@@ -72,7 +72,7 @@ def score(cfg: DictConfig, pipe, data, sel: list[int]) -> np.ndarray:
     seed=int(cfg.seed),
     progress=False,
     arrays=[arrays[i] for i in sel],
-    leg_cache=common.leg_cache(cfg),
+    leg_cache=common.leg_cache(common.eval_settings(cfg)),
   )  # legs whose knobs a trial leaves alone: computed once
   return r.scores['p']['ndcg@10']
 

@@ -85,12 +85,12 @@ def test_device_count_is_checked():
 
 
 def test_eval_devices_config():
-  assert common.eval_devices(OmegaConf.create({'eval': {'devices': None}})) is None
-  assert common.eval_devices(OmegaConf.create({'eval': {}})) is None
-  assert common.eval_devices(OmegaConf.create({'eval': {'devices': 2}})) == 2
+  assert common.eval_devices(common.eval_settings(OmegaConf.create({'eval': {'devices': None}}))) is None
+  assert common.eval_devices(common.eval_settings(OmegaConf.create({'eval': {}}))) is None
+  assert common.eval_devices(common.eval_settings(OmegaConf.create({'eval': {'devices': 2}}))) == 2
   for bad in (0, 'all', True):
-    with pytest.raises(ValueError, match='eval.devices'):
-      common.eval_devices(OmegaConf.create({'eval': {'devices': bad}}))
+    with pytest.raises(ValueError, match=r'^eval.devices must be null \(all devices\) or an integer >= 1'):
+      common.eval_settings(OmegaConf.create({'eval': {'devices': bad}}))
 
 
 @pytest.mark.slow

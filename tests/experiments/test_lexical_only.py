@@ -46,9 +46,9 @@ def test_needs_vectors(overrides, reads, needs):
   cfg = _compose(overrides)
   pipes, _ = common.build_pipelines(cfg)
   assert pipeline.reads_vectors(pipes.values()) is reads
-  assert evaluate.needs_vectors(cfg, pipes) is needs
+  assert evaluate.needs_vectors(cfg, common.eval_settings(cfg), pipes) is needs
   cfg.fitted = '/some/fit'  # a fit's artifact comes with the run: its dimension is checked against the vectors
-  assert evaluate.needs_vectors(cfg, pipes) is True
+  assert evaluate.needs_vectors(cfg, common.eval_settings(cfg), pipes) is True
 
 
 def test_bm25_and_trec_run_read_no_vectors():

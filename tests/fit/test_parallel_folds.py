@@ -95,5 +95,6 @@ def test_cpu_devices_setting():
     with pytest.raises(EngramError, match='eval.cpu_devices'):
       common.cpu_devices_wanted(bad, 2)
   # JAX is initialised in a test process (tests/conftest.py): the setting is kept, not changed, and says so
-  assert common.use_cpu_cores(OmegaConf.create({'eval': {'cpu_devices': 2}})) is None
-  assert common.use_cpu_cores(OmegaConf.create({'eval': {'cpu_devices': 2}}), multirun=True) is None
+  two = common.eval_settings(OmegaConf.create({'eval': {'cpu_devices': 2}}))
+  assert common.use_cpu_cores(two) is None
+  assert common.use_cpu_cores(two, multirun=True) is None

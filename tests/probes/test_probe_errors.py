@@ -205,12 +205,14 @@ def test_a_grid_of_ten_million_points_is_refused_with_its_memory_and_the_limit()
   spec['legs.bm25.depth'] = list(range(10, 20))
   cfg = _compose(SMOKE)
   msg = _raises(
-    lambda: grid_run.check_size(cfg, spec, 197, ['ndcg@10', 'recall@10']),
+    lambda: grid_run.check_size(common.eval_settings(cfg), spec, 197, ['ndcg@10', 'recall@10']),
     r'\+grid has 10,000,000 points .* more than eval.grid_max_points=100,000',
   )
   assert '29.4 GB (10,000,000 points x 197 questions x 2 metrics x 8 bytes)' in msg
   raised = _compose([*SMOKE, 'eval.grid_max_points=20000000'])
-  assert grid_run.check_size(raised, spec, 197, ['ndcg@10'])['points'] == 10**7  # the limit can be raised
+  assert (
+    grid_run.check_size(common.eval_settings(raised), spec, 197, ['ndcg@10'])['points'] == 10**7
+  )  # the limit can be raised
   checks.check_evaluate(raised)  # and the key is a known option
 
 
