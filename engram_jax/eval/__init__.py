@@ -5,7 +5,7 @@ Modules: :mod:`~engram_jax.eval.pipeline`, :mod:`~engram_jax.eval.evaluation`, :
 (legs computed once per sweep), :mod:`~engram_jax.eval.sharding` (the episode axis over devices),
 :mod:`~engram_jax.eval.compile_cache` (a persistent compilation cache that parallel jobs share),
 :mod:`~engram_jax.eval.timing` (where a run's time goes), :mod:`~engram_jax.eval.trec` (what a run scored, as TREC runs and
-qrels).
+qrels), :mod:`~engram_jax.eval.config` (a run's evaluation settings, typed: :class:`EvalConfig`).
 """
 
 import lazy_loader
@@ -17,5 +17,6 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
     'evaluation': ['EvalResult', 'evaluate'],
     'grid': ['GridResult', 'evaluate_grid'],
     'trec': ['trec_qids', 'trec_qrels', 'trec_run'],
+    'config': ['EvalConfig'],
   },
 )
