@@ -35,6 +35,7 @@ from engram_jax.core.errors import EngramError
 from engram_jax.data import splits
 from engram_jax.eval import checks as data_checks
 from engram_jax.eval import evaluation, pipeline
+from engram_jax.eval.config import EvalConfig
 from engram_jax.fit import apply as road
 from engram_jax.fit import artifact
 from engram_jax.fit.config import FitConfig
@@ -369,7 +370,7 @@ def load(cfg: DictConfig, run: fit_setup.FitRun, options: dict) -> Data:
   return Data(episodes, embeddings, arrays, folds, scored, list(run.metrics))
 
 
-def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+def run(cfg: DictConfig, out_dir: Path, settings: EvalConfig | None = None) -> dict[str, Any]:
   """Fit ``cfg.pipeline`` (one pipeline) on ``cfg.dataset`` and score it out of fold; write the results, the
   Markdown, the artifact and the ledger row. The folder is whole or marked (:mod:`engram_jax.core.runfolder`): an
   earlier run's marker and outputs are removed first, every file is written atomically, the marker last; the run
@@ -377,7 +378,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
   names = list(cfg.pipeline)
   if len(names) != 1:
     raise EngramError(f'experiments.fit fits one pipeline per run, got {names} (use -m pipeline=a,b)')
-  fit_run = checks.check_fit(cfg)  # the config read once, typed (experiments.lib.fit_setup.FitRun)
+  fit_run = checks.check_fit(cfg, settings)  # the config read once, typed (experiments.lib.fit_setup.FitRun)
   expect = common.hydra_own_files(out_dir)
   with runfolder.begin(out_dir, outputs(fit_run) + stale_outputs(out_dir), expect=expect) as folder:
     return _run(cfg, fit_run, out_dir, folder)
@@ -406,7 +407,7 @@ def _run(cfg: DictConfig, run_: fit_setup.FitRun, out_dir: Path, folder: runfold
   if protocol_info:
     protocol.warn_run_dir(out_dir)  # before the work: a row whose run folder is outside the repository says so
   data = load(cfg, run_, pipeline.build_options([pipe, *baselines.values()]))
-  env = Env(common.fold_devices(cfg), common.leg_cache(run_.eval))
+  env = Env(common.fold_devices(run_.eval), common.leg_cache(run_.eval))
   metrics = data.metrics
   checks.check_external_runs(cfg, {name: pipe, **baselines}, data.episodes, run_.k)
   protocol.check_data(protocol_info, cfg, data.episodes)  # the data read against its pinned fingerprint (unless forced)
@@ -741,9 +742,9 @@ def record_ledger(protocol_info: dict[str, Any], out_dir: Path, results: dict[st
 @hydra.main(version_base='1.3', config_path='../conf', config_name='fit')
 @common.plain_errors  # the project's errors (EngramError) as one line; ENGRAM_FULL_ERROR=1 for the traceback
 def main(cfg: DictConfig) -> float:
-  settings = common.eval_settings(cfg)  # (the fit reads it again with the rest of its settings: fit_setup.read)
+  settings = common.eval_settings(cfg)  # the eval node, typed, read once for the run
   common.use_cpu_cores(settings, multirun=HydraConfig.get().mode == RunMode.MULTIRUN)  # before JAX's first computation
-  results = run(cfg, Path(HydraConfig.get().runtime.output_dir))
+  results = run(cfg, Path(HydraConfig.get().runtime.output_dir), settings)
   key = next(k for k in results['summary'] if k.endswith('(fitted, out of fold)'))
   return float(results['summary'][key][results['metrics'][0]]['mean'])
 

@@ -366,7 +366,7 @@ def check_learning_rate(node: Any, steps: int, where: str = 'fit.optimizer.learn
     )
 
 
-def check_fit(cfg: DictConfig) -> Any:
+def check_fit(cfg: DictConfig, settings: EvalConfig | None = None) -> Any:
   """Everything ``experiments.fit`` can check before loading data; returns the run's fit, typed
   (:class:`experiments.lib.fit_setup.FitRun`: the config is read there once, its ``fit`` node checked by
   :meth:`engram_jax.fit.config.FitConfig.from_mapping`)."""
@@ -374,7 +374,7 @@ def check_fit(cfg: DictConfig) -> Any:
 
   check_keys(cfg)
   check_run_settings(cfg)
-  run = fit_setup.read(cfg)
+  run = fit_setup.read(cfg, settings=settings)
   f = run.config
   check_learning_rate(f.optimizer.get('learning_rate'), f.steps)
   check_metrics(list(run.metrics), k=run.k, supported=list(run.episode_metrics), where=f'dataset {run.dataset}')

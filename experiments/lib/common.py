@@ -221,12 +221,12 @@ def md_paired_row(label: str, v: Mapping[str, Any], metrics: list[str]) -> str:
   return f'| {label} | ' + ' | '.join(cells) + ' |'
 
 
-def fold_devices(cfg: DictConfig) -> list[Any]:
+def fold_devices(settings: EvalConfig) -> list[Any]:
   """The devices a cross-fit runs its folds on concurrently (:func:`engram_jax.fit.crossfit` ``devices``): those
   evaluation shards over (``eval.devices``: null = every device; on CPU, ``eval.cpu_devices`` of them)."""
   import jax
 
-  n = eval_devices(cfg)
+  n = eval_devices(settings)
   return list(jax.devices()[: n or jax.device_count()])
 
 

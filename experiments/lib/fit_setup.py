@@ -61,14 +61,14 @@ class FitRun:
   ops_modules: tuple[str, ...] = ()
 
 
-def read(cfg: DictConfig, name: str | None = None) -> FitRun:
+def read(cfg: DictConfig, name: str | None = None, settings: EvalConfig | None = None) -> FitRun:
   """The fit of ``cfg`` as a :class:`FitRun`: the modules of ``fit.component_modules`` imported first (they register
   their ``fit.<name>`` keys), then the ``fit`` node converted to plain values once and checked
   (:meth:`FitConfig.from_mapping`: one line for an unknown key or a bad value); ``name``: the pipeline fitted
-  (default: the run's one pipeline)."""
+  (default: the run's one pipeline); ``settings``: the ``eval`` node as the caller read it (default: read here)."""
   import_component_modules(cfg.fit.get('component_modules'))
   config = FitConfig.from_mapping(OmegaConf.to_container(cfg.fit, resolve=True), component_keys())
-  settings = eval_settings(cfg)
+  settings = eval_settings(cfg) if settings is None else settings
   names = list(cfg.pipeline)
   name = name or (names[0] if len(names) == 1 else '')
   node = cfg.pipeline.get(name) if name else None
