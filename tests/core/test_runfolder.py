@@ -133,6 +133,10 @@ def test_evaluate_and_fit_refuse_a_folder_in_use(tmp_path):
   holder = runfolder.begin(tmp_path, ['results.json'])
   holder.write('results.json', '{"run": 1}')
   _refused(lambda: evaluate_exp.run(OmegaConf.create({}), tmp_path), rf'^run folder {tmp_path} is in use')
-  _refused(lambda: fit_exp.run(OmegaConf.create({'fit': {}}), tmp_path), rf'^run folder {tmp_path} is in use')
+  from hydra import compose, initialize_config_dir
+
+  with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[2] / 'conf'), version_base='1.3'):
+    cfg = compose(config_name='fit', overrides=['pipeline=[rrf_cos_bm25]'])  # its settings are read (and checked) first
+  _refused(lambda: fit_exp.run(cfg, tmp_path), rf'^run folder {tmp_path} is in use')
   holder.finish()
   runfolder.check(tmp_path, ['results.json'])
