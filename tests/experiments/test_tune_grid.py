@@ -12,7 +12,7 @@ import pytest
 import tiny_data
 from hydra import compose, initialize_config_dir
 
-from engram_jax.eval import evaluation
+from engram_jax.eval import evaluation, timing
 from experiments import evaluate
 from experiments.lib import common
 
@@ -50,7 +50,8 @@ def test_tune_on_training_sets_equals_variants_one_by_one(root, tmp_path):
   by_value = {v: pipes[v] for v in variants}
   embed_fn = common.make_embedder(cfg)
   scored, _ = common.load_dataset(cfg, cfg.dataset)
-  fits = evaluate.fit_on_train(cfg, pipes, expanded, embed_fn, {'locomo': scored})['tide_dense']
+  run = evaluate.Run(cfg, common.eval_settings(cfg), pipes, expanded, embed_fn, timing.RunTimer())
+  fits = evaluate.fit_on_train(run, {'locomo': scored})['tide_dense']
   pooled = [[] for _ in variants]
   metrics = set()
   for tname in cfg.pipeline.tide_dense.tune.train:
