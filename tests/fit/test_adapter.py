@@ -87,17 +87,10 @@ def test_fit_runs_forward_mode_is_refused_and_queries_stay_unit():
 
 
 @pytest.mark.slow
-def test_experiment_fits_an_adapter_beside_the_scalar_fit(tmp_path):
-  from test_fit import small_fit_cfg
+def test_experiment_fits_an_adapter_beside_the_scalar_fit(shared_run):
+  from shared_fits import adapter_fit
 
-  from experiments import fit as fit_exp
-
-  cfg = small_fit_cfg(
-    tmp_path,
-    'fit.gap_checks=0',
-    'fit.adapter={rank: 2, lr_scale: 0.1, cfsr_grad: implicit, soft_query_legs: true, train_gap: true}',
-  )
-  res = fit_exp.run(cfg, tmp_path / 'out')
+  _, res = adapter_fit(shared_run)  # the session's adapter fit (tests/fit/test_artifact.py reads it too)
   a = res['variants']['adapter']
   assert len(a['per_question']['ndcg@10']) == res['n_questions']
   d = res['paired']['adapter - scalar fit (out of fold)']['ndcg@10']['delta']

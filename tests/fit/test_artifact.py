@@ -18,8 +18,7 @@ from engram_jax.metrics.labels import ndcg_at_k
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not HAVE, reason='LoCoMo not found under the data root')]
 
-COMPONENT = {
-  'adapter': 'fit.adapter={rank: 2, lr_scale: 0.1, cfsr_grad: implicit, soft_query_legs: true}',
+COMPONENT = {  # the adapter's fit is the session's (tests/fit/shared_fits.py)
   'conditioned': 'fit.conditioned={knobs: [legs.cos.weight, k0], features: [cues, pool], hidden: 0, rank: 2, '
   'net_lr_scale: 0.5}',
 }
@@ -41,19 +40,24 @@ def _compose(name, overrides, tmp_path):
 
 
 @pytest.mark.parametrize('variant', ['adapter', 'conditioned'])
-def test_evaluate_fitted_dir_reproduces_the_out_of_fold_scores(tmp_path, variant):
+def test_evaluate_fitted_dir_reproduces_the_out_of_fold_scores(tmp_path, variant, shared_run):
   from experiments import evaluate
   from experiments import fit as fit_exp
 
   two = 'dataset.loader.conversations=[conv-30,conv-26]'
-  cfg = _compose(
-    'fit',
-    [two, 'fit.folds=2', 'fit.steps=3', 'fit.batch_size=16', 'fit.baselines=[cosine]', 'fit.gap_checks=0',
-     'fit.final=true', COMPONENT[variant]],
-    tmp_path,
-  )  # fmt: skip
-  res = fit_exp.run(cfg, tmp_path / 'fit')
-  run_dir = tmp_path / 'fit'
+  if variant == 'adapter':  # the session's adapter fit (tests/fit/test_adapter.py reads it too)
+    from shared_fits import adapter_fit
+
+    run_dir, res = adapter_fit(shared_run)
+  else:
+    cfg = _compose(
+      'fit',
+      [two, 'fit.folds=2', 'fit.steps=3', 'fit.batch_size=16', 'fit.baselines=[cosine]', 'fit.gap_checks=0',
+       'fit.final=true', COMPONENT[variant]],
+      tmp_path,
+    )  # fmt: skip
+    res = fit_exp.run(cfg, tmp_path / 'fit')
+    run_dir = tmp_path / 'fit'
   assert json.loads((run_dir / 'artifact' / 'variants.json').read_text()) == ['fitted', variant]
   art = artifact.load(run_dir)  # the run's declared fit: the component's variant
   assert [c.name for c in art.components] == [variant] and sorted(art.fits) == ['final', 'fold_00', 'fold_01']
