@@ -125,6 +125,24 @@ def check_known_keys(keys: Sequence[str], allowed: Sequence[str], where: str) ->
     )
 
 
+def check_flag(value: Any, where: str, *, default: bool) -> bool:
+  """``value`` when it is true or false, ``default`` when it is ``None``; a one-line error naming ``where`` otherwise
+  (``'yes'`` would read as true).
+
+  Example:
+    >>> check_flag(None, 'fit.final', default=False)
+    False
+    >>> check_flag('yes', 'fit.final', default=False)
+    Traceback (most recent call last):
+    ...
+    engram_jax.core.errors.EngramError: fit.final must be true or false, got 'yes'
+  """
+  value = default if value is None else value
+  if not isinstance(value, bool):
+    raise EngramError(f'{where} must be true or false, got {value!r}')
+  return value
+
+
 def check_int(value: Any, where: str, *, minimum: int, why: str = '') -> int:
   """``value`` when it is an integer >= ``minimum``; a one-line error naming ``where`` otherwise (``eval.k=10.5``
   would reach JAX as a shape, and ``int()`` would truncate it silently). ``why``: a reason, appended."""

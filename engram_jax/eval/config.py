@@ -21,17 +21,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engram_jax.core.errors import EngramError
-from engram_jax.eval.checks import check_int, check_known_keys
+from engram_jax.eval.checks import check_flag, check_int, check_known_keys
 
 AUTO = 'auto'
 
 
 def _flag(node: Mapping, key: str, default: bool) -> bool:
-  value = node.get(key, default)
-  value = default if value is None else value
-  if not isinstance(value, bool):
-    raise EngramError(f'eval.{key} must be true or false, got {value!r}')
-  return value
+  return check_flag(node.get(key), 'eval.' + key, default=default)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import Any
 
 from engram_jax.core import validation
 from engram_jax.core.errors import EngramError
-from engram_jax.eval.checks import check_int, check_known_keys
+from engram_jax.eval.checks import check_flag, check_int, check_known_keys
 from engram_jax.fit.problem import Settings, Temperatures
 
 SPLITS = ('crossfit', 'holdout', 'parts')
@@ -35,11 +35,7 @@ def _frozen(node: Mapping | None) -> Mapping:
 
 
 def _flag(node: Mapping, key: str, default: bool) -> bool:
-  value = node.get(key, default)
-  value = default if value is None else value
-  if not isinstance(value, bool):
-    raise EngramError(f'fit.{key} must be true or false, got {value!r}')
-  return value
+  return check_flag(node.get(key), 'fit.' + key, default=default)
 
 
 def _names(value: Any, where: str) -> tuple[str, ...]:

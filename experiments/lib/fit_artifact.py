@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from engram_jax.core import runfolder
 from engram_jax.core.errors import EngramError
+from engram_jax.eval.config import EvalConfig
 from engram_jax.fit import apply as road
 from engram_jax.fit import artifact
 from experiments.lib import common
@@ -168,7 +169,7 @@ def check(cfg: DictConfig) -> tuple[artifact.Artifact, list[str]]:
 
 def apply(
   cfg: DictConfig,
-  settings: Any,
+  settings: EvalConfig,
   art: artifact.Artifact,
   forced: list[str],
   episodes,

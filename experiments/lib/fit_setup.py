@@ -51,14 +51,22 @@ class FitRun:
   eval: EvalConfig  # the run's eval node, typed (experiments.lib.common.eval_settings)
   pipeline: str  # the config entry fitted
   pipeline_node: Mapping[str, Any]  # its plain node
-  k: int
   seed: int
-  n_resamples: int
   metrics: tuple[str, ...]
   dataset: str  # the scored dataset's name
   episode_metrics: Mapping[str, Any]  # its own metrics (:func:`experiments.lib.common.dataset_metrics`)
   embedder: Mapping[str, Any]  # the embedder's plain node
   ops_modules: tuple[str, ...] = ()
+
+  @property
+  def k(self) -> int:
+    """The ranking depth (``eval.k``)."""
+    return self.eval.k
+
+  @property
+  def n_resamples(self) -> int:
+    """Bootstrap and permutation resamples (``eval.n_resamples``)."""
+    return self.eval.n_resamples
 
 
 def read(cfg: DictConfig, name: str | None = None, settings: EvalConfig | None = None) -> FitRun:
@@ -77,9 +85,7 @@ def read(cfg: DictConfig, name: str | None = None, settings: EvalConfig | None =
     eval=settings,
     pipeline=name,
     pipeline_node=OmegaConf.to_container(node, resolve=True) if node is not None else {},
-    k=settings.k,
     seed=int(cfg.seed),
-    n_resamples=settings.n_resamples,
     metrics=tuple(cfg.dataset.get('metrics') or settings.metrics),
     dataset=str(cfg.dataset.name),
     episode_metrics=dataset_metrics(cfg.dataset),
@@ -110,7 +116,6 @@ class Plan:
   declared: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # fit.variants: label -> names
   check_components: bool = True  # the component contract before step 0 (fit.check_components)
   pipe: Any = None  # the hand-set pipeline (what a component's check_problem reads)
-  config: FitConfig | None = None  # the settings it was built from
 
   def schedule(self, monitor_steps: Sequence[int] = ()) -> fit.Schedule:
     """The training loop's settings (:class:`engram_jax.fit.Schedule`), as :func:`engram_jax.fit.fit` /
@@ -246,7 +251,6 @@ def plan(run: FitRun, pipe: pipeline.Pipeline) -> Plan:
     declared=declared,
     check_components=config.check_components,
     pipe=pipe,
-    config=config,
   )
   plan_variants(out)  # each variant's problem checked (e.g. an adapter that would get no gradient), before any data
   return out
